@@ -1,0 +1,71 @@
+"""django-durable-scheduler: durable scheduling for Django.
+
+    import django_durable_scheduler as scheduler
+
+The public API (stable names) is re-exported here lazily, so importing the package does
+not import Django models before the app registry is ready.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    # kernel
+    "create_job": "kernel",
+    "update_job": "kernel",
+    "enqueue": "kernel",
+    "enqueue_once_per_trigger": "kernel",
+    "cancel": "kernel",
+    "claim": "kernel",
+    "claim_batch": "kernel",
+    "renew": "kernel",
+    "settle": "kernel",
+    "release": "kernel",
+    "history": "kernel",
+    "get_job": "kernel",
+    "get_occurrence": "kernel",
+    "dead_letter_expired": "kernel",
+    # identity
+    "canonical_json": "identity",
+    "derive_occurrence_identity": "identity",
+    # triggers
+    "next_fire_times": "triggers",
+    # exceptions
+    "SchedulerError": "exceptions",
+    "InvalidArgument": "exceptions",
+    "Conflict": "exceptions",
+    "RevisionConflict": "exceptions",
+    "NotFound": "exceptions",
+    "JobDisabled": "exceptions",
+    "IdempotencyPayloadMismatch": "exceptions",
+    "LeaseLost": "exceptions",
+    "InvalidState": "exceptions",
+    "DataCorrupt": "exceptions",
+    "AuthorityPolicyConflict": "exceptions",
+    "AuthorityPolicyRequired": "exceptions",
+    "AuthorityPolicyUnbound": "exceptions",
+    "AuthorityPolicyStale": "exceptions",
+    "AuthorityPermissionDenied": "exceptions",
+    "AuthorityBudgetStateInvalid": "exceptions",
+    "AuthorityBudgetExhausted": "exceptions",
+    "AuthorityReservationMismatch": "exceptions",
+    "AuthorityOccurrenceNotRunning": "exceptions",
+    "AuthoritySettlementConflict": "exceptions",
+    "Retry": "exceptions",
+    "PermanentFailure": "exceptions",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'django_durable_scheduler' has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,96 @@
+"""Database-specific SQL behind one small interface, with a portable fallback.
+
+- PostgreSQL, MySQL 8 / MariaDB 10.6+: row locks with ``FOR UPDATE SKIP LOCKED`` so
+  concurrent claimers each take different rows without waiting on each other.
+- SQLite has no row locks and one writer at a time. Every kernel transaction takes the
+  database write lock as its first act (``transaction_mode=IMMEDIATE``, or a no-op write
+  when the project did not configure it). From then on no other writer can commit until
+  we do, so what the claim reads is the latest committed state and the rows it updates
+  cannot be claimed by anyone else in between: one occurrence, one owner.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Case, F, Q, QuerySet, When, Window
+from django.db.models.functions import RowNumber
+
+from .models import Occurrence, OccurrenceStatus
+
+# How many fair-ordered candidates to consider per wanted row: concurrent claimers skip
+# each other's locked rows, and a larger pool lets each still fill its batch.
+CANDIDATE_FACTOR = 4
+
+
+def _immediate(connection: BaseDatabaseWrapper) -> bool:
+    mode = str(connection.settings_dict.get("OPTIONS", {}).get("transaction_mode", ""))
+    return mode.upper() == "IMMEDIATE"
+
+
+def take_write_lock(connection: BaseDatabaseWrapper) -> None:
+    """On SQLite without IMMEDIATE transactions, take the write lock now (see module doc)."""
+    if connection.vendor == "sqlite" and not _immediate(connection):
+        with connection.cursor() as cursor:
+            # A write that touches nothing still opens a write transaction, waiting for the
+            # lock with the busy timeout rather than failing later on a lock upgrade.
+            cursor.execute("UPDATE durable_scheduler_jobs SET revision = revision WHERE 0 = 1")
+
+
+def supports_skip_locked(alias: str) -> bool:
+    features = connections[alias].features
+    return bool(features.has_select_for_update and features.has_select_for_update_skip_locked)
+
+
+def lock_rows(qs: QuerySet[Any], alias: str) -> QuerySet[Any]:
+    """Lock the rows ``qs`` returns, skipping rows other transactions hold."""
+    if connections[alias].vendor == "sqlite":
+        return qs  # the transaction already holds the database write lock
+    if supports_skip_locked(alias):
+        of = ("self",) if connections[alias].features.has_select_for_update_of else ()
+        return qs.select_for_update(skip_locked=True, of=of)
+    return qs.select_for_update()
+
+
+def _due_at() -> Case:
+    # A reclaim is due when its lease expired; anything else when it becomes available.
+    return Case(When(status=OccurrenceStatus.RUNNING, then=F("lease_expires_at")), default=F("available_at"))
+
+
+def claim_candidates(alias: str, due: Q, job_filter: Q, limit: int) -> list[Occurrence]:
+    """Lock and return up to ``limit`` claimable occurrences, fair across principals.
+
+    Fairness: within the due set, rank each principal's occurrences by due time and take
+    rank 1 of every principal before rank 2 of any, so one principal's backlog cannot
+    starve another's. Window functions cannot be combined with FOR UPDATE, so the ranked
+    pool is read first and then locked, re-checking the condition under the lock.
+    """
+    base = Occurrence.objects.using(alias)
+    order = ("due_at", "scheduled_for", "occurrence_id")
+    pool = list(
+        base.filter(due & job_filter)
+        .annotate(
+            due_at=_due_at(),
+            fair_rank=Window(
+                RowNumber(),
+                partition_by=[F("principal_key")],
+                order_by=[_due_at().asc(), F("scheduled_for").asc(), F("occurrence_id").asc()],
+            ),
+        )
+        .order_by("fair_rank", *order)
+        .values_list("occurrence_id", flat=True)[: limit * CANDIDATE_FACTOR]
+    )
+    if not pool:
+        return []
+    rank = {pk: index for index, pk in enumerate(pool)}
+    fields = ("occurrence_id", "job_id", "status", "attempt", "max_attempts", "fence", "lease_owner",
+              "scheduled_for", "available_at", "authority", "payload", "trigger_key", "job_revision",
+              "idempotency_key", "created_at", "principal_key")
+    # ``job_filter`` joins jobs (enabled, kind). Re-checking it under FOR UPDATE would lock
+    # job rows too on MySQL (no OF), making claimers skip each other's jobs; so the locking
+    # query re-checks only the occurrence's own due state, which is what races.
+    locked = list(lock_rows(base.filter(due, pk__in=pool).only(*fields), alias))
+    locked.sort(key=lambda row: rank[row.pk])
+    return locked[:limit]

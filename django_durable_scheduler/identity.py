@@ -1,0 +1,234 @@
+"""Canonical JSON, occurrence identity and input normalization.
+
+The identity must match the seed byte for byte so occurrence ids are portable between
+implementations: canonical JSON with keys in UTF-16 code-unit order, compact separators,
+non-ASCII kept, numbers formatted as ECMAScript ``JSON.stringify`` formats them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from .exceptions import InvalidArgument
+
+IDENTITY_DOMAIN = "chainlesschain.scheduler.occurrence.v1\0"
+CONTRACT_VERSION = 1
+MAX_JSON_DEPTH = 64
+MAX_CANONICAL_BYTES = 1024 * 1024
+MAX_SAFE_INTEGER = 2**53 - 1
+MAX_IDENTIFIER_LENGTH = 256
+
+
+def _js_number(value: float) -> str:
+    """Format a finite float exactly as ECMAScript Number::toString does."""
+    if value == 0:
+        return "0"  # -0 too
+    if value.is_integer() and abs(value) <= MAX_SAFE_INTEGER:
+        return str(int(value))
+    sign = "-" if value < 0 else ""
+    mantissa, _, exp_text = repr(abs(value)).partition("e")
+    exponent = int(exp_text) if exp_text else 0
+    whole, _, frac = mantissa.partition(".")
+    digits = (whole + frac).lstrip("0")
+    # n: position of the decimal point relative to the start of ``digits``.
+    n = len(whole.lstrip("0")) + exponent if whole.strip("0") else exponent - (len(frac) - len(frac.lstrip("0")))
+    digits = digits.rstrip("0") or "0"
+    k = len(digits)
+    if k <= n <= 21:
+        text = digits + "0" * (n - k)
+    elif 0 < n <= 21:
+        text = digits[:n] + "." + digits[n:]
+    elif -6 < n <= 0:
+        text = "0." + "0" * (-n) + digits
+    else:
+        e = n - 1
+        text = digits[0] + ("." + digits[1:] if k > 1 else "") + "e" + ("+" if e >= 0 else "-") + str(abs(e))
+    return sign + text
+
+
+def _utf16_key(text: str) -> bytes:
+    return text.encode("utf-16-be", "surrogatepass")
+
+
+def _encode(value: Any, field: str, depth: int, out: list[str]) -> None:
+    if depth > MAX_JSON_DEPTH:
+        raise InvalidArgument(field, f"is nested deeper than {MAX_JSON_DEPTH} levels")
+    if value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, int):
+        if abs(value) > MAX_SAFE_INTEGER:
+            raise InvalidArgument(field, "holds an integer outside the safe range (+/- 2**53 - 1)")
+        out.append(str(int(value)))
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidArgument(field, "holds NaN or Infinity, which JSON cannot represent")
+        out.append(_js_number(value))
+    elif isinstance(value, str):
+        out.append(json.dumps(value, ensure_ascii=False))
+    elif isinstance(value, list):
+        out.append("[")
+        for index, item in enumerate(value):
+            if index:
+                out.append(",")
+            _encode(item, field, depth + 1, out)
+        out.append("]")
+    elif isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise InvalidArgument(field, f"has a non-string key {key!r}")
+        out.append("{")
+        for index, key in enumerate(sorted(value, key=_utf16_key)):
+            if index:
+                out.append(",")
+            out.append(json.dumps(key, ensure_ascii=False))
+            out.append(":")
+            _encode(value[key], field, depth + 1, out)
+        out.append("}")
+    else:
+        raise InvalidArgument(field, f"holds a {type(value).__name__}, which is not a JSON value")
+
+
+def canonical_json(value: Any, field: str = "value", *, max_bytes: int = MAX_CANONICAL_BYTES) -> str:
+    """Return the canonical JSON text of ``value``; raise InvalidArgument naming ``field``."""
+    out: list[str] = []
+    _encode(value, field, 1, out)
+    text = "".join(out)
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise InvalidArgument(field, f"is {size} bytes as canonical JSON, over the {max_bytes} byte limit")
+    return text
+
+
+def normalize_json(value: Any, field: str, *, max_bytes: int = MAX_CANONICAL_BYTES) -> Any:
+    """Validate ``value`` as canonical JSON and return its canonical Python form."""
+    return json.loads(canonical_json(value, field, max_bytes=max_bytes))
+
+
+@dataclass(frozen=True)
+class OccurrenceIdentity:
+    digest: str
+    occurrence_id: str
+    idempotency_key: str
+
+
+def derive_occurrence_identity(job_id: str, job_revision: int, scheduled_for_ms: int, trigger_key: str) -> OccurrenceIdentity:
+    """The seed's occurrence identity for a job revision, slot and trigger key."""
+    job_id = normalize_identifier(job_id, "job_id")
+    trigger_key = normalize_identifier(trigger_key, "trigger_key")
+    revision = normalize_int(job_revision, "job_revision", minimum=1)
+    scheduled = normalize_int(scheduled_for_ms, "scheduled_for_ms", minimum=0)
+    material = canonical_json(
+        {
+            "contractVersion": CONTRACT_VERSION,
+            "jobId": job_id,
+            "jobRevision": revision,
+            "scheduledFor": scheduled,
+            "triggerKey": trigger_key,
+        },
+        "identity",
+    )
+    digest = hashlib.sha256((IDENTITY_DOMAIN + material).encode("utf-8")).hexdigest()
+    return OccurrenceIdentity(digest, "occ_" + digest, "scheduler:v1:" + digest)
+
+
+def normalize_identifier(value: Any, field: str, *, max_length: int = MAX_IDENTIFIER_LENGTH) -> str:
+    """A stripped, non-empty string of at most ``max_length`` characters without control characters."""
+    if not isinstance(value, str):
+        raise InvalidArgument(field, f"must be a string, not {type(value).__name__}")
+    text = value.strip()
+    if not text:
+        raise InvalidArgument(field, "must not be empty")
+    if len(text) > max_length:
+        raise InvalidArgument(field, f"must be at most {max_length} characters (got {len(text)})")
+    for char in text:
+        code = ord(char)
+        if code <= 31 or code == 127:
+            raise InvalidArgument(field, f"must not contain control characters (found U+{code:04X})")
+    return text
+
+
+def normalize_int(value: Any, field: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(field, f"must be an integer, not {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise InvalidArgument(field, f"must be >= {minimum} (got {value})")
+    if maximum is not None and value > maximum:
+        raise InvalidArgument(field, f"must be <= {maximum} (got {value})")
+    return value
+
+
+def normalize_bool(value: Any, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(field, f"must be a boolean, not {type(value).__name__}")
+    return value
+
+
+def to_ms(value: Any, field: str) -> int:
+    """Epoch milliseconds from an aware datetime or an integer of epoch milliseconds."""
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidArgument(field, "must be an aware datetime (got a naive one)")
+        delta = value - EPOCH
+        ms = delta.days * 86_400_000 + delta.seconds * 1000 + delta.microseconds // 1000
+        if ms < 0:
+            raise InvalidArgument(field, "must not be before 1970-01-01")
+        return ms
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(field, f"must be an aware datetime or epoch milliseconds, not {type(value).__name__}")
+    if value < 0 or value > 253_402_300_799_999:
+        raise InvalidArgument(field, f"must be epoch milliseconds between 0 and year 9999 (got {value})")
+    return value
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def from_ms(ms: int) -> datetime:
+    return EPOCH + timedelta(milliseconds=ms)
+
+
+def to_datetime(value: Any, field: str) -> datetime:
+    """An aware UTC datetime truncated to milliseconds."""
+    return from_ms(to_ms(value, field))
+
+
+def truncate_ms(value: datetime) -> datetime:
+    return value.replace(microsecond=value.microsecond - value.microsecond % 1000)
+
+
+def to_duration_ms(
+    value: Any,
+    field: str,
+    *,
+    minimum_ms: int = 1,
+    maximum_ms: int | None = None,
+) -> int:
+    """Milliseconds from seconds (int or float) or a timedelta, within bounds."""
+    if isinstance(value, timedelta):
+        ms = value // timedelta(milliseconds=1)
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(field, f"must be seconds or a timedelta, not {type(value).__name__}")
+    elif not math.isfinite(value):
+        raise InvalidArgument(field, "must be a finite number of seconds")
+    else:
+        ms = int(round(value * 1000))
+    if ms < minimum_ms:
+        raise InvalidArgument(field, f"must be at least {minimum_ms / 1000:g} seconds")
+    if maximum_ms is not None and ms > maximum_ms:
+        raise InvalidArgument(field, f"must be at most {maximum_ms / 1000:g} seconds")
+    return ms
+
+
+def iso_ms(value: datetime) -> str:
+    """UTC ISO-8601 with milliseconds and a Z, as JavaScript's toISOString."""
+    value = value.astimezone(UTC)
+    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"

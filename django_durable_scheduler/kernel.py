@@ -1,0 +1,816 @@
+"""The transactional kernel: the only code that writes occurrence state.
+
+Every operation is one short transaction that also appends the event recording it.
+They may run inside a caller's ``transaction.atomic()``: then they join it, and their
+effects exist exactly when the caller commits.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
+from django.db.models import Case, F, PositiveSmallIntegerField, Q, When
+from django.db.models.functions import Greatest
+
+from . import conf, dialect
+from .authority import normalize_authority, principal_key, settle_reservations
+from .exceptions import (
+    Conflict,
+    DataCorrupt,
+    IdempotencyPayloadMismatch,
+    InvalidArgument,
+    InvalidState,
+    JobDisabled,
+    LeaseLost,
+    NotFound,
+    RevisionConflict,
+)
+from .identity import (
+    canonical_json,
+    derive_occurrence_identity,
+    from_ms,
+    iso_ms,
+    normalize_bool,
+    normalize_identifier,
+    normalize_int,
+    normalize_json,
+    to_duration_ms,
+    to_ms,
+)
+from .models import (
+    PENDING_STATUSES,
+    Event,
+    Job,
+    Occurrence,
+    OccurrenceStatus,
+)
+
+MAX_LEASE_MS = 24 * 60 * 60 * 1000
+MAX_RESULT_BYTES = 64 * 1024
+MAX_ERROR_MESSAGE = 4096
+MAX_CANCEL_REASON = 1024
+MAX_ATTEMPTS_LIMIT = 32
+SUPERSEDED = "superseded"
+_UNSET: Any = object()
+
+# Event types: the seed's nine and ours.
+JOB_CREATED = "job_created"
+JOB_UPDATED = "job_updated"
+OCCURRENCE_ENQUEUED = "occurrence_enqueued"
+OCCURRENCE_CLAIMED = "occurrence_claimed"
+OCCURRENCE_RECLAIMED = "occurrence_reclaimed"
+OCCURRENCE_RENEWED = "occurrence_renewed"
+OCCURRENCE_SUCCEEDED = "occurrence_succeeded"
+OCCURRENCE_RETRY_SCHEDULED = "occurrence_retry_scheduled"
+OCCURRENCE_DEAD_LETTERED = "occurrence_dead_lettered"
+OCCURRENCE_CANCELLED = "occurrence_cancelled"
+OCCURRENCE_RELEASED = "occurrence_released"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@contextmanager
+def _write(using: str | None = None) -> Iterator[str]:
+    """One kernel transaction; inside a caller's transaction, a savepoint, so that an error
+    undoes only this operation and leaves the caller's transaction usable."""
+    alias = using or DEFAULT_DB_ALIAS
+    with transaction.atomic(using=alias):
+        dialect.take_write_lock(connections[alias])
+        yield alias
+
+
+def _event(
+    job_id: str,
+    event_type: str,
+    at: datetime,
+    *,
+    occurrence_id: str | None = None,
+    owner_id: str | None = None,
+    fence: int | None = None,
+    data: dict[str, Any] | None = None,
+) -> Event:
+    return Event(
+        job_id=job_id,
+        occurrence_id=occurrence_id,
+        event_type=event_type,
+        occurred_at=at,
+        owner_id=owner_id,
+        fence=fence,
+        data=data or {},
+    )
+
+
+def _lease_ms(lease: Any) -> int:
+    return to_duration_ms(lease, "lease", minimum_ms=1, maximum_ms=MAX_LEASE_MS)
+
+
+def _owner(owner: Any) -> str:
+    return normalize_identifier(owner, "owner")
+
+
+def _kinds(kinds: Any) -> list[str] | None:
+    if kinds is None:
+        return None
+    if isinstance(kinds, str) or not isinstance(kinds, Iterable):
+        raise InvalidArgument("kinds", "must be a list of kinds or None")
+    return sorted({normalize_identifier(k, f"kinds[{i}]", max_length=128) for i, k in enumerate(kinds)})
+
+
+def _job_fields(changes: dict[str, Any], *, creating: bool) -> dict[str, Any]:
+    """Validate job attributes; returns model field values."""
+    out: dict[str, Any] = {}
+    for key, value in changes.items():
+        if key == "kind":
+            out["kind"] = normalize_identifier(value, "kind", max_length=128)
+        elif key == "trigger":
+            from .triggers import validate_trigger
+
+            out["trigger"] = validate_trigger({} if value is None else value, "trigger")
+        elif key == "payload":
+            out["payload"] = normalize_json(value, "payload")
+        elif key == "authority":
+            out["authority"] = normalize_authority(value, "authority")
+        elif key == "enabled":
+            out["enabled"] = normalize_bool(value, "enabled")
+        elif key == "max_attempts":
+            out["max_attempts"] = normalize_int(value, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
+        elif key == "retry_base_delay":
+            out["retry_base_delay_ms"] = to_duration_ms(value, "retry_base_delay", maximum_ms=MAX_LEASE_MS)
+        elif key == "retry_max_delay":
+            out["retry_max_delay_ms"] = to_duration_ms(value, "retry_max_delay", maximum_ms=31 * MAX_LEASE_MS)
+        else:
+            raise InvalidArgument(key, "is not a job attribute that can be " + ("set" if creating else "changed"))
+    return out
+
+
+def _check_retry_delays(base_ms: int, max_ms: int) -> None:
+    if max_ms < base_ms:
+        raise InvalidArgument("retry_max_delay", "must not be shorter than retry_base_delay")
+
+
+def get_job(job_id: str, *, using: str | None = None) -> Job:
+    job_id = normalize_identifier(job_id, "job_id")
+    try:
+        return Job.objects.using(using or DEFAULT_DB_ALIAS).get(pk=job_id)
+    except Job.DoesNotExist:
+        raise NotFound(f"job {job_id!r} does not exist", {"job_id": job_id}) from None
+
+
+def get_occurrence(occurrence_id: str, *, using: str | None = None) -> Occurrence:
+    occurrence_id = normalize_identifier(occurrence_id, "occurrence_id")
+    try:
+        return Occurrence.objects.using(using or DEFAULT_DB_ALIAS).get(pk=occurrence_id)
+    except Occurrence.DoesNotExist:
+        raise NotFound(f"occurrence {occurrence_id!r} does not exist", {"occurrence_id": occurrence_id}) from None
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def create_job(
+    job_id: str,
+    kind: str,
+    *,
+    authority: dict[str, Any],
+    trigger: dict[str, Any] | None = None,
+    payload: Any = None,
+    enabled: bool = True,
+    max_attempts: int = 3,
+    retry_base_delay: float | timedelta | None = None,
+    retry_max_delay: float | timedelta | None = None,
+    using: str | None = None,
+) -> Job:
+    """Create a job at revision 1. ``SCHEDULER_CONFLICT`` if the id is taken."""
+    job_id = normalize_identifier(job_id, "job_id")
+    fields = _job_fields(
+        {
+            "kind": kind,
+            "trigger": trigger,
+            "payload": payload,
+            "authority": authority,
+            "enabled": enabled,
+            "max_attempts": max_attempts,
+            "retry_base_delay": conf.settings.RETRY_BASE_DELAY if retry_base_delay is None else retry_base_delay,
+            "retry_max_delay": conf.settings.RETRY_MAX_DELAY if retry_max_delay is None else retry_max_delay,
+        },
+        creating=True,
+    )
+    _check_retry_delays(fields["retry_base_delay_ms"], fields["retry_max_delay_ms"])
+    now = conf.now()
+    with _write(using) as alias:
+        if Job.objects.using(alias).filter(pk=job_id).exists():
+            raise Conflict(f"job {job_id!r} already exists", {"job_id": job_id})
+        job = Job(job_id=job_id, revision=1, created_at=now, updated_at=now, **fields)
+        try:
+            with transaction.atomic(using=alias):
+                job.save(using=alias, force_insert=True)
+        except IntegrityError:
+            raise Conflict(f"job {job_id!r} already exists", {"job_id": job_id}) from None
+        _event(job_id, JOB_CREATED, now, data={"revision": 1, "kind": job.kind}).save(using=alias)
+    return job
+
+
+def update_job(job_id: str, *, expected_revision: int, using: str | None = None, **changes: Any) -> Job:
+    """Compare-and-set update: applies ``changes`` only if the job is at ``expected_revision``.
+
+    A trigger change cancels (``superseded``) the queued/retry_wait occurrences that the
+    old trigger materialized; explicitly enqueued ones keep their snapshot.
+    """
+    job_id = normalize_identifier(job_id, "job_id")
+    expected = normalize_int(expected_revision, "expected_revision", minimum=1)
+    if not changes:
+        raise InvalidArgument("changes", "give at least one attribute to change")
+    fields = _job_fields(changes, creating=False)
+    now = conf.now()
+    with _write(using) as alias:
+        try:
+            job = Job.objects.using(alias).select_for_update().get(pk=job_id)
+        except Job.DoesNotExist:
+            raise NotFound(f"job {job_id!r} does not exist", {"job_id": job_id}) from None
+        if job.revision != expected:
+            raise RevisionConflict(
+                f"job {job_id!r} is at revision {job.revision}, not {expected}",
+                {"job_id": job_id, "expected_revision": expected, "actual_revision": job.revision},
+            )
+        _check_retry_delays(
+            fields.get("retry_base_delay_ms", job.retry_base_delay_ms),
+            fields.get("retry_max_delay_ms", job.retry_max_delay_ms),
+        )
+        changed = sorted(
+            name
+            for name, value in fields.items()
+            if canonical_json(getattr(job, name)) != canonical_json(value)
+        )
+        for name, value in fields.items():
+            setattr(job, name, value)
+        job.revision += 1
+        job.updated_at = now
+        job.save(using=alias)
+        superseded: list[str] = []
+        if "trigger" in changed:
+            superseded = _supersede_schedule(job, now, alias)
+        _event(
+            job_id,
+            JOB_UPDATED,
+            now,
+            data={"revision": job.revision, "previousRevision": expected, "changed": changed, "superseded": len(superseded)},
+        ).save(using=alias)
+    return job
+
+
+def _supersede_schedule(job: Job, now: datetime, alias: str) -> list[str]:
+    pending = list(
+        Occurrence.objects.using(alias)
+        .select_for_update()
+        .filter(job=job, status__in=PENDING_STATUSES, trigger_key__startswith="schedule:")
+        .values_list("pk", "status")
+    )
+    ids = [pk for pk, _ in pending]
+    if ids:
+        Occurrence.objects.using(alias).filter(pk__in=ids).update(
+            status=OccurrenceStatus.CANCELLED,
+            settled_at=now,
+            updated_at=now,
+            last_error={"code": "SCHEDULER_CANCELLED", "message": SUPERSEDED},
+        )
+        Event.objects.using(alias).bulk_create(
+            [
+                _event(job.job_id, OCCURRENCE_CANCELLED, now, occurrence_id=pk, data={"reason": SUPERSEDED, "previousStatus": status})
+                for pk, status in pending
+            ]
+        )
+    return ids
+
+
+# --------------------------------------------------------------------------- enqueue
+
+
+def _enqueue_args(
+    job_id: Any, scheduled_for: Any, trigger_key: Any, available_at: Any
+) -> tuple[str, int, str, int]:
+    job_id = normalize_identifier(job_id, "job_id")
+    scheduled_ms = to_ms(scheduled_for, "scheduled_for")
+    key = normalize_identifier(trigger_key, "trigger_key")
+    available_ms = scheduled_ms if available_at is None else to_ms(available_at, "available_at")
+    return job_id, scheduled_ms, key, available_ms
+
+
+def _insert_occurrence(
+    job: Job,
+    *,
+    scheduled_ms: int,
+    trigger_key: str,
+    available_ms: int,
+    payload: Any,
+    now: datetime,
+    alias: str,
+) -> tuple[Occurrence, bool]:
+    if not job.enabled:
+        raise JobDisabled(f"job {job.job_id!r} is disabled", {"job_id": job.job_id})
+    identity = derive_occurrence_identity(job.job_id, job.revision, scheduled_ms, trigger_key)
+    payload_value = job.payload if payload is _UNSET else normalize_json(payload, "payload")
+    payload_text = canonical_json(payload_value, "payload")
+    existing = Occurrence.objects.using(alias).filter(idempotency_key=identity.idempotency_key).first()
+    created = False
+    if existing is None:
+        occurrence = Occurrence(
+            occurrence_id=identity.occurrence_id,
+            job=job,
+            job_revision=job.revision,
+            idempotency_key=identity.idempotency_key,
+            trigger_key=trigger_key,
+            scheduled_for=from_ms(scheduled_ms),
+            available_at=from_ms(available_ms),
+            status=OccurrenceStatus.QUEUED,
+            attempt=0,
+            max_attempts=job.max_attempts,
+            fence=0,
+            authority=job.authority,
+            payload=payload_value,
+            principal_key=principal_key(job.authority),
+            created_at=now,
+            updated_at=now,
+        )
+        try:
+            # A savepoint so that losing an insert race does not abort the caller's transaction.
+            with transaction.atomic(using=alias):
+                occurrence.save(using=alias, force_insert=True)
+            created = True
+        except IntegrityError:
+            existing = Occurrence.objects.using(alias).filter(idempotency_key=identity.idempotency_key).first()
+            if existing is None:
+                raise
+    if not created:
+        assert existing is not None
+        if existing.occurrence_id != identity.occurrence_id:
+            raise DataCorrupt("occurrence idempotency identity does not match stored data")
+        if canonical_json(existing.payload) != payload_text:
+            raise IdempotencyPayloadMismatch(
+                "occurrence identity was reused with a different payload",
+                {"field": "payload", "job_id": job.job_id, "trigger_key": trigger_key},
+            )
+        return existing, True
+    _event(
+        job.job_id,
+        OCCURRENCE_ENQUEUED,
+        now,
+        occurrence_id=occurrence.occurrence_id,
+        data={"jobRevision": job.revision, "scheduledFor": scheduled_ms, "triggerKey": trigger_key},
+    ).save(using=alias)
+    return occurrence, False
+
+
+def enqueue(
+    job_id: str,
+    *,
+    scheduled_for: datetime | int,
+    trigger_key: str,
+    available_at: datetime | int | None = None,
+    payload: Any = _UNSET,
+    using: str | None = None,
+) -> tuple[Occurrence, bool]:
+    """Insert an occurrence, or return the existing one with the same identity.
+
+    Returns ``(occurrence, deduplicated)``. The identity is derived from the job's
+    current revision, ``scheduled_for`` and ``trigger_key``; reusing it with another
+    payload raises ``SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH``.
+    """
+    job_id, scheduled_ms, key, available_ms = _enqueue_args(job_id, scheduled_for, trigger_key, available_at)
+    now = conf.now()
+    with _write(using) as alias:
+        job = get_job(job_id, using=alias)
+        return _insert_occurrence(
+            job, scheduled_ms=scheduled_ms, trigger_key=key, available_ms=available_ms, payload=payload, now=now, alias=alias
+        )
+
+
+def enqueue_once_per_trigger(
+    job_id: str,
+    *,
+    scheduled_for: datetime | int,
+    trigger_key: str,
+    available_at: datetime | int | None = None,
+    payload: Any = _UNSET,
+    using: str | None = None,
+) -> tuple[Occurrence, bool]:
+    """Like :func:`enqueue`, but dedupes on (job, trigger_key) across job revisions."""
+    job_id, scheduled_ms, key, available_ms = _enqueue_args(job_id, scheduled_for, trigger_key, available_at)
+    now = conf.now()
+    with _write(using) as alias:
+        try:
+            # The job row lock serializes once-per-trigger enqueues of one job, so two
+            # racing callers at different revisions cannot both insert.
+            job = Job.objects.using(alias).select_for_update().get(pk=job_id)
+        except Job.DoesNotExist:
+            raise NotFound(f"job {job_id!r} does not exist", {"job_id": job_id}) from None
+        prior = list(Occurrence.objects.using(alias).filter(job=job, trigger_key=key).order_by("created_at", "pk")[:2])
+        if len(prior) > 1:
+            raise DataCorrupt("several occurrences exist for a once-per-trigger key", {"job_id": job_id, "trigger_key": key})
+        if prior:
+            return prior[0], True
+        return _insert_occurrence(
+            job, scheduled_ms=scheduled_ms, trigger_key=key, available_ms=available_ms, payload=payload, now=now, alias=alias
+        )
+
+
+# --------------------------------------------------------------------------- cancel
+
+
+def cancel(occurrence_id: str, *, reason: str | None = None, using: str | None = None) -> Occurrence:
+    """Cancel a queued or retry_wait occurrence. Running ones cannot be cancelled."""
+    occurrence_id = normalize_identifier(occurrence_id, "occurrence_id")
+    if reason is not None:
+        if not isinstance(reason, str):
+            raise InvalidArgument("reason", "must be a string or None")
+        if len(reason.encode("utf-8")) > MAX_CANCEL_REASON:
+            raise InvalidArgument("reason", f"must be at most {MAX_CANCEL_REASON} bytes")
+    now = conf.now()
+    with _write(using) as alias:
+        try:
+            occurrence = Occurrence.objects.using(alias).select_for_update().get(pk=occurrence_id)
+        except Occurrence.DoesNotExist:
+            raise NotFound(f"occurrence {occurrence_id!r} does not exist", {"occurrence_id": occurrence_id}) from None
+        if occurrence.status not in PENDING_STATUSES:
+            raise InvalidState(
+                f"occurrence {occurrence_id!r} is {occurrence.status}; only queued or retry_wait ones can be cancelled",
+                {"occurrence_id": occurrence_id, "status": occurrence.status},
+            )
+        previous = occurrence.status
+        occurrence.status = OccurrenceStatus.CANCELLED
+        occurrence.settled_at = now
+        occurrence.updated_at = now
+        occurrence.last_error = {"code": "SCHEDULER_CANCELLED", "message": reason}
+        occurrence.save(using=alias, update_fields=["status", "settled_at", "updated_at", "last_error"])
+        _event(
+            occurrence.job_id,
+            OCCURRENCE_CANCELLED,
+            now,
+            occurrence_id=occurrence_id,
+            data={"reason": reason, "previousStatus": previous},
+        ).save(using=alias)
+    return occurrence
+
+
+# --------------------------------------------------------------------------- claim
+
+
+def _dead_letter_rows(rows: Sequence[Occurrence], now: datetime, alias: str, *, reason: str) -> None:
+    error = {"code": "SCHEDULER_LEASE_EXPIRED", "message": "lease expired on the final attempt"}
+    ids = [row.pk for row in rows]
+    Occurrence.objects.using(alias).filter(pk__in=ids).update(
+        status=OccurrenceStatus.DEAD_LETTER,
+        lease_owner=None,
+        lease_expires_at=None,
+        settled_at=now,
+        updated_at=now,
+        last_error=error,
+    )
+    settle_reservations(ids, OccurrenceStatus.DEAD_LETTER, {"status": "dead_letter", "error": error}, now, alias)
+    Event.objects.using(alias).bulk_create(
+        [
+            _event(
+                row.job_id,
+                OCCURRENCE_DEAD_LETTERED,
+                now,
+                occurrence_id=row.pk,
+                owner_id=row.lease_owner,
+                fence=row.fence,
+                data={"reason": reason, "attempt": row.attempt, "maxAttempts": row.max_attempts},
+            )
+            for row in rows
+        ]
+    )
+
+
+def dead_letter_expired(*, limit: int = 500, using: str | None = None) -> int:
+    """Dead-letter running occurrences whose lease expired on their final attempt."""
+    now = conf.now()
+    with _write(using) as alias:
+        rows = dialect.lock_rows(
+            Occurrence.objects.using(alias)
+            .filter(status=OccurrenceStatus.RUNNING, lease_expires_at__lte=now, attempt__gte=F("max_attempts"))
+            .order_by("lease_expires_at", "pk")
+            .only("pk", "job_id", "lease_owner", "fence", "attempt", "max_attempts"),
+            alias,
+        )[:limit]
+        rows = list(rows)
+        if rows:
+            _dead_letter_rows(rows, now, alias, reason="lease_expired")
+    return len(rows)
+
+
+def _due(now: datetime) -> Q:
+    return Q(status__in=PENDING_STATUSES, available_at__lte=now) | Q(
+        status=OccurrenceStatus.RUNNING, lease_expires_at__lte=now, attempt__lt=F("max_attempts")
+    )
+
+
+def _job_filter(kinds: list[str] | None) -> Q:
+    condition = Q(job__enabled=True)
+    if kinds is not None:
+        condition &= Q(job__kind__in=kinds)
+    return condition
+
+
+def claim_batch(
+    *,
+    owner: str,
+    lease: float | timedelta,
+    limit: int = 1,
+    kinds: Iterable[str] | None = None,
+    using: str | None = None,
+) -> list[Occurrence]:
+    """Claim up to ``limit`` due occurrences in one transaction, fairly across principals.
+
+    Due: queued/retry_wait whose time has come, or running with an expired lease and
+    attempts left (a reclaim). Each becomes running with attempt+1 and fence+1.
+    """
+    owner = _owner(owner)
+    lease_ms = _lease_ms(lease)
+    limit = normalize_int(limit, "limit", minimum=1, maximum=conf.settings.MAX_CLAIM_BATCH)
+    kind_list = _kinds(kinds)
+    dead_letter_expired(using=using)
+    now = conf.now()
+    expires = now + timedelta(milliseconds=lease_ms)
+    with _write(using) as alias:
+        rows = dialect.claim_candidates(alias, _due(now), _job_filter(kind_list), limit)
+        if not rows:
+            return []
+        ids = [row.pk for row in rows]
+        Occurrence.objects.using(alias).filter(pk__in=ids).update(
+            status=OccurrenceStatus.RUNNING,
+            attempt=F("attempt") + 1,
+            fence=F("fence") + 1,
+            lease_owner=owner,
+            lease_expires_at=expires,
+            updated_at=now,
+        )
+        events = []
+        for row in rows:
+            reclaimed = row.status == OccurrenceStatus.RUNNING
+            data: dict[str, Any] = {
+                "attempt": row.attempt + 1,
+                "maxAttempts": row.max_attempts,
+                "leaseExpiresAt": iso_ms(expires),
+            }
+            if reclaimed:
+                data.update(previousOwner=row.lease_owner, previousFence=row.fence)
+            events.append(
+                _event(
+                    row.job_id,
+                    OCCURRENCE_RECLAIMED if reclaimed else OCCURRENCE_CLAIMED,
+                    now,
+                    occurrence_id=row.pk,
+                    owner_id=owner,
+                    fence=row.fence + 1,
+                    data=data,
+                )
+            )
+            row.status = OccurrenceStatus.RUNNING
+            row.attempt += 1
+            row.fence += 1
+            row.lease_owner = owner
+            row.lease_expires_at = expires
+            row.updated_at = now
+        Event.objects.using(alias).bulk_create(events)
+    return list(rows)
+
+
+def claim(
+    *, owner: str, lease: float | timedelta, kinds: Iterable[str] | None = None, using: str | None = None
+) -> Occurrence | None:
+    """Claim the next due occurrence, or return None when nothing is due."""
+    rows = claim_batch(owner=owner, lease=lease, limit=1, kinds=kinds, using=using)
+    return rows[0] if rows else None
+
+
+# --------------------------------------------------------------------------- renew / settle
+
+
+def _lease_lost(occurrence_id: str, current: Occurrence | None, owner: str, fence: int, now: datetime) -> LeaseLost:
+    if current is None:
+        reason = "not_found"
+    elif current.status != OccurrenceStatus.RUNNING:
+        reason = "not_running"
+    elif current.lease_owner != owner:
+        reason = "wrong_owner"
+    elif current.fence != fence:
+        reason = "wrong_fence"
+    else:
+        reason = "lease_expired"
+    details: dict[str, Any] = {"occurrence_id": occurrence_id, "reason": reason, "owner": owner, "fence": fence}
+    if current is not None:
+        details.update(status=current.status, current_fence=current.fence)
+    return LeaseLost(f"lease on occurrence {occurrence_id!r} is lost ({reason.replace('_', ' ')})", details)
+
+
+def _holds_lease(occurrence: Occurrence, owner: str, fence: int, now: datetime) -> bool:
+    return (
+        occurrence.status == OccurrenceStatus.RUNNING
+        and occurrence.lease_owner == owner
+        and occurrence.fence == fence
+        and occurrence.lease_expires_at is not None
+        and occurrence.lease_expires_at > now
+    )
+
+
+def _lease_args(occurrence_id: Any, owner: Any, fence: Any) -> tuple[str, str, int]:
+    return (
+        normalize_identifier(occurrence_id, "occurrence_id"),
+        _owner(owner),
+        normalize_int(fence, "fence", minimum=1),
+    )
+
+
+def renew(
+    occurrence_id: str, *, owner: str, fence: int, lease: float | timedelta, using: str | None = None
+) -> Occurrence:
+    """Extend a held lease to at least now + ``lease`` (never shortens it)."""
+    occurrence_id, owner, fence = _lease_args(occurrence_id, owner, fence)
+    lease_ms = _lease_ms(lease)
+    now = conf.now()
+    wanted = now + timedelta(milliseconds=lease_ms)
+    with _write(using) as alias:
+        updated = Occurrence.objects.using(alias).filter(
+            pk=occurrence_id,
+            status=OccurrenceStatus.RUNNING,
+            lease_owner=owner,
+            fence=fence,
+            lease_expires_at__gt=now,
+        ).update(lease_expires_at=Greatest(F("lease_expires_at"), wanted), updated_at=now)
+        current = Occurrence.objects.using(alias).filter(pk=occurrence_id).first()
+        if not updated or current is None:
+            raise _lease_lost(occurrence_id, current, owner, fence, now)
+        _event(
+            current.job_id,
+            OCCURRENCE_RENEWED,
+            now,
+            occurrence_id=occurrence_id,
+            owner_id=owner,
+            fence=fence,
+            data={"leaseExpiresAt": iso_ms(current.lease_expires_at or wanted)},
+        ).save(using=alias)
+    return current
+
+
+def _normalize_error(error: Any) -> dict[str, Any] | None:
+    if error is None:
+        return None
+    if isinstance(error, BaseException):
+        error = {"type": type(error).__name__, "message": str(error)}
+    elif isinstance(error, str):
+        error = {"message": error}
+    elif not isinstance(error, dict):
+        raise InvalidArgument("error", "must be a string, a dict or an exception")
+    error = dict(error)
+    for key in ("message", "traceback"):
+        value = error.get(key)
+        if isinstance(value, str):
+            limit = MAX_ERROR_MESSAGE if key == "message" else 4 * MAX_ERROR_MESSAGE
+            encoded = value.encode("utf-8")
+            if len(encoded) > limit:
+                # Keep the end of a traceback (where the error is), the start of a message.
+                cut = encoded[-limit:] if key == "traceback" else encoded[:limit]
+                error[key] = cut.decode("utf-8", "ignore")
+                error[f"{key}_truncated"] = True
+    return normalize_json(error, "error", max_bytes=MAX_RESULT_BYTES)  # type: ignore[no-any-return]
+
+
+def backoff_delay_ms(attempt: int, base_ms: int, max_ms: int, jitter: float | None = None) -> int:
+    """Exponential backoff with jitter: base * 2**(attempt-1), capped, +/- jitter."""
+    jitter = conf.settings.RETRY_JITTER if jitter is None else jitter
+    raw = min(max_ms, base_ms * (2 ** max(0, min(attempt - 1, 40))))
+    spread = raw * jitter
+    return max(1, min(max_ms, int(raw + random.uniform(-spread, spread))))
+
+
+def settle(
+    occurrence_id: str,
+    *,
+    owner: str,
+    fence: int,
+    outcome: str,
+    result: Any = None,
+    error: Any = None,
+    retryable: bool = True,
+    retry_at: datetime | int | None = None,
+    using: str | None = None,
+) -> Occurrence:
+    """Record the outcome of a held occurrence.
+
+    ``succeeded`` stores ``result``. ``failed`` goes to retry_wait (at ``retry_at`` or the
+    job's backoff) when ``retryable`` and attempts remain, else to dead_letter.
+    ``SCHEDULER_LEASE_LOST`` unless the caller holds an unexpired lease with this fence.
+    """
+    occurrence_id, owner, fence = _lease_args(occurrence_id, owner, fence)
+    if outcome not in ("succeeded", "failed"):
+        raise InvalidArgument("outcome", "must be 'succeeded' or 'failed'")
+    result_value = normalize_json(result, "result", max_bytes=MAX_RESULT_BYTES)
+    error_value = _normalize_error(error)
+    retryable = normalize_bool(retryable, "retryable")
+    retry_ms = None if retry_at is None else to_ms(retry_at, "retry_at")
+    now = conf.now()
+    with _write(using) as alias:
+        current = Occurrence.objects.using(alias).select_for_update().select_related("job").filter(pk=occurrence_id).first()
+        if current is None or not _holds_lease(current, owner, fence, now):
+            raise _lease_lost(occurrence_id, current, owner, fence, now)
+        data: dict[str, Any] = {"attempt": current.attempt, "maxAttempts": current.max_attempts}
+        current.lease_owner = None
+        current.lease_expires_at = None
+        current.updated_at = now
+        if outcome == "succeeded":
+            current.status = OccurrenceStatus.SUCCEEDED
+            current.result = result_value
+            current.settled_at = now
+            event_type = OCCURRENCE_SUCCEEDED
+        elif retryable and current.attempt < current.max_attempts:
+            if retry_ms is None:
+                delay = backoff_delay_ms(current.attempt, current.job.retry_base_delay_ms, current.job.retry_max_delay_ms)
+                available = now + timedelta(milliseconds=delay)
+            else:
+                available = max(now, from_ms(retry_ms))
+            current.status = OccurrenceStatus.RETRY_WAIT
+            current.available_at = available
+            current.last_error = error_value
+            event_type = OCCURRENCE_RETRY_SCHEDULED
+            data["retryAt"] = iso_ms(available)
+        else:
+            current.status = OccurrenceStatus.DEAD_LETTER
+            current.last_error = error_value
+            current.settled_at = now
+            event_type = OCCURRENCE_DEAD_LETTERED
+            data["reason"] = "max_attempts" if retryable else "not_retryable"
+        current.save(
+            using=alias,
+            update_fields=[
+                "status",
+                "lease_owner",
+                "lease_expires_at",
+                "updated_at",
+                "result",
+                "last_error",
+                "settled_at",
+                "available_at",
+            ],
+        )
+        if current.status != OccurrenceStatus.RETRY_WAIT:
+            outcome_data: dict[str, Any] = {"status": current.status}
+            if current.status == OccurrenceStatus.SUCCEEDED:
+                outcome_data["result"] = result_value
+            else:
+                outcome_data["error"] = error_value
+            reservation = settle_reservations([occurrence_id], current.status, outcome_data, now, alias)
+            if reservation:
+                data.update(reservation[0])
+        _event(current.job_id, event_type, now, occurrence_id=occurrence_id, owner_id=owner, fence=fence, data=data).save(
+            using=alias
+        )
+    return current
+
+
+def release(occurrence_id: str, *, owner: str, fence: int, using: str | None = None) -> Occurrence:
+    """Give a held lease up without using an attempt, so another worker can take it at once
+    (graceful shutdown). The occurrence goes back to queued, due now."""
+    occurrence_id, owner, fence = _lease_args(occurrence_id, owner, fence)
+    now = conf.now()
+    with _write(using) as alias:
+        current = Occurrence.objects.using(alias).select_for_update().filter(pk=occurrence_id).first()
+        if current is None or not _holds_lease(current, owner, fence, now):
+            raise _lease_lost(occurrence_id, current, owner, fence, now)
+        Occurrence.objects.using(alias).filter(pk=occurrence_id).update(
+            status=OccurrenceStatus.QUEUED,
+            attempt=Case(
+                When(attempt__gt=0, then=F("attempt") - 1), default=F("attempt"), output_field=PositiveSmallIntegerField()
+            ),
+            lease_owner=None,
+            lease_expires_at=None,
+            available_at=now,
+            updated_at=now,
+        )
+        _event(current.job_id, OCCURRENCE_RELEASED, now, occurrence_id=occurrence_id, owner_id=owner, fence=fence).save(
+            using=alias
+        )
+        current.refresh_from_db(using=alias)
+    return current
+
+
+# --------------------------------------------------------------------------- history
+
+
+def history(
+    job_id: str | None = None, occurrence_id: str | None = None, limit: int = 50, *, using: str | None = None
+) -> list[Event]:
+    """Events newest first, for a job, an occurrence, or everything."""
+    limit = normalize_int(limit, "limit", minimum=1, maximum=10_000)
+    qs = Event.objects.using(using or DEFAULT_DB_ALIAS).all()
+    if job_id is not None:
+        qs = qs.filter(job_id=normalize_identifier(job_id, "job_id"))
+    if occurrence_id is not None:
+        qs = qs.filter(occurrence_id=normalize_identifier(occurrence_id, "occurrence_id"))
+    return list(qs.order_by("-event_id")[:limit])

@@ -1,0 +1,109 @@
+"""The seed's v2 backfill: one authority policy per principal, and every job and pending
+occurrence bound to revision 1 of its principal's policy.
+
+Batched by primary key so memory stays bounded by the batch size plus one entry per
+principal, whatever the number of occurrences. Terminal occurrences are validated but
+neither rebound nor allowed to widen a policy (the seed's rule).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import migrations
+from django.utils import timezone
+
+from django_durable_scheduler.authority import normalize_authority
+
+BATCH = 2000
+TERMINAL = ("succeeded", "dead_letter")
+REF = "schedulerPolicyRevision"
+BOUND = "scheduler-authority:1"
+DEFAULTS = {"window_ms": 24 * 60 * 60 * 1000, "max_runs": 100_000, "max_units": 100_000}
+
+
+def _batches(model: Any, alias: str, **filters: Any):
+    last = None
+    while True:
+        qs = model.objects.using(alias).filter(**filters).order_by("pk")
+        if last is not None:
+            qs = qs.filter(pk__gt=last)
+        rows = list(qs.only("pk", "authority", *(["status"] if model.__name__ == "Occurrence" else []))[:BATCH])
+        if not rows:
+            return
+        yield rows
+        last = rows[-1].pk
+
+
+def forward(apps: Any, schema_editor: Any) -> None:
+    alias = schema_editor.connection.alias
+    Job = apps.get_model("durable_scheduler", "Job")
+    Occurrence = apps.get_model("durable_scheduler", "Occurrence")
+    Policy = apps.get_model("durable_scheduler", "AuthorityPolicy")
+    principals: dict[tuple[str, str], set[str]] = {}
+
+    def bind(row: Any, label: str) -> None:
+        authority = normalize_authority(row.authority, f"{label} {row.pk} authority")
+        principal = authority["principal"]
+        principals.setdefault((principal["type"], principal["id"]), set()).update(
+            authority["requestedCapabilities"]
+        )
+        authority["authorizationRefs"][REF] = BOUND
+        row.authority = authority
+
+    for rows in _batches(Job, alias):
+        for row in rows:
+            bind(row, "job")
+        Job.objects.using(alias).bulk_update(rows, ["authority"])
+    for rows in _batches(Occurrence, alias):
+        pending = []
+        for row in rows:
+            if row.status in TERMINAL:
+                normalize_authority(row.authority, f"occurrence {row.pk} authority")
+            else:
+                bind(row, "occurrence")
+                pending.append(row)
+        if pending:
+            Occurrence.objects.using(alias).bulk_update(pending, ["authority"])
+    now = timezone.now()
+    Policy.objects.using(alias).bulk_create(
+        [
+            Policy(
+                principal_type=ptype,
+                principal_id=pid,
+                revision=1,
+                enabled=True,
+                # May be empty for a principal whose jobs request nothing; readers accept it.
+                capabilities=sorted(capabilities),
+                created_at=now,
+                updated_at=now,
+                **DEFAULTS,
+            )
+            for (ptype, pid), capabilities in sorted(principals.items())
+        ],
+        batch_size=500,
+    )
+
+
+def backward(apps: Any, schema_editor: Any) -> None:
+    alias = schema_editor.connection.alias
+    Job = apps.get_model("durable_scheduler", "Job")
+    Occurrence = apps.get_model("durable_scheduler", "Occurrence")
+    apps.get_model("durable_scheduler", "AuthorityReservation").objects.using(alias).all().delete()
+    apps.get_model("durable_scheduler", "AuthorityUsage").objects.using(alias).all().delete()
+    apps.get_model("durable_scheduler", "AuthorityPolicy").objects.using(alias).all().delete()
+    for model, filters in ((Job, {}), (Occurrence, {})):
+        for rows in _batches(model, alias, **filters):
+            changed = []
+            for row in rows:
+                refs = (row.authority or {}).get("authorizationRefs")
+                if isinstance(refs, dict) and REF in refs:
+                    del refs[REF]
+                    changed.append(row)
+            if changed:
+                model.objects.using(alias).bulk_update(changed, ["authority"])
+
+
+class Migration(migrations.Migration):
+    dependencies = [("durable_scheduler", "0002_authority")]
+    operations = [migrations.RunPython(forward, backward, elidable=False)]

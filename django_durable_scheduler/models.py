@@ -1,0 +1,277 @@
+"""The scheduler's tables. They mirror the seed's: jobs, occurrences, events (v1) and the
+authority policies, usage and reservations (v2). Names are ``durable_scheduler_<table>``.
+
+Only the kernel (``kernel.py``) writes occurrence state; these models carry no state
+transitions of their own.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import F, Q
+
+
+class OccurrenceStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    RETRY_WAIT = "retry_wait"
+    SUCCEEDED = "succeeded"
+    DEAD_LETTER = "dead_letter"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATUSES = (OccurrenceStatus.SUCCEEDED, OccurrenceStatus.DEAD_LETTER, OccurrenceStatus.CANCELLED)
+PENDING_STATUSES = (OccurrenceStatus.QUEUED, OccurrenceStatus.RETRY_WAIT)
+
+
+class ReservationStatus(models.TextChoices):
+    RESERVED = "reserved"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class Job(models.Model):
+    job_id = models.CharField(max_length=256, primary_key=True)
+    kind = models.CharField(max_length=128, db_index=True)
+    trigger = models.JSONField(default=dict)
+    payload = models.JSONField(null=True, blank=True, default=None)
+    authority = models.JSONField()
+    enabled = models.BooleanField(default=True)
+    revision = models.PositiveIntegerField(default=1)
+    max_attempts = models.PositiveSmallIntegerField(default=3)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    # Retry backoff when the handler gives no time: base * 2**(attempt-1), capped at max.
+    retry_base_delay_ms = models.PositiveIntegerField(default=10_000)
+    retry_max_delay_ms = models.PositiveIntegerField(default=3_600_000)
+
+    class Meta:
+        db_table = "durable_scheduler_jobs"
+        ordering = ["job_id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(revision__gte=1), name="dsch_job_revision_min"),
+            models.CheckConstraint(
+                condition=Q(max_attempts__gte=1, max_attempts__lte=32), name="dsch_job_max_attempts_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(retry_base_delay_ms__gte=1, retry_max_delay_ms__gte=F("retry_base_delay_ms")),
+                name="dsch_job_retry_delays",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.job_id
+
+
+class Occurrence(models.Model):
+    occurrence_id = models.CharField(max_length=68, primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="occurrences", db_column="job_id")
+    job_revision = models.PositiveIntegerField()
+    idempotency_key = models.CharField(max_length=77, unique=True)
+    trigger_key = models.CharField(max_length=256)
+    scheduled_for = models.DateTimeField()
+    available_at = models.DateTimeField()
+    status = models.CharField(max_length=16, choices=OccurrenceStatus.choices, default=OccurrenceStatus.QUEUED)
+    attempt = models.PositiveSmallIntegerField(default=0)
+    max_attempts = models.PositiveSmallIntegerField()
+    fence = models.PositiveBigIntegerField(default=0)
+    lease_owner = models.CharField(max_length=256, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    authority = models.JSONField()
+    payload = models.JSONField(null=True, blank=True, default=None)
+    last_error = models.JSONField(null=True, blank=True, default=None)
+    result = models.JSONField(null=True, blank=True, default=None)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    settled_at = models.DateTimeField(null=True, blank=True)
+    # Partition key for fair claiming across principals: canonical JSON of [type, id].
+    principal_key = models.CharField(max_length=400, default="")
+
+    class Meta:
+        db_table = "durable_scheduler_occurrences"
+        ordering = ["available_at", "scheduled_for", "occurrence_id"]
+        indexes = [
+            models.Index(
+                fields=["status", "available_at", "lease_expires_at", "scheduled_for", "occurrence_id"],
+                name="dsch_occurrences_claim",
+            ),
+            models.Index(fields=["job", "trigger_key"], name="dsch_occurrences_job_trigger"),
+            models.Index(fields=["status", "settled_at"], name="dsch_occurrences_settled"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=[s.value for s in OccurrenceStatus]), name="dsch_occ_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(status=OccurrenceStatus.RUNNING, lease_owner__isnull=False, lease_expires_at__isnull=False)
+                    | (
+                        ~Q(status=OccurrenceStatus.RUNNING)
+                        & Q(lease_owner__isnull=True, lease_expires_at__isnull=True)
+                    )
+                ),
+                name="dsch_occ_running_has_lease",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(status__in=[s.value for s in TERMINAL_STATUSES], settled_at__isnull=False)
+                    | (~Q(status__in=[s.value for s in TERMINAL_STATUSES]) & Q(settled_at__isnull=True))
+                ),
+                name="dsch_occ_terminal_settled",
+            ),
+            models.CheckConstraint(
+                condition=Q(attempt__gte=0, attempt__lte=F("max_attempts")), name="dsch_occ_attempt_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(max_attempts__gte=1, max_attempts__lte=32), name="dsch_occ_max_attempts_range"
+            ),
+            models.CheckConstraint(condition=Q(job_revision__gte=1), name="dsch_occ_job_revision_min"),
+        ]
+
+    def __str__(self) -> str:
+        return self.occurrence_id
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class Event(models.Model):
+    event_id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="events", db_column="job_id")
+    occurrence = models.ForeignKey(
+        Occurrence,
+        on_delete=models.PROTECT,
+        related_name="events",
+        null=True,
+        blank=True,
+        db_column="occurrence_id",
+    )
+    event_type = models.CharField(max_length=64)
+    occurred_at = models.DateTimeField()
+    owner_id = models.CharField(max_length=256, null=True, blank=True)
+    fence = models.PositiveBigIntegerField(null=True, blank=True)
+    data = models.JSONField(default=dict)
+
+    class Meta:
+        db_table = "durable_scheduler_events"
+        ordering = ["-event_id"]
+        indexes = [
+            models.Index(fields=["job", "event_id"], name="dsch_events_job"),
+            models.Index(fields=["occurrence", "event_id"], name="dsch_events_occurrence"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} #{self.event_id}"
+
+
+class AuthorityPolicy(models.Model):
+    principal_type = models.CharField(max_length=64)
+    principal_id = models.CharField(max_length=256)
+    revision = models.PositiveIntegerField(default=1)
+    enabled = models.BooleanField(default=True)
+    capabilities = models.JSONField(default=list)
+    window_ms = models.BigIntegerField(default=24 * 60 * 60 * 1000)
+    max_runs = models.PositiveIntegerField(default=100_000)
+    max_units = models.PositiveIntegerField(default=100_000)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "durable_scheduler_authority_policies"
+        verbose_name_plural = "authority policies"
+        ordering = ["principal_type", "principal_id"]
+        constraints = [
+            models.UniqueConstraint(fields=["principal_type", "principal_id"], name="dsch_policy_principal_unique"),
+            models.CheckConstraint(condition=Q(revision__gte=1), name="dsch_policy_revision_min"),
+            models.CheckConstraint(
+                condition=Q(window_ms__gte=60_000, window_ms__lte=2_678_400_000), name="dsch_policy_window_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(max_runs__gte=1, max_runs__lte=1_000_000), name="dsch_policy_max_runs_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(max_units__gte=1, max_units__lte=1_000_000), name="dsch_policy_max_units_range"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.principal_type}:{self.principal_id}"
+
+
+class AuthorityUsage(models.Model):
+    principal_type = models.CharField(max_length=64)
+    principal_id = models.CharField(max_length=256)
+    policy_revision = models.PositiveIntegerField()
+    window_started_at = models.DateTimeField()
+    runs = models.PositiveIntegerField(default=0)
+    units = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "durable_scheduler_authority_usage"
+        verbose_name_plural = "authority usage"
+        ordering = ["-window_started_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["principal_type", "principal_id", "policy_revision", "window_started_at"],
+                name="dsch_usage_window_unique",
+            ),
+            models.CheckConstraint(condition=Q(policy_revision__gte=1), name="dsch_usage_revision_min"),
+            models.CheckConstraint(condition=Q(runs__gte=0, runs__lte=1_000_000), name="dsch_usage_runs_range"),
+            models.CheckConstraint(condition=Q(units__gte=0, units__lte=1_000_000), name="dsch_usage_units_range"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.principal_type}:{self.principal_id} r{self.policy_revision} @{self.window_started_at}"
+
+
+class AuthorityReservation(models.Model):
+    occurrence = models.OneToOneField(
+        Occurrence,
+        on_delete=models.PROTECT,
+        primary_key=True,
+        related_name="reservation",
+        db_column="occurrence_id",
+    )
+    job = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="reservations", db_column="job_id")
+    principal_type = models.CharField(max_length=64)
+    principal_id = models.CharField(max_length=256)
+    policy_revision = models.PositiveIntegerField()
+    window_started_at = models.DateTimeField()
+    units = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=ReservationStatus.choices, default=ReservationStatus.RESERVED)
+    outcome = models.JSONField(null=True, blank=True, default=None)
+    created_at = models.DateTimeField()
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "durable_scheduler_authority_reservations"
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(
+                fields=["principal_type", "principal_id", "policy_revision", "window_started_at"],
+                name="dsch_reservations_principal",
+            ),
+            models.Index(fields=["status", "created_at"], name="dsch_reservations_status"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(policy_revision__gte=1), name="dsch_res_revision_min"),
+            models.CheckConstraint(condition=Q(units__gte=1, units__lte=1_000_000), name="dsch_res_units_range"),
+            models.CheckConstraint(
+                condition=Q(status__in=[s.value for s in ReservationStatus]), name="dsch_res_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(status=ReservationStatus.RESERVED, outcome__isnull=True, settled_at__isnull=True)
+                    | (
+                        ~Q(status=ReservationStatus.RESERVED)
+                        & Q(outcome__isnull=False, settled_at__isnull=False)
+                    )
+                ),
+                name="dsch_res_settled_consistent",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"reservation {self.occurrence_id}"

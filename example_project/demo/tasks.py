@@ -1,0 +1,1 @@
+"""Handlers for the demo jobs that the example project schedules."""

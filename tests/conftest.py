@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Clock:
+    """A settable clock for the scheduler (``DURABLE_SCHEDULER_CLOCK``)."""
+
+    def __init__(self, start: datetime) -> None:
+        self.current = start
+
+    def __call__(self) -> datetime:
+        return self.current
+
+    def advance(self, seconds: float = 0, **kwargs: float) -> datetime:
+        self.current += timedelta(seconds=seconds, **kwargs)
+        return self.current
+
+    def set(self, value: datetime) -> datetime:
+        self.current = value
+        return value
+
+
+@pytest.fixture
+def clock(settings) -> Clock:
+    c = Clock(datetime(2026, 1, 5, 12, 0, 0, tzinfo=UTC))
+    settings.DURABLE_SCHEDULER_CLOCK = c
+    return c
+
+
+AUTHORITY = {
+    "schemaVersion": 1,
+    "principal": {"type": "user", "id": "alice"},
+    "requestedCapabilities": ["reports.send"],
+}
+
+
+def authority_for(principal_id: str, *caps: str, ptype: str = "user") -> dict:
+    return {"principal": {"type": ptype, "id": principal_id}, "requestedCapabilities": list(caps)}
+
+
+@pytest.fixture
+def job(db, clock):
+    from django_durable_scheduler import kernel
+
+    return kernel.create_job("job-a", "reports.send", authority=AUTHORITY, payload={"n": 1})
+
+
+def database_url() -> str:
+    """A DATABASE_URL for the test database this process uses, for subprocesses."""
+    s = connection.settings_dict
+    name = s["NAME"]
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{name}"
+    scheme = {"postgresql": "postgres", "mysql": "mysql"}[connection.vendor]
+    user = s.get("USER") or ""
+    password = f":{s['PASSWORD']}" if s.get("PASSWORD") else ""
+    host = s.get("HOST") or "127.0.0.1"
+    port = f":{s['PORT']}" if s.get("PORT") else ""
+    return f"{scheme}://{user}{password}@{host}{port}/{name}"
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=database_url(),
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
+    env.update(extra)
+    return env
+
+
+def run_python(code: str, **extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=subprocess_env(**extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )

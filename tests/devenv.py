@@ -1,0 +1,226 @@
+"""Development virtualenvs shared by ``tests/run.py`` and ``example_project/run.py``.
+
+Standard library only: both scripts must work on a machine that has nothing but Python 3.11+.
+They load this file by path (not through ``sys.path``), so it never shadows an installed module.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = ROOT / "pyproject.toml"
+STAMP_NAME = ".durable-scheduler-stamp.json"
+EXTRAS = ("postgres", "mysql")
+MYSQL_SYSTEM_PACKAGES = ("libmariadb-dev", "pkg-config")
+
+
+@dataclass(frozen=True)
+class VenvSpec:
+    """What one development virtualenv holds."""
+
+    dirname: str
+    django: str
+    label: str
+
+
+DEFAULT_VENV = VenvSpec(".venv", "django>=5.2,<6", "Django 5.2")
+DJ6_VENV = VenvSpec(".venv-dj6", "django>=6,<7", "Django 6")
+# Interpreters tried for the Django 6 venv, newest first (Django 6.0 needs Python 3.12+).
+DJ6_PYTHONS = ((3, 13), (3, 12))
+
+
+@dataclass
+class Venv:
+    """A ready virtualenv: its interpreter and what it ended up with."""
+
+    path: Path
+    python: Path
+    python_version: str
+    django_version: str
+    mysql: bool
+    mysql_error: str = ""
+
+
+class SetupError(RuntimeError):
+    """A virtualenv could not be created or filled."""
+
+
+def say(message: str) -> None:
+    print(f"[devenv] {message}", flush=True)
+
+
+def run(cmd: list[str], *, env: dict[str, str] | None = None, quiet: bool = False) -> int:
+    """Run a command from the repository root; with ``quiet`` its output is shown only on failure."""
+    if not quiet:
+        return subprocess.call(cmd, cwd=ROOT, env=env)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        sys.stdout.write(proc.stdout[-6000:])
+        sys.stderr.write(proc.stderr[-6000:])
+    return proc.returncode
+
+
+def output(cmd: list[str], *, env: dict[str, str] | None = None) -> str | None:
+    """The stripped stdout of a command, or None when it cannot run or fails."""
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def venv_python(venv_dir: Path) -> Path:
+    return venv_dir / "bin" / "python"
+
+
+def interpreter_version(python: str | Path) -> tuple[int, int] | None:
+    """(major, minor) of an interpreter that runs and has the venv module, else None."""
+    out = output([str(python), "-c", "import sys, venv; print(*sys.version_info[:2])"])
+    if not out:
+        return None
+    major, minor = out.split()
+    return int(major), int(minor)
+
+
+def find_python(wanted: tuple[tuple[int, int], ...] = DJ6_PYTHONS) -> Path | None:
+    """The first working interpreter of the wanted versions: on PATH, then in pyenv's versions."""
+    pyenv_root = os.environ.get("PYENV_ROOT") or output(["pyenv", "root"]) or str(Path.home() / ".pyenv")
+    for major, minor in wanted:
+        candidates = [shutil.which(f"python{major}.{minor}")]
+        # A pyenv shim on PATH fails unless that version is active, hence the direct paths too.
+        candidates += sorted(glob.glob(f"{pyenv_root}/versions/{major}.{minor}.*/bin/python3"), reverse=True)
+        for candidate in candidates:
+            if candidate and interpreter_version(candidate) == (major, minor):
+                return Path(candidate)
+    return None
+
+
+def _stamp_key(spec: VenvSpec, base_python: Path) -> str:
+    digest = hashlib.sha256()
+    for part in (PYPROJECT.read_bytes(), Path(__file__).read_bytes()):
+        digest.update(part)
+    version = output([str(base_python), "-c", "import sys; print(sys.version)"]) or ""
+    digest.update(f"{spec}|{version}|{ROOT}".encode())
+    return digest.hexdigest()
+
+
+def _read_stamp(venv_dir: Path) -> dict[str, object]:
+    try:
+        data = json.loads((venv_dir / STAMP_NAME).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def mysql_build_deps_missing() -> list[str]:
+    """Debian packages mysqlclient needs to compile that are not installed."""
+    if not shutil.which("pkg-config"):
+        return list(MYSQL_SYSTEM_PACKAGES)
+    has_lib = any(
+        run(["pkg-config", "--exists", name], quiet=True) == 0 for name in ("mysqlclient", "mariadb")
+    )
+    return [] if has_lib else ["libmariadb-dev"]
+
+
+def install_mysql_build_deps() -> None:
+    """apt-get install the mysqlclient build dependencies when missing (root and apt only)."""
+    missing = mysql_build_deps_missing()
+    if not missing:
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        say(f"cannot install {' '.join(missing)}: needs root and apt-get")
+        return
+    say(f"apt-get install {' '.join(missing)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    if run(["apt-get", "update", "-q"], env=env, quiet=True) == 0:
+        run(["apt-get", "install", "-y", "-q", *missing], env=env, quiet=True)
+
+
+def _dev_group_args(python: Path) -> list[str]:
+    """pip arguments for the ``dev`` dependency group: ``--group`` when pip knows it (pip >= 25.1)."""
+    knows_groups = "import pip, sys; sys.exit([int(x) for x in pip.__version__.split('.')[:2]] < [25, 1])"
+    if run([str(python), "-c", knows_groups], quiet=True) == 0:
+        return ["--group", f"{PYPROJECT}:dev"]
+    with PYPROJECT.open("rb") as f:
+        return list(tomllib.load(f)["dependency-groups"]["dev"])
+
+
+def _pip_install(python: Path, spec: VenvSpec, extras: tuple[str, ...]) -> bool:
+    target = f"{ROOT}[{','.join(extras)}]" if extras else str(ROOT)
+    cmd = [str(python), "-m", "pip", "install", "-q", "-e", target, *_dev_group_args(python), spec.django]
+    say(f"pip install -e .[{','.join(extras)}] + dev group + {spec.django!r} into {spec.dirname}")
+    return run(cmd, quiet=True) == 0
+
+
+def ensure_venv(spec: VenvSpec, base_python: Path | str, *, install_system_deps: bool = False) -> Venv:
+    """Create or update the virtualenv ``spec`` with ``base_python``; reuse it when nothing changed.
+
+    The mysql extra needs a C build (mysqlclient). If that fails the venv is filled without it and
+    ``Venv.mysql`` is False, so that the MariaDB leg can say why it cannot run.
+    """
+    base_python = Path(base_python)
+    venv_dir = ROOT / spec.dirname
+    python = venv_python(venv_dir)
+    key = _stamp_key(spec, base_python)
+    stamp = _read_stamp(venv_dir)
+    retry_mysql = install_system_deps and stamp.get("mysql") is False
+    if stamp.get("key") == key and not retry_mysql and interpreter_version(python):
+        say(f"{spec.dirname} is up to date")
+    else:
+        wanted = interpreter_version(base_python)
+        if wanted is None:
+            raise SetupError(f"{base_python} cannot run or has no venv module")
+        if python.exists() and interpreter_version(python) != wanted:
+            say(f"{spec.dirname} was made with another Python: recreating it")
+            shutil.rmtree(venv_dir)
+        if not python.exists():
+            say(f"creating {spec.dirname} with {base_python} (Python {wanted[0]}.{wanted[1]})")
+            if run([str(base_python), "-m", "venv", str(venv_dir)]) != 0:
+                raise SetupError(f"{base_python} -m venv {venv_dir} failed")
+        (venv_dir / STAMP_NAME).unlink(missing_ok=True)
+        if run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip>=25.1"], quiet=True) != 0:
+            say("could not upgrade pip; reading the dev group from pyproject.toml instead")
+        if install_system_deps:
+            install_mysql_build_deps()
+        mysql = _pip_install(python, spec, EXTRAS)
+        if not mysql:
+            say("install with the mysql extra failed (mysqlclient needs libmariadb-dev and pkg-config);")
+            say("retrying without it: the MariaDB leg will be unavailable")
+            if not _pip_install(python, spec, tuple(e for e in EXTRAS if e != "mysql")):
+                raise SetupError(f"pip install into {spec.dirname} failed (output above)")
+        stamp = {"key": key, "mysql": mysql}
+        (venv_dir / STAMP_NAME).write_text(json.dumps(stamp))
+    facts = output(
+        [
+            str(python),
+            "-c",
+            "import platform, django; print(platform.python_version(), django.get_version())",
+        ]
+    )
+    if not facts:
+        raise SetupError(f"{spec.dirname} has no working Django")
+    python_version, django_version = facts.split()
+    mysql_ok = bool(stamp.get("mysql"))
+    return Venv(
+        path=venv_dir,
+        python=python,
+        python_version=python_version,
+        django_version=django_version,
+        mysql=mysql_ok,
+        mysql_error="" if mysql_ok else "mysqlclient did not install (needs libmariadb-dev, pkg-config)",
+    )
+
+
+def ensure_default_venv(*, install_system_deps: bool = False) -> Venv:
+    """The main development venv (``.venv``): this interpreter, Django 5.2, every extra."""
+    return ensure_venv(DEFAULT_VENV, sys.executable, install_system_deps=install_system_deps)

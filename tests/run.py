@@ -1,0 +1,348 @@
+#!/usr/bin/env python3
+"""Run the whole test matrix: ``python3 tests/run.py [options] [-- pytest arguments]``.
+
+Standard library only. Builds ``.venv`` (this Python, Django 5.2) and ``.venv-dj6`` (Python 3.13 or
+3.12, Django 6), runs the migration check and the linters, then pytest once per leg:
+
+    sqlite        Python 3.11 + Django 5.2 + SQLite file
+    postgres      Python 3.11 + Django 5.2 + PostgreSQL  postgres://postgres@127.0.0.1:5432/dsch
+    mariadb       Python 3.11 + Django 5.2 + MariaDB     mysql://root@127.0.0.1:3306/dsch
+    dj6-sqlite    Python 3.13 + Django 6   + SQLite file
+    dj6-postgres  Python 3.13 + Django 6   + PostgreSQL  postgres://postgres@127.0.0.1:5432/dsch6
+
+A leg whose database server does not answer is skipped (a failure with ``--require-all``).
+The last line printed is ``N passed, M failed`` summed over the legs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+
+def _load_devenv() -> ModuleType:
+    path = Path(__file__).resolve().parent / "devenv.py"
+    spec = importlib.util.spec_from_file_location("durable_scheduler_devenv", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+devenv = _load_devenv()
+ROOT: Path = devenv.ROOT
+
+PG_PROBE = (
+    "import psycopg; psycopg.connect(host='127.0.0.1', port=5432, user='postgres', dbname='postgres',"
+    " connect_timeout=5).close()"
+)
+MARIADB_PROBE = (
+    "import MySQLdb; MySQLdb.connect(host='127.0.0.1', port=3306, user='root', passwd='',"
+    " connect_timeout=5).close()"
+)
+LEG_TIMEOUT = 25 * 60
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# pytest's closing line, e.g. "==== 1 failed, 12 passed, 1 skipped in 3.21s ====" (or without "=" under -q).
+SUMMARY_LINE = re.compile(r"^=*\s*(?P<body>.*\bin [\d.]+s\b.*?)\s*=*$")
+COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed|deselected)\b")
+
+
+@dataclass(frozen=True)
+class Leg:
+    name: str
+    venv: str  # "default" or "dj6"
+    database: str  # "sqlite", "postgres" or "mariadb"
+    url: str | None  # DATABASE_URL; None leaves tests/settings.py on its SQLite file
+
+
+LEGS = (
+    Leg("sqlite", "default", "sqlite", None),
+    Leg("postgres", "default", "postgres", "postgres://postgres@127.0.0.1:5432/dsch"),
+    Leg("mariadb", "default", "mariadb", "mysql://root@127.0.0.1:3306/dsch"),
+    Leg("dj6-sqlite", "dj6", "sqlite", None),
+    Leg("dj6-postgres", "dj6", "postgres", "postgres://postgres@127.0.0.1:5432/dsch6"),
+)
+
+
+@dataclass
+class Result:
+    name: str
+    python: str = "-"
+    django: str = "-"
+    database: str = "-"
+    status: str = "skipped"  # passed, failed or skipped
+    why: str = ""
+    seconds: float = 0.0
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def result_text(self) -> str:
+        return f"{self.status} ({self.why})" if self.why else self.status
+
+
+def banner(text: str) -> None:
+    print(f"\n{'=' * 20} {text} {'=' * max(0, 58 - len(text))}", flush=True)
+
+
+def leg_env(url: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "VIRTUAL_ENV", "PYTHONHOME")}
+    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    if url:
+        env["DATABASE_URL"] = url
+    return env
+
+
+def timed_check(name: str, cmd: list[str], env: dict[str, str] | None = None) -> Result:
+    banner(name)
+    print("$ " + " ".join(str(c) for c in cmd), flush=True)
+    start = time.monotonic()
+    code = subprocess.call(cmd, cwd=ROOT, env=env)
+    return Result(
+        name=name,
+        status="passed" if code == 0 else "failed",
+        why="" if code == 0 else f"exit {code}",
+        seconds=time.monotonic() - start,
+    )
+
+
+def probe(python: Path, script: str) -> str | None:
+    """None when the server answers, else the last line of the error."""
+    try:
+        proc = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return "no answer within 30 s"
+    if proc.returncode == 0:
+        return None
+    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    return lines[-1] if lines else f"exit {proc.returncode}"
+
+
+def run_pytest(python: Path, env: dict[str, str], args: list[str], timeout: float) -> tuple[int, str]:
+    """Run pytest in its own process group, echoing its output; return (exit code, closing line)."""
+    cmd = [str(python), "-m", "pytest", "-p", "no:cacheprovider"]
+    if sys.stdout.isatty():
+        cmd.append("--color=yes")
+    cmd += args
+    print("$ " + " ".join(cmd), flush=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # so a timeout or Ctrl-C can end its worker subprocesses too
+    )
+    tail: deque[str] = deque(maxlen=50)
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for raw in iter(proc.stdout.readline, b""):
+            sys.stdout.buffer.write(raw)
+            sys.stdout.flush()
+            tail.append(ANSI.sub("", raw.decode(errors="replace")).strip())
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"\n[run.py] leg exceeded {timeout / 60:.0f} min: stopping it", flush=True)
+        stop_group(proc)
+        code = -1
+    except KeyboardInterrupt:
+        stop_group(proc)
+        raise
+    reader.join(timeout=10)
+    matches = (SUMMARY_LINE.match(line) for line in reversed(tail))
+    return code, next((m["body"] for m in matches if m), "")
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    for sig, grace in ((signal.SIGINT, 10), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def parse_counts(closing: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for number, word in COUNT.findall(closing):
+        key = "error" if word.startswith("error") else word
+        counts[key] = counts.get(key, 0) + int(number)
+    return counts
+
+
+def print_table(rows: list[Result], title: str) -> None:
+    headers = ("leg", "python", "django", "database", "result", "duration")
+    table = [(r.name, r.python, r.django, r.database, r.result_text, f"{r.seconds:6.1f} s") for r in rows]
+    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
+    print(f"\n{title}")
+    for row in (headers, tuple("-" * w for w in widths), *table):
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    pytest_args: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, pytest_args = argv[:cut], argv[cut + 1 :]
+    parser = argparse.ArgumentParser(
+        prog="python3 tests/run.py",
+        description="Build the venvs, lint, and run pytest on every database and Django version.",
+        epilog="Arguments after -- go to pytest, e.g.: python3 tests/run.py --legs sqlite -- -k identity",
+    )
+    parser.add_argument(
+        "--legs",
+        default=",".join(leg.name for leg in LEGS),
+        help="comma-separated legs to run (default: all): " + ",".join(leg.name for leg in LEGS),
+    )
+    parser.add_argument(
+        "--require-all", action="store_true", help="a leg that cannot run (no server, no Python) fails"
+    )
+    parser.add_argument(
+        "--install-system-deps",
+        action="store_true",
+        help="apt-get install libmariadb-dev pkg-config when missing (root only)",
+    )
+    parser.add_argument("--no-lint", action="store_true", help="skip ruff and mypy")
+    parser.add_argument(
+        "--leg-timeout", type=float, default=LEG_TIMEOUT / 60, help="minutes per leg (default %(default)s)"
+    )
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.legs.split(",") if n.strip()]
+    unknown = sorted(set(names) - {leg.name for leg in LEGS})
+    if unknown or not names:
+        parser.error(f"unknown legs {unknown}; choose from {', '.join(leg.name for leg in LEGS)}")
+    args.legs = [leg for leg in LEGS if leg.name in names]
+    return args, pytest_args
+
+
+def main(argv: list[str]) -> int:
+    args, pytest_args = parse_args(argv)
+    started = time.monotonic()
+    checks: list[Result] = []
+    results: list[Result] = []
+    venvs: dict[str, devenv.Venv] = {}
+    unavailable: dict[str, tuple[str, str]] = {}  # venv key -> (leg status, why)
+
+    banner("virtualenvs")
+    try:
+        venvs["default"] = devenv.ensure_default_venv(install_system_deps=args.install_system_deps)
+    except devenv.SetupError as exc:
+        unavailable["default"] = ("failed", str(exc))
+    if any(leg.venv == "dj6" for leg in args.legs):
+        base = devenv.find_python()
+        if base is None:
+            wanted = " or ".join(f"{a}.{b}" for a, b in devenv.DJ6_PYTHONS)
+            unavailable["dj6"] = ("skipped", f"no Python {wanted} found")
+            print(f"[run.py] no Python {wanted} on PATH or in pyenv: no Django 6 legs", flush=True)
+        else:
+            try:
+                venvs["dj6"] = devenv.ensure_venv(
+                    devenv.DJ6_VENV, base, install_system_deps=args.install_system_deps
+                )
+            except devenv.SetupError as exc:
+                unavailable["dj6"] = ("failed", str(exc))
+    for venv in venvs.values():
+        print(f"[run.py] {venv.path.name}: Python {venv.python_version}, Django {venv.django_version}")
+        cmd = [str(venv.python), "-m", "django", "makemigrations", "--check", "--dry-run"]
+        check = timed_check(f"makemigrations --check (Django {venv.django_version})", cmd, leg_env(None))
+        check.python, check.django, check.database = venv.python_version, venv.django_version, "sqlite"
+        checks.append(check)
+    if "default" in venvs and not args.no_lint:
+        py = str(venvs["default"].python)
+        for name, cmd in (
+            ("ruff check", [py, "-m", "ruff", "check", "."]),
+            ("ruff format --check", [py, "-m", "ruff", "format", "--check", "."]),
+            ("mypy", [py, "-m", "mypy", "django_durable_scheduler"]),
+        ):
+            check = timed_check(name, cmd, leg_env(None))
+            check.python, check.django = venvs["default"].python_version, venvs["default"].django_version
+            checks.append(check)
+
+    probes: dict[tuple[str, str], str | None] = {}
+    for leg in args.legs:
+        result = Result(name=leg.name, database=leg.database)
+        results.append(result)
+        venv = venvs.get(leg.venv)
+        if venv is None:
+            result.status, result.why = unavailable[leg.venv]
+            continue
+        result.python, result.django = venv.python_version, venv.django_version
+        if leg.database == "mariadb" and not venv.mysql:
+            result.why = venv.mysql_error
+            continue
+        if leg.database != "sqlite":
+            script = PG_PROBE if leg.database == "postgres" else MARIADB_PROBE
+            key = (leg.venv, leg.database)
+            if key not in probes:
+                probes[key] = probe(venv.python, script)
+            if probes[key] is not None:
+                result.why = f"{leg.database} at 127.0.0.1 does not answer: {probes[key]}"
+                print(f"[run.py] skipping leg {leg.name}: {result.why}", flush=True)
+                continue
+        banner(f"leg {leg.name}: Python {venv.python_version}, Django {venv.django_version}, {leg.database}")
+        start = time.monotonic()
+        code, closing = run_pytest(venv.python, leg_env(leg.url), pytest_args, args.leg_timeout * 60)
+        result.seconds = time.monotonic() - start
+        result.counts = parse_counts(closing)
+        if code == 0:
+            result.status = "passed"
+        else:
+            result.status = "failed"
+            result.why = {
+                -1: f"timed out after {args.leg_timeout:.0f} min",
+                5: "no tests collected",
+            }.get(code, f"pytest exit {code}")
+        if closing:
+            result.why = f"{result.why}; {closing}" if result.why else closing
+
+    if args.require_all:
+        for result in results:
+            if result.status == "skipped":
+                result.status = "failed"
+                result.why = f"required: {result.why}"
+
+    banner("summary")
+    if checks:
+        print_table(checks, "checks")
+    print_table(results, "legs")
+    print(f"\ntotal {time.monotonic() - started:.1f} s")
+    ran = [r for r in results if r.status != "skipped"]
+    failed = [r.name for r in checks + results if r.status == "failed"]
+    if not ran:
+        print("[run.py] no leg ran: that is a failure")
+        failed.append("(no leg ran)")
+    if failed:
+        print(f"FAILED: {', '.join(failed)}")
+    passed_tests = sum(r.counts.get("passed", 0) for r in results)
+    failed_tests = sum(r.counts.get("failed", 0) + r.counts.get("error", 0) for r in results)
+    print(f"{passed_tests} passed, {failed_tests} failed", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:
+        print("\n[run.py] interrupted", file=sys.stderr)
+        sys.exit(130)
