@@ -89,11 +89,15 @@ class FieldModel:
             return self.names[value - self.name_base]
         return str(value)
 
-    def text(self) -> str:
+    def text(self, *, for_croniter: bool = False) -> str:
         if not self.items:
             return "*"
         parts = []
         for item in self.items:
+            if for_croniter and item.start is not None and item.start == item.stop:
+                # croniter 7.0.0 expands a one-value range "a-a" to the whole field; spell it "a".
+                parts.append(self.spell(item.start, item.names))
+                continue
             if item.start is None:
                 base = "*"
             elif item.stop is None:
@@ -122,8 +126,9 @@ class CronModel:
     month: FieldModel
     dow: FieldModel
 
-    def text(self) -> str:
-        return " ".join(f.text() for f in (self.minute, self.hour, self.dom, self.month, self.dow))
+    def text(self, *, for_croniter: bool = False) -> str:
+        fields = (self.minute, self.hour, self.dom, self.month, self.dow)
+        return " ".join(f.text(for_croniter=for_croniter) for f in fields)
 
 
 @st.composite
@@ -232,7 +237,7 @@ def instants_near_transitions(draw: st.DrawFn, zone_name: str) -> datetime:
 # ----------------------------------------------------------------------------- properties
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), model=crons, zone_name=st.sampled_from(ZONES))
 def test_next_fire_times_matches_brute_force(data: st.DataObject, model: CronModel, zone_name: str) -> None:
     text = model.text()
@@ -254,6 +259,31 @@ def test_next_fire_times_matches_brute_force(data: st.DataObject, model: CronMod
     assert [t for t in got if t <= after + HORIZON] == expected, text
 
 
+@st.composite
+def dst_day_cases(draw: st.DrawFn) -> tuple[CronModel, str, datetime]:
+    """Crons whose hours sit on the wall-clock hours a transition touches, started just before it."""
+    zone_name = draw(st.sampled_from(ZONES[:3]))
+    center = draw(st.sampled_from(transitions(zone_name)))
+    after = center + timedelta(minutes=draw(st.integers(-30 * 60, 90)))
+    after += timedelta(seconds=draw(st.sampled_from((0, 0, 1, 59))))
+    minute = draw(field_model(0, 59, star_weight=1, hot=(0, 15, 29, 30, 31, 45, 59)))
+    hour = draw(field_model(0, 23, star_weight=1, hot=(0, 1, 2, 3)))
+    star = FieldModel(1, 31, ())
+    model = CronModel(
+        minute, hour, star, FieldModel(1, 12, (), MONTHS, 1), FieldModel(0, 6, (), DAYS)
+    )
+    return model, zone_name, after
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=dst_day_cases())
+def test_transition_days_match_brute_force(case: tuple[CronModel, str, datetime]) -> None:
+    model, zone_name, after = case
+    got = next_fire_times({"cron": model.text(), "timezone": zone_name}, after=after, count=3)
+    expected = reference_fire_times(model, zone_name, after, 3)
+    assert [t for t in got if t <= after + HORIZON] == expected, model.text()
+
+
 @settings(max_examples=200, deadline=None)
 @given(model=crons)
 def test_parser_sets_agree_with_model_and_croniter(model: CronModel) -> None:
@@ -273,10 +303,13 @@ def test_parser_sets_agree_with_model_and_croniter(model: CronModel) -> None:
     assert spec.weekdays == {0 if d == 7 else d for d in model.dow.values()}
     assert spec.hour_star == (not model.hour.items)
 
-    expanded, _ = croniter.expand(text)
-    full = [range(0, 60), range(0, 24), range(1, 32), range(1, 13), range(0, 7)]
-    for column, values, whole in zip(expanded, (spec.minutes, spec.hours, spec.days, spec.months, spec.weekdays), full, strict=True):
-        theirs = set(whole) if column == ["*"] else {0 if v == 7 else v for v in column}
+    expanded, _ = croniter.expand(model.text(for_croniter=True))
+    ours = (spec.minutes, spec.hours, spec.days, spec.months, spec.weekdays)
+    full = (range(0, 60), range(0, 24), range(1, 32), range(1, 13), range(0, 7))
+    for index, (column, values, whole) in enumerate(zip(expanded, ours, full, strict=True)):
+        theirs = set(whole) if column == ["*"] else set(column)
+        if index == 4:  # day of week: 7 is Sunday
+            theirs = {0 if v == 7 else v for v in theirs}
         assert theirs == set(values), text
 
 

@@ -14,25 +14,12 @@ from django.db import migrations
 from django.utils import timezone
 
 from django_durable_scheduler.authority import normalize_authority
+from django_durable_scheduler.migrations._batch import batches, update_column
 
-BATCH = 2000
 TERMINAL = ("succeeded", "dead_letter")
 REF = "schedulerPolicyRevision"
 BOUND = "scheduler-authority:1"
 DEFAULTS = {"window_ms": 24 * 60 * 60 * 1000, "max_runs": 100_000, "max_units": 100_000}
-
-
-def _batches(model: Any, alias: str, **filters: Any):
-    last = None
-    while True:
-        qs = model.objects.using(alias).filter(**filters).order_by("pk")
-        if last is not None:
-            qs = qs.filter(pk__gt=last)
-        rows = list(qs.only("pk", "authority", *(["status"] if model.__name__ == "Occurrence" else []))[:BATCH])
-        if not rows:
-            return
-        yield rows
-        last = rows[-1].pk
 
 
 def forward(apps: Any, schema_editor: Any) -> None:
@@ -51,11 +38,11 @@ def forward(apps: Any, schema_editor: Any) -> None:
         authority["authorizationRefs"][REF] = BOUND
         row.authority = authority
 
-    for rows in _batches(Job, alias):
+    for rows in batches(Job, alias, ["authority"]):
         for row in rows:
             bind(row, "job")
-        Job.objects.using(alias).bulk_update(rows, ["authority"])
-    for rows in _batches(Occurrence, alias):
+        update_column(Job, schema_editor, rows, "authority")
+    for rows in batches(Occurrence, alias, ["authority", "status"]):
         pending = []
         for row in rows:
             if row.status in TERMINAL:
@@ -63,8 +50,7 @@ def forward(apps: Any, schema_editor: Any) -> None:
             else:
                 bind(row, "occurrence")
                 pending.append(row)
-        if pending:
-            Occurrence.objects.using(alias).bulk_update(pending, ["authority"])
+        update_column(Occurrence, schema_editor, pending, "authority")
     now = timezone.now()
     Policy.objects.using(alias).bulk_create(
         [
@@ -92,16 +78,15 @@ def backward(apps: Any, schema_editor: Any) -> None:
     apps.get_model("durable_scheduler", "AuthorityReservation").objects.using(alias).all().delete()
     apps.get_model("durable_scheduler", "AuthorityUsage").objects.using(alias).all().delete()
     apps.get_model("durable_scheduler", "AuthorityPolicy").objects.using(alias).all().delete()
-    for model, filters in ((Job, {}), (Occurrence, {})):
-        for rows in _batches(model, alias, **filters):
+    for model in (Job, Occurrence):
+        for rows in batches(model, alias, ["authority"]):
             changed = []
             for row in rows:
                 refs = (row.authority or {}).get("authorizationRefs")
                 if isinstance(refs, dict) and REF in refs:
                     del refs[REF]
                     changed.append(row)
-            if changed:
-                model.objects.using(alias).bulk_update(changed, ["authority"])
+            update_column(model, schema_editor, changed, "authority")
 
 
 class Migration(migrations.Migration):

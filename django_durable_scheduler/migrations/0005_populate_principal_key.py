@@ -11,32 +11,23 @@ from typing import Any
 from django.db import migrations
 
 from django_durable_scheduler.identity import canonical_json
+from django_durable_scheduler.migrations._batch import batches, update_column
 
-BATCH = 2000
 
 
 def forward(apps: Any, schema_editor: Any) -> None:
-    alias = schema_editor.connection.alias
     Occurrence = apps.get_model("durable_scheduler", "Occurrence")
-    last = None
-    while True:
-        qs = Occurrence.objects.using(alias).order_by("pk").only("pk", "authority")
-        if last is not None:
-            qs = qs.filter(pk__gt=last)
-        rows = list(qs[:BATCH])
-        if not rows:
-            return
+    for rows in batches(Occurrence, schema_editor.connection.alias, ["authority"]):
         for row in rows:
             principal = row.authority["principal"]
             row.principal_key = canonical_json([principal["type"], principal["id"]])
-        Occurrence.objects.using(alias).bulk_update(rows, ["principal_key"])
-        last = rows[-1].pk
+        update_column(Occurrence, schema_editor, rows, "principal_key")
 
 
 def backward(apps: Any, schema_editor: Any) -> None:
     alias = schema_editor.connection.alias
     Occurrence = apps.get_model("durable_scheduler", "Occurrence")
-    for row in Occurrence.objects.using(alias).filter(status="cancelled").iterator(chunk_size=BATCH):
+    for row in Occurrence.objects.using(alias).filter(status="cancelled").iterator(chunk_size=2000):
         row.status = "dead_letter"
         row.last_error = {"code": "SCHEDULER_CANCELLED", "message": "cancelled (migrated back)", "previous": row.last_error}
         row.save(update_fields=["status", "last_error"])

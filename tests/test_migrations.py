@@ -1,0 +1,214 @@
+"""The v1 -> v2 upgrade: migrate v1 data forward through the backfill, then back."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+APP = "durable_scheduler"
+V1 = [(APP, "0001_initial")]
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def migrate(targets):
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(targets)
+    return executor.loader.project_state(targets).apps
+
+
+def latest():
+    executor = MigrationExecutor(connection)
+    return [key for key in executor.loader.graph.leaf_nodes() if key[0] == APP]
+
+
+@pytest.fixture
+def v1_apps():
+    apps = migrate(V1)
+    try:
+        yield apps
+    finally:
+        migrate(latest())
+
+
+def envelope(principal_id, caps, ptype="user"):
+    return {
+        "schemaVersion": 1,
+        "principal": {"type": ptype, "id": principal_id},
+        "tenantId": "t1",
+        "workspaceId": None,
+        "requestedCapabilities": sorted(caps),
+        "authorizationRefs": {
+            "decisionId": "d-1",
+            "policyRevision": None,
+            "grantIds": [],
+            "approvalIds": [],
+            "delegationIds": [],
+        },
+    }
+
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def make_job(apps, job_id, authority):
+    return apps.get_model(APP, "Job").objects.create(
+        job_id=job_id,
+        kind="k",
+        trigger={},
+        payload=None,
+        authority=authority,
+        enabled=True,
+        revision=1,
+        max_attempts=3,
+        created_at=T0,
+        updated_at=T0,
+    )
+
+
+def make_occurrence(apps, job, n, status, authority):
+    terminal = status in ("succeeded", "dead_letter")
+    running = status == "running"
+    return apps.get_model(APP, "Occurrence").objects.create(
+        occurrence_id=f"occ_{job.job_id}_{n}",
+        job=job,
+        job_revision=1,
+        idempotency_key=f"key_{job.job_id}_{n}",
+        trigger_key=f"t{n}",
+        scheduled_for=T0,
+        available_at=T0,
+        status=status,
+        attempt=1 if (terminal or running) else 0,
+        max_attempts=3,
+        fence=1 if (terminal or running) else 0,
+        lease_owner="w" if running else None,
+        lease_expires_at=T0 + timedelta(minutes=1) if running else None,
+        authority=authority,
+        payload={"n": n},
+        created_at=T0,
+        updated_at=T0,
+        settled_at=T0 if terminal else None,
+    )
+
+
+def snapshot(apps):
+    return {
+        name: list(apps.get_model(APP, name).objects.order_by("pk").values())
+        for name in ("Job", "Occurrence", "Event")
+    }
+
+
+def test_v1_to_latest_and_back(v1_apps):
+    apps = v1_apps
+    alice = make_job(apps, "alice-report", envelope("alice", ["reports.read", "reports.send"]))
+    make_job(apps, "alice-mail", envelope("alice", ["mail.send"]))
+    bob = make_job(apps, "bob-sync", envelope("bob", ["sync.run"], ptype="service"))
+    carol = make_job(apps, "carol-noop", envelope("carol", []))
+    make_occurrence(apps, alice, 1, "queued", envelope("alice", ["reports.send", "reports.extra"]))
+    make_occurrence(apps, alice, 2, "running", envelope("alice", ["reports.send"]))
+    make_occurrence(apps, alice, 3, "retry_wait", envelope("alice", ["reports.send"]))
+    # Terminal history with a capability nothing pending needs: validated, not bound, no widening.
+    make_occurrence(apps, alice, 4, "succeeded", envelope("alice", ["reports.legacy"]))
+    make_occurrence(apps, bob, 1, "dead_letter", envelope("bob", ["sync.old"], ptype="service"))
+    make_occurrence(apps, carol, 1, "queued", envelope("carol", []))
+    apps.get_model(APP, "Event").objects.create(
+        job=alice, event_type="job_created", occurred_at=T0, data={"revision": 1}
+    )
+    before = snapshot(apps)
+
+    new = migrate(latest())
+    Policy = new.get_model(APP, "AuthorityPolicy")
+    policies = {(p.principal_type, p.principal_id): p for p in Policy.objects.all()}
+    assert set(policies) == {("user", "alice"), ("service", "bob"), ("user", "carol")}
+    assert policies[("user", "alice")].capabilities == [
+        "mail.send",
+        "reports.extra",
+        "reports.read",
+        "reports.send",
+    ]
+    assert policies[("service", "bob")].capabilities == ["sync.run"]
+    assert policies[("user", "carol")].capabilities == []
+    for policy in policies.values():
+        assert (policy.revision, policy.enabled, policy.window_ms, policy.max_runs, policy.max_units) == (
+            1,
+            True,
+            86_400_000,
+            100_000,
+            100_000,
+        )
+    for job in new.get_model(APP, "Job").objects.all():
+        assert job.authority["authorizationRefs"]["schedulerPolicyRevision"] == "scheduler-authority:1"
+    occurrences = {o.pk: o for o in new.get_model(APP, "Occurrence").objects.all()}
+    for pk, occ in occurrences.items():
+        refs = occ.authority["authorizationRefs"]
+        if occ.status in ("succeeded", "dead_letter"):
+            assert "schedulerPolicyRevision" not in refs, pk
+        else:
+            assert refs["schedulerPolicyRevision"] == "scheduler-authority:1", pk
+        principal = occ.authority["principal"]
+        assert occ.principal_key == f'["{principal["type"]}","{principal["id"]}"]'
+
+    # The empty policy stays readable through the public API.
+    from django_durable_scheduler.authority import normalize_capabilities
+
+    assert normalize_capabilities(policies[("user", "carol")].capabilities, allow_empty=True) == []
+
+    old = migrate(V1)
+    assert snapshot(old) == before
+
+
+def test_backfill_100k_occurrences(v1_apps, capsys):
+    apps = v1_apps
+    Occurrence = apps.get_model(APP, "Occurrence")
+    jobs = [make_job(apps, f"job-{i}", envelope(f"p{i % 7}", [f"cap.{i % 5}"])) for i in range(20)]
+    total = 100_000
+    batch = []
+    t0 = time.perf_counter()
+    for n in range(total):
+        job = jobs[n % len(jobs)]
+        status = "succeeded" if n % 3 == 0 else "queued"
+        batch.append(
+            Occurrence(
+                occurrence_id=f"occ_{n:08d}",
+                job=job,
+                job_revision=1,
+                idempotency_key=f"key_{n:08d}",
+                trigger_key=f"t{n}",
+                scheduled_for=T0,
+                available_at=T0,
+                status=status,
+                attempt=1 if status == "succeeded" else 0,
+                max_attempts=3,
+                fence=1 if status == "succeeded" else 0,
+                authority=job.authority,
+                payload=None,
+                created_at=T0,
+                updated_at=T0,
+                settled_at=T0 if status == "succeeded" else None,
+            )
+        )
+        if len(batch) == 5000:
+            Occurrence.objects.bulk_create(batch)
+            batch = []
+    setup = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    new = migrate(latest())
+    elapsed = time.perf_counter() - t1
+    with capsys.disabled():
+        print(
+            f"\n[backfill] {connection.vendor}: {total} occurrences migrated 0001 -> latest in "
+            f"{elapsed:.1f} s (setup {setup:.1f} s)"
+        )
+    NewOccurrence = new.get_model(APP, "Occurrence")
+    assert NewOccurrence.objects.count() == total
+    pending = NewOccurrence.objects.filter(status="queued")
+    sample = pending.order_by("?")[:50] if connection.vendor != "mysql" else pending[:50]
+    for occ in sample:
+        assert occ.authority["authorizationRefs"]["schedulerPolicyRevision"] == "scheduler-authority:1"
+    assert new.get_model(APP, "AuthorityPolicy").objects.count() == 7
+    assert not NewOccurrence.objects.filter(principal_key="").exists()
