@@ -125,7 +125,8 @@ def probe(python: Path, script: str) -> str | None:
         return "no answer within 30 s"
     if proc.returncode == 0:
         return None
-    lines = (proc.stderr or proc.stdout).strip().splitlines()
+    # The exception line of the traceback: the last one that is not indented (psycopg adds a hint below).
+    lines = [line for line in (proc.stderr or proc.stdout).splitlines() if line[:1].strip()]
     return lines[-1] if lines else f"exit {proc.returncode}"
 
 

@@ -57,8 +57,8 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     _db.setdefault("OPTIONS", {}).update(
         {"transaction_mode": "IMMEDIATE", "timeout": 30, "init_command": "PRAGMA journal_mode=WAL;"}
     )
-    _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    _db["TEST"] = {"NAME": str(BASE_DIR / f".test-db{_worker}.sqlite3")}
+    # One file per test run (pid), so parallel runs on one machine never share it.
+    _db["TEST"] = {"NAME": str(BASE_DIR / f".test-db-{os.getpid()}.sqlite3")}
 elif _db["ENGINE"] == "django.db.backends.mysql":
     _db.setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
     _db["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"}

@@ -26,6 +26,7 @@ from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from django.db import DataError, connection
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler.models import (
@@ -45,6 +46,13 @@ MODELS = (Job, Occurrence, Event, AuthorityPolicy, AuthorityUsage, AuthorityRese
 ONE_MIB = 1024 * 1024
 DAY = 24 * 60 * 60
 LONE_SURROGATE = "\ud800"
+DID_NOT_RAISE = pytest.fail.Exception
+SURROGATE_JSON_BUG = (
+    "canonical_json accepts a string holding a lone surrogate (it measures with 'surrogatepass'); "
+    "the database then decides: SQLite stores it, PostgreSQL raises DataError (invalid json), "
+    "MySQL/MariaDB fails the JSON CHECK constraint (IntegrityError; create_job reports that as "
+    "Conflict 'already exists')"
+)
 # An aware datetime whose UTC instant is past 9999-12-31T23:59:59.999Z (the epoch-ms bound).
 BEYOND_9999 = datetime(9999, 12, 31, 23, 59, tzinfo=timezone(timedelta(hours=-1)))
 NAIVE = datetime(2026, 1, 5, 12, 0, 0)
@@ -130,7 +138,9 @@ VALID_EXTRA: dict[str, dict[str, Any]] = {"update_job": {"payload": {"n": 2}}}
 
 def invoke(world: World, fn: str, kwargs: dict[str, Any]) -> Any:
     args = {**DEFAULTS[fn], **kwargs}
-    resolved = {key: getattr(world, value.name) if isinstance(value, Ref) else value for key, value in args.items()}
+    resolved = {
+        key: getattr(world, value.name) if isinstance(value, Ref) else value for key, value in args.items()
+    }
     func: Callable[..., Any] = getattr(scheduler, fn)
     return func(**resolved)
 
@@ -138,9 +148,22 @@ def invoke(world: World, fn: str, kwargs: dict[str, Any]) -> Any:
 CASES: list[Any] = []
 
 
-def case(fn: str, field: str, label: str, *, bug: str | None = None, **kwargs: Any) -> None:
-    """Register: ``fn(**DEFAULTS[fn], **kwargs)`` must be refused naming ``field``."""
-    marks = [pytest.mark.xfail(strict=True, reason=bug)] if bug else []
+def case(
+    fn: str,
+    field: str,
+    label: str,
+    *,
+    bug: str | None = None,
+    raises: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+    **kwargs: Any,
+) -> None:
+    """Register: ``fn(**DEFAULTS[fn], **kwargs)`` must be refused naming ``field``.
+
+    ``bug`` marks a case the kernel currently gets wrong; ``raises`` is what the test then
+    fails with (the leaked exception, ``Failed`` for "did not raise", ``AssertionError`` for a
+    wrong exception class or field), so that the mark documents the bug exactly.
+    """
+    marks = [pytest.mark.xfail(strict=True, reason=bug, raises=raises)] if bug else []
     CASES.append(pytest.param(fn, kwargs, field, id=f"{fn}-{field}-{label}", marks=marks))
 
 
@@ -186,7 +209,7 @@ BAD_JSON: list[tuple[str, Any]] = [
     ("datetime", datetime(2026, 1, 1, tzinfo=UTC)),
     ("unsafe-int", 2**53),
     ("unsafe-negative-int", -(2**53)),
-    ("depth-65", _deep(65)),
+    ("depth-70", _deep(70)),
     ("over-1mib", "x" * ONE_MIB),
 ]
 
@@ -252,7 +275,11 @@ BAD_AUTHORITIES: list[tuple[str, str, Any]] = [
         "authority.principal.type",
         {**AUTHORITY, "principal": {"type": "t" * 65, "id": "alice"}},
     ),
-    ("principal-type-blank", "authority.principal.type", {**AUTHORITY, "principal": {"type": " ", "id": "a"}}),
+    (
+        "principal-type-blank",
+        "authority.principal.type",
+        {**AUTHORITY, "principal": {"type": " ", "id": "a"}},
+    ),
     ("principal-type-int", "authority.principal.type", {**AUTHORITY, "principal": {"type": 1, "id": "a"}}),
     (
         "principal-type-control",
@@ -268,7 +295,11 @@ BAD_AUTHORITIES: list[tuple[str, str, Any]] = [
     ("tenant-int", "authority.tenantId", {**AUTHORITY, "tenantId": 7}),
     ("tenant-empty", "authority.tenantId", {**AUTHORITY, "tenantId": ""}),
     ("workspace-257", "authority.workspaceId", {**AUTHORITY, "workspaceId": "w" * 257}),
-    ("caps-string", "authority.requestedCapabilities", {**AUTHORITY, "requestedCapabilities": "reports.send"}),
+    (
+        "caps-string",
+        "authority.requestedCapabilities",
+        {**AUTHORITY, "requestedCapabilities": "reports.send"},
+    ),
     ("caps-star", "authority.requestedCapabilities", {**AUTHORITY, "requestedCapabilities": ["*"]}),
     (
         "caps-star-among-others",
@@ -361,6 +392,7 @@ for label, value in FALSY_LISTS:
         "authority.requestedCapabilities",
         f"caps-{label}",
         bug=FALSY_LIST_BUG,
+        raises=DID_NOT_RAISE,
         authority={**AUTHORITY, "requestedCapabilities": value},
     )
     case(
@@ -368,10 +400,12 @@ for label, value in FALSY_LISTS:
         "authority.authorizationRefs.grantIds",
         f"grants-{label}",
         bug=FALSY_LIST_BUG,
+        raises=DID_NOT_RAISE,
         authority={**AUTHORITY, "authorizationRefs": {"grantIds": value}},
     )
 for label, value in BAD_JSON:
     case("create_job", "payload", label, payload=value)
+case("create_job", "payload", "lone-surrogate", bug=SURROGATE_JSON_BUG, payload={"s": "p" + LONE_SURROGATE})
 case("create_job", "trigger", "string", trigger="0 9 * * *")
 case("create_job", "trigger", "list", trigger=[])
 for label, value in [("str", "yes"), ("int", 1), ("none", None), ("zero", 0)]:
@@ -396,6 +430,7 @@ case(
     "lone-surrogate",
     bug="create_job accepts a job_id holding a lone surrogate; the database query then raises "
     "UnicodeEncodeError instead of InvalidArgument",
+    raises=UnicodeEncodeError,
     job_id="job-" + LONE_SURROGATE,
 )
 case(
@@ -403,6 +438,7 @@ case(
     "retry_base_delay",
     "float-overflow",
     bug="identity.to_duration_ms: 1e308 is finite but 1e308 * 1000 is inf, round() raises OverflowError",
+    raises=OverflowError,
     retry_base_delay=1e308,
 )
 
@@ -426,6 +462,7 @@ case(
     "authority.requestedCapabilities",
     "caps-false",
     bug=FALSY_LIST_BUG,
+    raises=DID_NOT_RAISE,
     authority={**AUTHORITY, "requestedCapabilities": False},
 )
 for label, value in BAD_JSON:
@@ -444,7 +481,7 @@ case("update_job", "retry_max_delay", "max-below-current-base", retry_max_delay=
 case("update_job", "retry_max_delay", "base-above-current-max", retry_base_delay=7200)
 case("update_job", "retry_max_delay", "both-inverted", retry_base_delay=60, retry_max_delay=30)
 
-# --------------------------------------------------------------------------- enqueue, enqueue_once_per_trigger
+# ------------------------------------------------------------- enqueue, enqueue_once_per_trigger
 
 for fn in ("enqueue", "enqueue_once_per_trigger"):
     for label, value in bad_identifiers():
@@ -464,6 +501,7 @@ for fn in ("enqueue", "enqueue_once_per_trigger"):
             bug="identity.to_ms checks the year-9999 bound only for integers; an aware datetime whose "
             "UTC instant is past 9999-12-31 passes, then from_ms() raises OverflowError inside "
             "the enqueue transaction",
+            raises=OverflowError,
             **{field: BEYOND_9999},
         )
     case(
@@ -471,15 +509,18 @@ for fn in ("enqueue", "enqueue_once_per_trigger"):
         "trigger_key",
         "lone-surrogate",
         bug="a trigger_key holding a lone surrogate passes normalize_identifier; "
-        "derive_occurrence_identity / the query then raise UnicodeEncodeError",
+        "derive_occurrence_identity then raises UnicodeEncodeError",
+        raises=UnicodeEncodeError,
         trigger_key="k" + LONE_SURROGATE,
     )
+case("enqueue", "payload", "lone-surrogate", bug=SURROGATE_JSON_BUG, payload={"s": "p" + LONE_SURROGATE})
 case(
     "enqueue_once_per_trigger",
     "payload",
     "nan-with-existing-trigger-key",
     bug="enqueue_once_per_trigger returns the existing occurrence for (job, trigger_key) before "
     "validating payload, so a NaN payload is accepted (returns (occurrence, True))",
+    raises=DID_NOT_RAISE,
     trigger_key="queued",
     payload=float("nan"),
 )
@@ -488,6 +529,7 @@ case(
     "payload",
     "set-with-existing-trigger-key",
     bug="enqueue_once_per_trigger returns the existing occurrence before validating payload",
+    raises=DID_NOT_RAISE,
     trigger_key="queued",
     payload={1, 2},
 )
@@ -510,6 +552,7 @@ case(
     "lone-surrogate",
     bug="kernel.cancel measures the reason with reason.encode('utf-8'), which raises UnicodeEncodeError "
     "for a lone surrogate",
+    raises=UnicodeEncodeError,
     reason="why" + LONE_SURROGATE,
 )
 
@@ -531,6 +574,7 @@ for fn in ("claim", "claim_batch"):
         "float-overflow",
         bug="identity.to_duration_ms: lease=1e308 is finite, 1e308 * 1000 is inf and round() raises "
         "OverflowError",
+        raises=OverflowError,
         lease=1e308,
     )
 for label, value in [*BAD_INTS_MIN1, ("over-max-batch", 501)]:
@@ -551,6 +595,7 @@ case(
     "lease",
     "float-overflow",
     bug="identity.to_duration_ms raises OverflowError for lease=1e308",
+    raises=OverflowError,
     lease=1e308,
 )
 for label, value in [
@@ -563,12 +608,18 @@ for label, value in [
     ("bool", True),
 ]:
     case("settle", "outcome", label, outcome=value)
-for label, value in [*BAD_JSON[:-1], ("over-64kib", "x" * (64 * 1024)), ("dict-over-64kib", {"a": "y" * 65530})]:
+for label, value in [
+    *BAD_JSON[:-1],
+    ("over-64kib", "x" * (64 * 1024)),
+    ("dict-over-64kib", {"a": "y" * 65530}),
+]:
     case("settle", "result", label, result=value)
 for label, value in [("int", 5), ("list", ["boom"]), ("object", object()), ("bytes", b"boom")]:
     case("settle", "error", label, outcome="failed", error=value)
 for label, value in [("nan-in-dict", {"message": "x", "value": float("nan")}), ("int-key", {1: "x"})]:
     case("settle", "error", label, outcome="failed", error=value)
+case("settle", "error", "over-64kib", outcome="failed", error={"message": "x", "detail": "d" * 70_000})
+case("settle", "result", "lone-surrogate", bug=SURROGATE_JSON_BUG, result={"s": "r" + LONE_SURROGATE})
 for label, value in [("str", "yes"), ("int", 1), ("none", None)]:
     case("settle", "retryable", label, outcome="failed", retryable=value)
 for label, value in BAD_INSTANTS:
@@ -579,6 +630,7 @@ case(
     "aware-beyond-9999",
     bug="identity.to_ms lets an aware datetime past year 9999 through; settle's from_ms(retry_ms) "
     "then raises OverflowError inside the transaction",
+    raises=OverflowError,
     outcome="failed",
     retry_at=BEYOND_9999,
 )
@@ -588,6 +640,7 @@ case(
     "lone-surrogate-message",
     bug="kernel._normalize_error measures error['message'] with .encode('utf-8'), which raises "
     "UnicodeEncodeError for a lone surrogate",
+    raises=UnicodeEncodeError,
     outcome="failed",
     error={"message": "boom" + LONE_SURROGATE},
 )
@@ -596,6 +649,7 @@ case(
     "error",
     "exception-with-lone-surrogate",
     bug="kernel._normalize_error: str(exception) holding a lone surrogate raises UnicodeEncodeError",
+    raises=UnicodeEncodeError,
     outcome="failed",
     error=ValueError("boom" + LONE_SURROGATE),
 )
@@ -603,6 +657,8 @@ case(
 # --------------------------------------------------------------------------- history
 
 for label, value in bad_identifiers():
+    if value is None:
+        continue  # None means "no filter"
     case("history", "job_id", label, job_id=value)
     case("history", "occurrence_id", label, occurrence_id=value)
 for label, value in [*BAD_INTS_MIN1[:-1], ("over-10000", 10_001)]:
@@ -630,6 +686,7 @@ case(
     "unsafe-int",
     bug="job_revision 2**53 passes normalize_int (no maximum); canonical_json then refuses it "
     "with field 'identity', so the error does not name job_revision",
+    raises=AssertionError,
     job_revision=2**53,
 )
 case(
@@ -637,6 +694,7 @@ case(
     "scheduled_for_ms",
     "unsafe-int",
     bug="scheduled_for_ms 2**53 passes normalize_int (no maximum); the error names field 'identity'",
+    raises=AssertionError,
     scheduled_for_ms=2**53,
 )
 case(
@@ -645,6 +703,7 @@ case(
     "lone-surrogate",
     bug="derive_occurrence_identity hashes (domain + material).encode('utf-8'): a job_id with a lone "
     "surrogate raises UnicodeEncodeError",
+    raises=UnicodeEncodeError,
     job_id="job-" + LONE_SURROGATE,
 )
 for label, value in BAD_JSON:
@@ -681,3 +740,74 @@ def test_bad_input_is_refused_naming_the_field_and_writes_nothing(world, fn, kwa
     assert field in str(exc), str(exc)
     assert exc.details["field"] == field, exc.details
     assert snapshot() == before
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=scheduler.InvalidArgument,
+    reason="canonical_json writes an integral float beyond 2**53 (1e20) as the integer "
+    "100000000000000000000, but refuses that integer when it reads it back: create_job(payload="
+    "{'x': 1e20}) is accepted, then enqueue() with the job's payload raises InvalidArgument('payload') "
+    "and update_job(payload=...) raises InvalidArgument('value') -- the job is stuck",
+)
+def test_float_payload_beyond_safe_integers_is_refused_or_round_trips(world):
+    try:
+        scheduler.create_job("job-big", "reports.send", authority=AUTHORITY, payload={"x": 1e20})
+    except scheduler.InvalidArgument as exc:  # refusing it is fine
+        assert exc.details["field"] == "payload"
+        return
+    scheduler.enqueue("job-big", scheduled_for=world.now, trigger_key="k")  # ... or it must work
+    scheduler.update_job("job-big", expected_revision=1, payload=None)
+
+
+def test_values_at_the_limits_are_accepted(world, clock):
+    """The other side of the bounds above: the largest valid values go through."""
+    principal = {"type": "t" * 64, "id": "i" * 256}
+    job = scheduler.create_job(
+        "j" * 256,
+        "k" * 128,
+        authority={"principal": principal, "requestedCapabilities": [f"c{i}" for i in range(256)]},
+        payload="p" * (ONE_MIB - 2),  # exactly 1 MiB as canonical JSON (with its quotes)
+        max_attempts=32,
+        retry_base_delay=DAY,
+        retry_max_delay=2 * DAY,  # 31 days: see test_longest_retry_max_delay_is_stored
+    )
+    assert job.authority["principal"] == principal
+    occurrence, _ = scheduler.enqueue(
+        job.job_id, scheduled_for=253_402_300_799_999, trigger_key="t" * 256, available_at=0, payload=None
+    )
+    assert scheduler.cancel(occurrence.pk, reason="r" * 1024).status == "cancelled"
+    scheduler.update_job(job.job_id, expected_revision=1, max_attempts=1, retry_max_delay=DAY)
+    assert scheduler.claim_batch(owner="o" * 256, lease=DAY, limit=500, kinds=["k" * 128]) == []
+    running = scheduler.renew(world.running, owner="w", fence=1, lease=timedelta(days=1))
+    assert running.lease_expires_at == clock() + timedelta(days=1)
+    done = scheduler.settle(
+        world.running, owner="w", fence=1, outcome="succeeded", result="r" * (64 * 1024 - 2)
+    )
+    assert done.status == "succeeded"
+    assert len(scheduler.history(limit=10_000)) == Event.objects.count()
+    assert scheduler.canonical_json(2**53 - 1) == str(2**53 - 1)
+
+
+def test_longest_retry_max_delay_is_stored(world, request):
+    """The kernel allows retry_max_delay up to 31 days; the job must then be stored as given."""
+    if connection.vendor == "postgresql":
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                raises=DataError,
+                reason="kernel allows retry_max_delay up to 31 days (2,678,400,000 ms) but "
+                "Job.retry_max_delay_ms is a PositiveIntegerField, a 32-bit integer on PostgreSQL "
+                "(max 2,147,483,647 ms, about 24.8 days): create_job/update_job raise DataError "
+                "'integer out of range'",
+            )
+        )
+    before = snapshot()
+    try:
+        job = scheduler.create_job("job-long", "reports.send", authority=AUTHORITY, retry_max_delay=31 * DAY)
+    except scheduler.InvalidArgument as exc:  # a lower documented limit would be fine too
+        assert exc.details["field"] == "retry_max_delay"
+        assert snapshot() == before
+        return
+    job.refresh_from_db()
+    assert job.retry_max_delay_ms == 31 * DAY * 1000

@@ -1,0 +1,37 @@
+"""A claiming process for the concurrency tests: claims in batches until nothing is due,
+settles each, and prints one claimed occurrence id per line."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import django
+
+
+def main() -> None:
+    django.setup()
+    from django_durable_scheduler import kernel
+
+    owner = sys.argv[1]
+    batch = int(sys.argv[2])
+    start_at = float(os.environ.get("START_AT", "0"))
+    while time.time() < start_at:
+        time.sleep(0.005)
+    empty = 0
+    while empty < 3:
+        rows = kernel.claim_batch(owner=owner, lease=600, limit=batch)
+        if not rows:
+            empty += 1
+            time.sleep(0.05)
+            continue
+        empty = 0
+        for row in rows:
+            kernel.settle(row.pk, owner=owner, fence=row.fence, outcome="succeeded", result={"by": owner})
+            print(row.pk, flush=False)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
