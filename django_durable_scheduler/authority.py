@@ -32,7 +32,14 @@ _ENVELOPE_KEYS = {
     "requestedCapabilities",
     "authorizationRefs",
 }
-_REF_KEYS = {"decisionId", "policyRevision", "schedulerPolicyRevision", "grantIds", "approvalIds", "delegationIds"}
+_REF_KEYS = {
+    "decisionId",
+    "policyRevision",
+    "schedulerPolicyRevision",
+    "grantIds",
+    "approvalIds",
+    "delegationIds",
+}
 _REF_LISTS = ("approvalIds", "delegationIds", "grantIds")
 
 
@@ -57,7 +64,9 @@ def normalize_identifier_list(value: Any, field: str, *, allow_empty: bool = Tru
     return items
 
 
-def normalize_capabilities(value: Any, field: str = "capabilities", *, allow_empty: bool = False) -> list[str]:
+def normalize_capabilities(
+    value: Any, field: str = "capabilities", *, allow_empty: bool = False
+) -> list[str]:
     """A sorted, deduplicated list of exact capability identifiers (``*`` is refused)."""
     items = normalize_identifier_list(value, field, allow_empty=allow_empty)
     if "*" in items:
@@ -90,7 +99,9 @@ def normalize_authority(value: Any, field: str = "authority") -> dict[str, Any]:
         raise InvalidArgument(f"{field}.authorizationRefs", "must be an object")
     _refuse_unknown(refs_in, _REF_KEYS, f"{field}.authorizationRefs")
     refs: dict[str, Any] = {
-        "decisionId": _optional_identifier(refs_in.get("decisionId"), f"{field}.authorizationRefs.decisionId"),
+        "decisionId": _optional_identifier(
+            refs_in.get("decisionId"), f"{field}.authorizationRefs.decisionId"
+        ),
         "policyRevision": _optional_identifier(
             refs_in.get("policyRevision"), f"{field}.authorizationRefs.policyRevision"
         ),
@@ -103,7 +114,8 @@ def normalize_authority(value: Any, field: str = "authority") -> dict[str, Any]:
         )
         if not _POLICY_REF.match(ref):
             raise InvalidArgument(
-                f"{field}.authorizationRefs.schedulerPolicyRevision", "must look like 'scheduler-authority:<N>'"
+                f"{field}.authorizationRefs.schedulerPolicyRevision",
+                "must look like 'scheduler-authority:<N>'",
             )
         refs["schedulerPolicyRevision"] = ref
     envelope = {
@@ -160,7 +172,9 @@ def settle_reservations(
     )
     if not reservations:
         return []
-    new_status = ReservationStatus.SUCCEEDED if status == OccurrenceStatus.SUCCEEDED else ReservationStatus.FAILED
+    new_status = (
+        ReservationStatus.SUCCEEDED if status == OccurrenceStatus.SUCCEEDED else ReservationStatus.FAILED
+    )
     updated = (
         AuthorityReservation.objects.using(alias)
         .filter(occurrence_id__in=[r.pk for r in reservations], status=ReservationStatus.RESERVED)

@@ -22,9 +22,9 @@ def check_sqlite_transaction_mode(app_configs: Any = None, **kwargs: Any) -> lis
                 CheckWarning(
                     f"SQLite database '{alias}' does not use transaction_mode IMMEDIATE.",
                     hint=(
-                        "Set DATABASES['%s']['OPTIONS']['transaction_mode'] = 'IMMEDIATE' so that "
+                        f"Set DATABASES['{alias}']['OPTIONS']['transaction_mode'] = 'IMMEDIATE' so that "
                         "transactions enqueueing work inside your own atomic() blocks take the write "
-                        "lock up front instead of failing with 'database is locked'." % alias
+                        "lock up front instead of failing with 'database is locked'."
                     ),
                     id="durable_scheduler.W001",
                 )

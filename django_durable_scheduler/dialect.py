@@ -85,9 +85,24 @@ def claim_candidates(alias: str, due: Q, job_filter: Q, limit: int) -> list[Occu
     if not pool:
         return []
     rank = {pk: index for index, pk in enumerate(pool)}
-    fields = ("occurrence_id", "job_id", "status", "attempt", "max_attempts", "fence", "lease_owner",
-              "scheduled_for", "available_at", "authority", "payload", "trigger_key", "job_revision",
-              "idempotency_key", "created_at", "principal_key")
+    fields = (
+        "occurrence_id",
+        "job_id",
+        "status",
+        "attempt",
+        "max_attempts",
+        "fence",
+        "lease_owner",
+        "scheduled_for",
+        "available_at",
+        "authority",
+        "payload",
+        "trigger_key",
+        "job_revision",
+        "idempotency_key",
+        "created_at",
+        "principal_key",
+    )
     # ``job_filter`` joins jobs (enabled, kind). Re-checking it under FOR UPDATE would lock
     # job rows too on MySQL (no OF), making claimers skip each other's jobs; so the locking
     # query re-checks only the occurrence's own due state, which is what races.

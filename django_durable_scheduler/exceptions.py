@@ -175,7 +175,7 @@ ERRORS_BY_CODE: dict[str, type[SchedulerError]] = {
 }
 
 
-class Retry(Exception):  # noqa: N818 - public name fixed by the API contract
+class Retry(Exception):
     """Raised by a handler to ask for a retry at a chosen time.
 
     ``at`` is an aware datetime; ``delay`` seconds or a timedelta from now. With neither,
@@ -196,7 +196,7 @@ class Retry(Exception):  # noqa: N818 - public name fixed by the API contract
         super().__init__(message)
 
 
-class PermanentFailure(Exception):  # noqa: N818 - public name fixed by the API contract
+class PermanentFailure(Exception):
     """Raised by a handler to dead-letter the occurrence without retrying."""
 
     def __init__(self, message: str = "permanent failure", *, code: str | None = None) -> None:

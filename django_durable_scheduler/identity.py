@@ -36,7 +36,11 @@ def _js_number(value: float) -> str:
     whole, _, frac = mantissa.partition(".")
     digits = (whole + frac).lstrip("0")
     # n: position of the decimal point relative to the start of ``digits``.
-    n = len(whole.lstrip("0")) + exponent if whole.strip("0") else exponent - (len(frac) - len(frac.lstrip("0")))
+    n = (
+        len(whole.lstrip("0")) + exponent
+        if whole.strip("0")
+        else exponent - (len(frac) - len(frac.lstrip("0")))
+    )
     digits = digits.rstrip("0") or "0"
     k = len(digits)
     if k <= n <= 21:
@@ -120,7 +124,9 @@ class OccurrenceIdentity:
     idempotency_key: str
 
 
-def derive_occurrence_identity(job_id: str, job_revision: int, scheduled_for_ms: int, trigger_key: str) -> OccurrenceIdentity:
+def derive_occurrence_identity(
+    job_id: str, job_revision: int, scheduled_for_ms: int, trigger_key: str
+) -> OccurrenceIdentity:
     """The seed's occurrence identity for a job revision, slot and trigger key."""
     job_id = normalize_identifier(job_id, "job_id")
     trigger_key = normalize_identifier(trigger_key, "trigger_key")
@@ -183,7 +189,9 @@ def to_ms(value: Any, field: str) -> int:
             raise InvalidArgument(field, "must not be before 1970-01-01")
         return ms
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(field, f"must be an aware datetime or epoch milliseconds, not {type(value).__name__}")
+        raise InvalidArgument(
+            field, f"must be an aware datetime or epoch milliseconds, not {type(value).__name__}"
+        )
     if value < 0 or value > 253_402_300_799_999:
         raise InvalidArgument(field, f"must be epoch milliseconds between 0 and year 9999 (got {value})")
     return value
@@ -220,7 +228,7 @@ def to_duration_ms(
     elif not math.isfinite(value):
         raise InvalidArgument(field, "must be a finite number of seconds")
     else:
-        ms = int(round(value * 1000))
+        ms = round(value * 1000)
     if ms < minimum_ms:
         raise InvalidArgument(field, f"must be at least {minimum_ms / 1000:g} seconds")
     if maximum_ms is not None and ms > maximum_ms:

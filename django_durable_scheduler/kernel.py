@@ -145,7 +145,9 @@ def _job_fields(changes: dict[str, Any], *, creating: bool) -> dict[str, Any]:
         elif key == "retry_max_delay":
             out["retry_max_delay_ms"] = to_duration_ms(value, "retry_max_delay", maximum_ms=31 * MAX_LEASE_MS)
         else:
-            raise InvalidArgument(key, "is not a job attribute that can be " + ("set" if creating else "changed"))
+            raise InvalidArgument(
+                key, "is not a job attribute that can be " + ("set" if creating else "changed")
+            )
     return out
 
 
@@ -167,7 +169,9 @@ def get_occurrence(occurrence_id: str, *, using: str | None = None) -> Occurrenc
     try:
         return Occurrence.objects.using(using or DEFAULT_DB_ALIAS).get(pk=occurrence_id)
     except Occurrence.DoesNotExist:
-        raise NotFound(f"occurrence {occurrence_id!r} does not exist", {"occurrence_id": occurrence_id}) from None
+        raise NotFound(
+            f"occurrence {occurrence_id!r} does not exist", {"occurrence_id": occurrence_id}
+        ) from None
 
 
 # --------------------------------------------------------------------------- jobs
@@ -196,7 +200,9 @@ def create_job(
             "authority": authority,
             "enabled": enabled,
             "max_attempts": max_attempts,
-            "retry_base_delay": conf.settings.RETRY_BASE_DELAY if retry_base_delay is None else retry_base_delay,
+            "retry_base_delay": conf.settings.RETRY_BASE_DELAY
+            if retry_base_delay is None
+            else retry_base_delay,
             "retry_max_delay": conf.settings.RETRY_MAX_DELAY if retry_max_delay is None else retry_max_delay,
         },
         creating=True,
@@ -259,7 +265,12 @@ def update_job(job_id: str, *, expected_revision: int, using: str | None = None,
             job_id,
             JOB_UPDATED,
             now,
-            data={"revision": job.revision, "previousRevision": expected, "changed": changed, "superseded": len(superseded)},
+            data={
+                "revision": job.revision,
+                "previousRevision": expected,
+                "changed": changed,
+                "superseded": len(superseded),
+            },
         ).save(using=alias)
     return job
 
@@ -281,7 +292,13 @@ def _supersede_schedule(job: Job, now: datetime, alias: str) -> list[str]:
         )
         Event.objects.using(alias).bulk_create(
             [
-                _event(job.job_id, OCCURRENCE_CANCELLED, now, occurrence_id=pk, data={"reason": SUPERSEDED, "previousStatus": status})
+                _event(
+                    job.job_id,
+                    OCCURRENCE_CANCELLED,
+                    now,
+                    occurrence_id=pk,
+                    data={"reason": SUPERSEDED, "previousStatus": status},
+                )
                 for pk, status in pending
             ]
         )
@@ -343,7 +360,9 @@ def _insert_occurrence(
                 occurrence.save(using=alias, force_insert=True)
             created = True
         except IntegrityError:
-            existing = Occurrence.objects.using(alias).filter(idempotency_key=identity.idempotency_key).first()
+            existing = (
+                Occurrence.objects.using(alias).filter(idempotency_key=identity.idempotency_key).first()
+            )
             if existing is None:
                 raise
     if not created:
@@ -386,7 +405,13 @@ def enqueue(
     with _write(using) as alias:
         job = get_job(job_id, using=alias)
         return _insert_occurrence(
-            job, scheduled_ms=scheduled_ms, trigger_key=key, available_ms=available_ms, payload=payload, now=now, alias=alias
+            job,
+            scheduled_ms=scheduled_ms,
+            trigger_key=key,
+            available_ms=available_ms,
+            payload=payload,
+            now=now,
+            alias=alias,
         )
 
 
@@ -409,13 +434,23 @@ def enqueue_once_per_trigger(
             job = Job.objects.using(alias).select_for_update().get(pk=job_id)
         except Job.DoesNotExist:
             raise NotFound(f"job {job_id!r} does not exist", {"job_id": job_id}) from None
-        prior = list(Occurrence.objects.using(alias).filter(job=job, trigger_key=key).order_by("created_at", "pk")[:2])
+        prior = list(
+            Occurrence.objects.using(alias).filter(job=job, trigger_key=key).order_by("created_at", "pk")[:2]
+        )
         if len(prior) > 1:
-            raise DataCorrupt("several occurrences exist for a once-per-trigger key", {"job_id": job_id, "trigger_key": key})
+            raise DataCorrupt(
+                "several occurrences exist for a once-per-trigger key", {"job_id": job_id, "trigger_key": key}
+            )
         if prior:
             return prior[0], True
         return _insert_occurrence(
-            job, scheduled_ms=scheduled_ms, trigger_key=key, available_ms=available_ms, payload=payload, now=now, alias=alias
+            job,
+            scheduled_ms=scheduled_ms,
+            trigger_key=key,
+            available_ms=available_ms,
+            payload=payload,
+            now=now,
+            alias=alias,
         )
 
 
@@ -435,10 +470,13 @@ def cancel(occurrence_id: str, *, reason: str | None = None, using: str | None =
         try:
             occurrence = Occurrence.objects.using(alias).select_for_update().get(pk=occurrence_id)
         except Occurrence.DoesNotExist:
-            raise NotFound(f"occurrence {occurrence_id!r} does not exist", {"occurrence_id": occurrence_id}) from None
+            raise NotFound(
+                f"occurrence {occurrence_id!r} does not exist", {"occurrence_id": occurrence_id}
+            ) from None
         if occurrence.status not in PENDING_STATUSES:
             raise InvalidState(
-                f"occurrence {occurrence_id!r} is {occurrence.status}; only queued or retry_wait ones can be cancelled",
+                f"occurrence {occurrence_id!r} is {occurrence.status}; "
+                "only queued or retry_wait occurrences can be cancelled",
                 {"occurrence_id": occurrence_id, "status": occurrence.status},
             )
         previous = occurrence.status
@@ -471,7 +509,9 @@ def _dead_letter_rows(rows: Sequence[Occurrence], now: datetime, alias: str, *, 
         updated_at=now,
         last_error=error,
     )
-    settle_reservations(ids, OccurrenceStatus.DEAD_LETTER, {"status": "dead_letter", "error": error}, now, alias)
+    settle_reservations(
+        ids, OccurrenceStatus.DEAD_LETTER, {"status": "dead_letter", "error": error}, now, alias
+    )
     Event.objects.using(alias).bulk_create(
         [
             _event(
@@ -492,14 +532,17 @@ def dead_letter_expired(*, limit: int = 500, using: str | None = None) -> int:
     """Dead-letter running occurrences whose lease expired on their final attempt."""
     now = conf.now()
     with _write(using) as alias:
-        rows = dialect.lock_rows(
-            Occurrence.objects.using(alias)
-            .filter(status=OccurrenceStatus.RUNNING, lease_expires_at__lte=now, attempt__gte=F("max_attempts"))
-            .order_by("lease_expires_at", "pk")
-            .only("pk", "job_id", "lease_owner", "fence", "attempt", "max_attempts"),
-            alias,
-        )[:limit]
-        rows = list(rows)
+        rows = list(
+            dialect.lock_rows(
+                Occurrence.objects.using(alias)
+                .filter(
+                    status=OccurrenceStatus.RUNNING, lease_expires_at__lte=now, attempt__gte=F("max_attempts")
+                )
+                .order_by("lease_expires_at", "pk")
+                .only("pk", "job_id", "lease_owner", "fence", "attempt", "max_attempts"),
+                alias,
+            )[:limit]
+        )
         if rows:
             _dead_letter_rows(rows, now, alias, reason="lease_expired")
     return len(rows)
@@ -593,7 +636,9 @@ def claim(
 # --------------------------------------------------------------------------- renew / settle
 
 
-def _lease_lost(occurrence_id: str, current: Occurrence | None, owner: str, fence: int, now: datetime) -> LeaseLost:
+def _lease_lost(
+    occurrence_id: str, current: Occurrence | None, owner: str, fence: int, now: datetime
+) -> LeaseLost:
     if current is None:
         reason = "not_found"
     elif current.status != OccurrenceStatus.RUNNING:
@@ -604,7 +649,12 @@ def _lease_lost(occurrence_id: str, current: Occurrence | None, owner: str, fenc
         reason = "wrong_fence"
     else:
         reason = "lease_expired"
-    details: dict[str, Any] = {"occurrence_id": occurrence_id, "reason": reason, "owner": owner, "fence": fence}
+    details: dict[str, Any] = {
+        "occurrence_id": occurrence_id,
+        "reason": reason,
+        "owner": owner,
+        "fence": fence,
+    }
     if current is not None:
         details.update(status=current.status, current_fence=current.fence)
     return LeaseLost(f"lease on occurrence {occurrence_id!r} is lost ({reason.replace('_', ' ')})", details)
@@ -637,13 +687,17 @@ def renew(
     now = conf.now()
     wanted = now + timedelta(milliseconds=lease_ms)
     with _write(using) as alias:
-        updated = Occurrence.objects.using(alias).filter(
-            pk=occurrence_id,
-            status=OccurrenceStatus.RUNNING,
-            lease_owner=owner,
-            fence=fence,
-            lease_expires_at__gt=now,
-        ).update(lease_expires_at=Greatest(F("lease_expires_at"), wanted), updated_at=now)
+        updated = (
+            Occurrence.objects.using(alias)
+            .filter(
+                pk=occurrence_id,
+                status=OccurrenceStatus.RUNNING,
+                lease_owner=owner,
+                fence=fence,
+                lease_expires_at__gt=now,
+            )
+            .update(lease_expires_at=Greatest(F("lease_expires_at"), wanted), updated_at=now)
+        )
         current = Occurrence.objects.using(alias).filter(pk=occurrence_id).first()
         if not updated or current is None:
             raise _lease_lost(occurrence_id, current, owner, fence, now)
@@ -717,7 +771,13 @@ def settle(
     retry_ms = None if retry_at is None else to_ms(retry_at, "retry_at")
     now = conf.now()
     with _write(using) as alias:
-        current = Occurrence.objects.using(alias).select_for_update().select_related("job").filter(pk=occurrence_id).first()
+        current = (
+            Occurrence.objects.using(alias)
+            .select_for_update()
+            .select_related("job")
+            .filter(pk=occurrence_id)
+            .first()
+        )
         if current is None or not _holds_lease(current, owner, fence, now):
             raise _lease_lost(occurrence_id, current, owner, fence, now)
         data: dict[str, Any] = {"attempt": current.attempt, "maxAttempts": current.max_attempts}
@@ -731,7 +791,9 @@ def settle(
             event_type = OCCURRENCE_SUCCEEDED
         elif retryable and current.attempt < current.max_attempts:
             if retry_ms is None:
-                delay = backoff_delay_ms(current.attempt, current.job.retry_base_delay_ms, current.job.retry_max_delay_ms)
+                delay = backoff_delay_ms(
+                    current.attempt, current.job.retry_base_delay_ms, current.job.retry_max_delay_ms
+                )
                 available = now + timedelta(milliseconds=delay)
             else:
                 available = max(now, from_ms(retry_ms))
@@ -768,9 +830,15 @@ def settle(
             reservation = settle_reservations([occurrence_id], current.status, outcome_data, now, alias)
             if reservation:
                 data.update(reservation[0])
-        _event(current.job_id, event_type, now, occurrence_id=occurrence_id, owner_id=owner, fence=fence, data=data).save(
-            using=alias
-        )
+        _event(
+            current.job_id,
+            event_type,
+            now,
+            occurrence_id=occurrence_id,
+            owner_id=owner,
+            fence=fence,
+            data=data,
+        ).save(using=alias)
     return current
 
 
@@ -786,16 +854,18 @@ def release(occurrence_id: str, *, owner: str, fence: int, using: str | None = N
         Occurrence.objects.using(alias).filter(pk=occurrence_id).update(
             status=OccurrenceStatus.QUEUED,
             attempt=Case(
-                When(attempt__gt=0, then=F("attempt") - 1), default=F("attempt"), output_field=PositiveSmallIntegerField()
+                When(attempt__gt=0, then=F("attempt") - 1),
+                default=F("attempt"),
+                output_field=PositiveSmallIntegerField(),
             ),
             lease_owner=None,
             lease_expires_at=None,
             available_at=now,
             updated_at=now,
         )
-        _event(current.job_id, OCCURRENCE_RELEASED, now, occurrence_id=occurrence_id, owner_id=owner, fence=fence).save(
-            using=alias
-        )
+        _event(
+            current.job_id, OCCURRENCE_RELEASED, now, occurrence_id=occurrence_id, owner_id=owner, fence=fence
+        ).save(using=alias)
         current.refresh_from_db(using=alias)
     return current
 

@@ -71,7 +71,9 @@ class Occurrence(models.Model):
     trigger_key = models.CharField(max_length=256)
     scheduled_for = models.DateTimeField()
     available_at = models.DateTimeField()
-    status = models.CharField(max_length=16, choices=OccurrenceStatus.choices, default=OccurrenceStatus.QUEUED)
+    status = models.CharField(
+        max_length=16, choices=OccurrenceStatus.choices, default=OccurrenceStatus.QUEUED
+    )
     attempt = models.PositiveSmallIntegerField(default=0)
     max_attempts = models.PositiveSmallIntegerField()
     fence = models.PositiveBigIntegerField(default=0)
@@ -104,7 +106,11 @@ class Occurrence(models.Model):
             ),
             models.CheckConstraint(
                 condition=(
-                    Q(status=OccurrenceStatus.RUNNING, lease_owner__isnull=False, lease_expires_at__isnull=False)
+                    Q(
+                        status=OccurrenceStatus.RUNNING,
+                        lease_owner__isnull=False,
+                        lease_expires_at__isnull=False,
+                    )
                     | (
                         ~Q(status=OccurrenceStatus.RUNNING)
                         & Q(lease_owner__isnull=True, lease_expires_at__isnull=True)
@@ -182,10 +188,13 @@ class AuthorityPolicy(models.Model):
         verbose_name_plural = "authority policies"
         ordering = ["principal_type", "principal_id"]
         constraints = [
-            models.UniqueConstraint(fields=["principal_type", "principal_id"], name="dsch_policy_principal_unique"),
+            models.UniqueConstraint(
+                fields=["principal_type", "principal_id"], name="dsch_policy_principal_unique"
+            ),
             models.CheckConstraint(condition=Q(revision__gte=1), name="dsch_policy_revision_min"),
             models.CheckConstraint(
-                condition=Q(window_ms__gte=60_000, window_ms__lte=2_678_400_000), name="dsch_policy_window_range"
+                condition=Q(window_ms__gte=60_000, window_ms__lte=2_678_400_000),
+                name="dsch_policy_window_range",
             ),
             models.CheckConstraint(
                 condition=Q(max_runs__gte=1, max_runs__lte=1_000_000), name="dsch_policy_max_runs_range"
@@ -218,8 +227,12 @@ class AuthorityUsage(models.Model):
                 name="dsch_usage_window_unique",
             ),
             models.CheckConstraint(condition=Q(policy_revision__gte=1), name="dsch_usage_revision_min"),
-            models.CheckConstraint(condition=Q(runs__gte=0, runs__lte=1_000_000), name="dsch_usage_runs_range"),
-            models.CheckConstraint(condition=Q(units__gte=0, units__lte=1_000_000), name="dsch_usage_units_range"),
+            models.CheckConstraint(
+                condition=Q(runs__gte=0, runs__lte=1_000_000), name="dsch_usage_runs_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(units__gte=0, units__lte=1_000_000), name="dsch_usage_units_range"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -240,7 +253,9 @@ class AuthorityReservation(models.Model):
     policy_revision = models.PositiveIntegerField()
     window_started_at = models.DateTimeField()
     units = models.PositiveIntegerField()
-    status = models.CharField(max_length=16, choices=ReservationStatus.choices, default=ReservationStatus.RESERVED)
+    status = models.CharField(
+        max_length=16, choices=ReservationStatus.choices, default=ReservationStatus.RESERVED
+    )
     outcome = models.JSONField(null=True, blank=True, default=None)
     created_at = models.DateTimeField()
     settled_at = models.DateTimeField(null=True, blank=True)
@@ -257,7 +272,9 @@ class AuthorityReservation(models.Model):
         ]
         constraints = [
             models.CheckConstraint(condition=Q(policy_revision__gte=1), name="dsch_res_revision_min"),
-            models.CheckConstraint(condition=Q(units__gte=1, units__lte=1_000_000), name="dsch_res_units_range"),
+            models.CheckConstraint(
+                condition=Q(units__gte=1, units__lte=1_000_000), name="dsch_res_units_range"
+            ),
             models.CheckConstraint(
                 condition=Q(status__in=[s.value for s in ReservationStatus]), name="dsch_res_status_valid"
             ),

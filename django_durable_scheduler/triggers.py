@@ -186,7 +186,9 @@ class CronSpec:
 def _field_value(text: str, spec: _Field, field: str) -> int:
     if text.isdigit():
         if len(text) > 4:
-            raise InvalidArgument(field, f"{spec.name} value {text!r} is out of range {spec.low}-{spec.max_value}")
+            raise InvalidArgument(
+                field, f"{spec.name} value {text!r} is out of range {spec.low}-{spec.max_value}"
+            )
         value = int(text)
     elif text.isalpha() and spec.names and text.upper() in spec.names:
         value = spec.names.index(text.upper()) + spec.name_base
@@ -217,7 +219,8 @@ def _parse_field(text: str, spec: _Field, field: str) -> set[int]:
         else:
             if last is None and step_text is not None:
                 raise InvalidArgument(
-                    field, f"{spec.name} field {text!r}: a step needs * or a range (write {first}-{spec.high}/N)"
+                    field,
+                    f"{spec.name} field {text!r}: a step needs * or a range (write {first}-{spec.high}/N)",
                 )
             start = _field_value(first, spec, field)
             stop = start if last is None else _field_value(last, spec, field)
@@ -258,7 +261,9 @@ def _parse_cron_cached(expression: str, field: str) -> CronSpec:
     )
     dom_star, dow_star = parts[2] == "*", parts[4] == "*"
     if dow_star and not any(day <= _MONTH_MAX_DAYS[month - 1] for month in months for day in days):
-        raise InvalidArgument(field, f"{expression!r} can never fire (no selected month has the selected days)")
+        raise InvalidArgument(
+            field, f"{expression!r} can never fire (no selected month has the selected days)"
+        )
     normalized = " ".join(parts)
     try:
         croniter.expand(normalized)
@@ -400,7 +405,10 @@ def validate_trigger(trigger: Any, field: str = "trigger") -> dict[str, Any]:
         out["at"] = iso_ms(_instant(trigger["at"], f"{field}.at"))
     out["misfire"] = _choice(trigger.get("misfire", DEFAULT_MISFIRE), f"{field}.misfire", MISFIRE_POLICIES)
     out["catchup_window"] = _int_seconds(
-        trigger.get("catchup_window", DEFAULT_CATCHUP_WINDOW), f"{field}.catchup_window", 0, MAX_CATCHUP_WINDOW
+        trigger.get("catchup_window", DEFAULT_CATCHUP_WINDOW),
+        f"{field}.catchup_window",
+        0,
+        MAX_CATCHUP_WINDOW,
     )
     out["overlap"] = _choice(trigger.get("overlap", DEFAULT_OVERLAP), f"{field}.overlap", OVERLAP_POLICIES)
     start = _instant(trigger["start_at"], f"{field}.start_at") if "start_at" in trigger else None

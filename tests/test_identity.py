@@ -66,7 +66,14 @@ def test_canonical_json_limits():
 
 @pytest.mark.parametrize(
     ("value", "message"),
-    [("", "empty"), ("   ", "empty"), ("a\x00b", "control"), ("a\x7f", "control"), (5, "string"), ("x" * 257, "at most")],
+    [
+        ("", "empty"),
+        ("   ", "empty"),
+        ("a\x00b", "control"),
+        ("a\x7f", "control"),
+        (5, "string"),
+        ("x" * 257, "at most"),
+    ],
 )
 def test_identifier_rules(value, message):
     with pytest.raises(InvalidArgument, match=message) as info:

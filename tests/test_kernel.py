@@ -8,7 +8,6 @@ import pytest
 from django.db import transaction
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import kernel
 from django_durable_scheduler.models import Event, Job, Occurrence, OccurrenceStatus
 
 from .conftest import AUTHORITY, authority_for
@@ -112,7 +111,11 @@ def test_claim_sets_lease_and_fence(job, clock):
     assert claimed.lease_expires_at == clock() + timedelta(seconds=30)
     db = Occurrence.objects.get()
     assert (db.status, db.attempt, db.fence, db.lease_owner, db.lease_expires_at) == (
-        "running", 1, 1, "w1", claimed.lease_expires_at,
+        "running",
+        1,
+        1,
+        "w1",
+        claimed.lease_expires_at,
     )
     assert scheduler.claim(owner="w2", lease=30) is None
 
@@ -163,7 +166,12 @@ def test_settle_success(job, clock):
     enqueue(clock)
     occ = scheduler.claim(owner="w", lease=10)
     done = scheduler.settle(occ.pk, owner="w", fence=1, outcome="succeeded", result={"sent": 12})
-    assert (done.status, done.result, done.lease_owner, done.settled_at) == ("succeeded", {"sent": 12}, None, clock())
+    assert (done.status, done.result, done.lease_owner, done.settled_at) == (
+        "succeeded",
+        {"sent": 12},
+        None,
+        clock(),
+    )
     assert Occurrence.objects.get().status == "succeeded"
 
 
@@ -218,7 +226,11 @@ def test_retry_wait_not_claimable_before_its_time(job, clock):
     occ = scheduler.claim(owner="w", lease=10)
     retry_at = clock() + timedelta(seconds=30)
     waiting = scheduler.settle(occ.pk, owner="w", fence=1, outcome="failed", error="boom", retry_at=retry_at)
-    assert (waiting.status, waiting.available_at, waiting.last_error["message"]) == ("retry_wait", retry_at, "boom")
+    assert (waiting.status, waiting.available_at, waiting.last_error["message"]) == (
+        "retry_wait",
+        retry_at,
+        "boom",
+    )
     clock.advance(29.999)
     assert scheduler.claim(owner="w", lease=10) is None
     clock.advance(0.001)
@@ -243,7 +255,9 @@ def test_dead_letter_after_max_attempts(job, clock):
     for attempt in (1, 2, 3):
         occ = scheduler.claim(owner="w", lease=10)
         assert occ.attempt == attempt
-        result = scheduler.settle(occ.pk, owner="w", fence=attempt, outcome="failed", error="x", retry_at=clock())
+        result = scheduler.settle(
+            occ.pk, owner="w", fence=attempt, outcome="failed", error="x", retry_at=clock()
+        )
     assert result.status == "dead_letter" and result.settled_at == clock()
     assert scheduler.claim(owner="w", lease=10) is None
     assert scheduler.history(occurrence_id=occ.pk)[0].data["reason"] == "max_attempts"
@@ -264,7 +278,9 @@ def test_expired_final_attempt_dead_letters(job, clock):
     assert scheduler.claim(owner="w2", lease=10) is None
     dead = Occurrence.objects.get()
     assert (dead.status, dead.lease_owner, dead.last_error["code"]) == (
-        "dead_letter", None, "SCHEDULER_LEASE_EXPIRED",
+        "dead_letter",
+        None,
+        "SCHEDULER_LEASE_EXPIRED",
     )
     event = scheduler.history(occurrence_id=occ.pk)[0]
     assert event.event_type == "occurrence_dead_lettered" and event.data["reason"] == "lease_expired"
@@ -292,7 +308,9 @@ def test_cancel_only_queued_or_retry_wait(job, clock):
     running = scheduler.claim(owner="w", lease=10)
     with pytest.raises(scheduler.InvalidState):
         scheduler.cancel(running.pk)
-    scheduler.settle(running.pk, owner="w", fence=1, outcome="failed", error="x", retry_at=clock() + timedelta(hours=1))
+    scheduler.settle(
+        running.pk, owner="w", fence=1, outcome="failed", error="x", retry_at=clock() + timedelta(hours=1)
+    )
     assert scheduler.cancel(running.pk).status == "cancelled"
     with pytest.raises(scheduler.InvalidState):
         scheduler.cancel(running.pk)  # already terminal

@@ -5,117 +5,203 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Job',
+            name="Job",
             fields=[
-                ('job_id', models.CharField(max_length=256, primary_key=True, serialize=False)),
-                ('kind', models.CharField(db_index=True, max_length=128)),
-                ('trigger', models.JSONField(default=dict)),
-                ('payload', models.JSONField(blank=True, default=None, null=True)),
-                ('authority', models.JSONField()),
-                ('enabled', models.BooleanField(default=True)),
-                ('revision', models.PositiveIntegerField(default=1)),
-                ('max_attempts', models.PositiveSmallIntegerField(default=3)),
-                ('created_at', models.DateTimeField()),
-                ('updated_at', models.DateTimeField()),
+                ("job_id", models.CharField(max_length=256, primary_key=True, serialize=False)),
+                ("kind", models.CharField(db_index=True, max_length=128)),
+                ("trigger", models.JSONField(default=dict)),
+                ("payload", models.JSONField(blank=True, default=None, null=True)),
+                ("authority", models.JSONField()),
+                ("enabled", models.BooleanField(default=True)),
+                ("revision", models.PositiveIntegerField(default=1)),
+                ("max_attempts", models.PositiveSmallIntegerField(default=3)),
+                ("created_at", models.DateTimeField()),
+                ("updated_at", models.DateTimeField()),
             ],
             options={
-                'db_table': 'durable_scheduler_jobs',
-                'ordering': ['job_id'],
-                'constraints': [models.CheckConstraint(condition=models.Q(('revision__gte', 1)), name='dsch_job_revision_min'), models.CheckConstraint(condition=models.Q(('max_attempts__gte', 1), ('max_attempts__lte', 32)), name='dsch_job_max_attempts_range')],
+                "db_table": "durable_scheduler_jobs",
+                "ordering": ["job_id"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("revision__gte", 1)), name="dsch_job_revision_min"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("max_attempts__gte", 1), ("max_attempts__lte", 32)),
+                        name="dsch_job_max_attempts_range",
+                    ),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Occurrence',
+            name="Occurrence",
             fields=[
-                ('occurrence_id', models.CharField(max_length=68, primary_key=True, serialize=False)),
-                ('job_revision', models.PositiveIntegerField()),
-                ('idempotency_key', models.CharField(max_length=77, unique=True)),
-                ('trigger_key', models.CharField(max_length=256)),
-                ('scheduled_for', models.DateTimeField()),
-                ('available_at', models.DateTimeField()),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('retry_wait', 'Retry Wait'), ('succeeded', 'Succeeded'), ('dead_letter', 'Dead Letter')], default='queued', max_length=16)),
-                ('attempt', models.PositiveSmallIntegerField(default=0)),
-                ('max_attempts', models.PositiveSmallIntegerField()),
-                ('fence', models.PositiveBigIntegerField(default=0)),
-                ('lease_owner', models.CharField(blank=True, max_length=256, null=True)),
-                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('authority', models.JSONField()),
-                ('payload', models.JSONField(blank=True, default=None, null=True)),
-                ('last_error', models.JSONField(blank=True, default=None, null=True)),
-                ('result', models.JSONField(blank=True, default=None, null=True)),
-                ('created_at', models.DateTimeField()),
-                ('updated_at', models.DateTimeField()),
-                ('settled_at', models.DateTimeField(blank=True, null=True)),
-                ('job', models.ForeignKey(db_column='job_id', on_delete=django.db.models.deletion.PROTECT, related_name='occurrences', to='durable_scheduler.job')),
+                ("occurrence_id", models.CharField(max_length=68, primary_key=True, serialize=False)),
+                ("job_revision", models.PositiveIntegerField()),
+                ("idempotency_key", models.CharField(max_length=77, unique=True)),
+                ("trigger_key", models.CharField(max_length=256)),
+                ("scheduled_for", models.DateTimeField()),
+                ("available_at", models.DateTimeField()),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("retry_wait", "Retry Wait"),
+                            ("succeeded", "Succeeded"),
+                            ("dead_letter", "Dead Letter"),
+                        ],
+                        default="queued",
+                        max_length=16,
+                    ),
+                ),
+                ("attempt", models.PositiveSmallIntegerField(default=0)),
+                ("max_attempts", models.PositiveSmallIntegerField()),
+                ("fence", models.PositiveBigIntegerField(default=0)),
+                ("lease_owner", models.CharField(blank=True, max_length=256, null=True)),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                ("authority", models.JSONField()),
+                ("payload", models.JSONField(blank=True, default=None, null=True)),
+                ("last_error", models.JSONField(blank=True, default=None, null=True)),
+                ("result", models.JSONField(blank=True, default=None, null=True)),
+                ("created_at", models.DateTimeField()),
+                ("updated_at", models.DateTimeField()),
+                ("settled_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        db_column="job_id",
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="occurrences",
+                        to="durable_scheduler.job",
+                    ),
+                ),
             ],
             options={
-                'db_table': 'durable_scheduler_occurrences',
-                'ordering': ['available_at', 'scheduled_for', 'occurrence_id'],
+                "db_table": "durable_scheduler_occurrences",
+                "ordering": ["available_at", "scheduled_for", "occurrence_id"],
             },
         ),
         migrations.CreateModel(
-            name='Event',
+            name="Event",
             fields=[
-                ('event_id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('event_type', models.CharField(max_length=64)),
-                ('occurred_at', models.DateTimeField()),
-                ('owner_id', models.CharField(blank=True, max_length=256, null=True)),
-                ('fence', models.PositiveBigIntegerField(blank=True, null=True)),
-                ('data', models.JSONField(default=dict)),
-                ('job', models.ForeignKey(db_column='job_id', on_delete=django.db.models.deletion.PROTECT, related_name='events', to='durable_scheduler.job')),
-                ('occurrence', models.ForeignKey(blank=True, db_column='occurrence_id', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='events', to='durable_scheduler.occurrence')),
+                ("event_id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("event_type", models.CharField(max_length=64)),
+                ("occurred_at", models.DateTimeField()),
+                ("owner_id", models.CharField(blank=True, max_length=256, null=True)),
+                ("fence", models.PositiveBigIntegerField(blank=True, null=True)),
+                ("data", models.JSONField(default=dict)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        db_column="job_id",
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="events",
+                        to="durable_scheduler.job",
+                    ),
+                ),
+                (
+                    "occurrence",
+                    models.ForeignKey(
+                        blank=True,
+                        db_column="occurrence_id",
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="events",
+                        to="durable_scheduler.occurrence",
+                    ),
+                ),
             ],
             options={
-                'db_table': 'durable_scheduler_events',
-                'ordering': ['-event_id'],
+                "db_table": "durable_scheduler_events",
+                "ordering": ["-event_id"],
             },
         ),
         migrations.AddIndex(
-            model_name='occurrence',
-            index=models.Index(fields=['status', 'available_at', 'lease_expires_at', 'scheduled_for', 'occurrence_id'], name='dsch_occurrences_claim'),
+            model_name="occurrence",
+            index=models.Index(
+                fields=["status", "available_at", "lease_expires_at", "scheduled_for", "occurrence_id"],
+                name="dsch_occurrences_claim",
+            ),
         ),
         migrations.AddIndex(
-            model_name='occurrence',
-            index=models.Index(fields=['job', 'trigger_key'], name='dsch_occurrences_job_trigger'),
+            model_name="occurrence",
+            index=models.Index(fields=["job", "trigger_key"], name="dsch_occurrences_job_trigger"),
         ),
         migrations.AddConstraint(
-            model_name='occurrence',
-            constraint=models.CheckConstraint(condition=models.Q(('status__in', ['queued', 'running', 'retry_wait', 'succeeded', 'dead_letter'])), name='dsch_occ_status_valid'),
+            model_name="occurrence",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("status__in", ["queued", "running", "retry_wait", "succeeded", "dead_letter"])
+                ),
+                name="dsch_occ_status_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='occurrence',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('lease_expires_at__isnull', False), ('lease_owner__isnull', False), ('status', 'running')), models.Q(models.Q(('status', 'running'), _negated=True), ('lease_expires_at__isnull', True), ('lease_owner__isnull', True)), _connector='OR'), name='dsch_occ_running_has_lease'),
+            model_name="occurrence",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(
+                        ("lease_expires_at__isnull", False),
+                        ("lease_owner__isnull", False),
+                        ("status", "running"),
+                    ),
+                    models.Q(
+                        models.Q(("status", "running"), _negated=True),
+                        ("lease_expires_at__isnull", True),
+                        ("lease_owner__isnull", True),
+                    ),
+                    _connector="OR",
+                ),
+                name="dsch_occ_running_has_lease",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='occurrence',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('settled_at__isnull', False), ('status__in', ['succeeded', 'dead_letter'])), models.Q(models.Q(('status__in', ['succeeded', 'dead_letter']), _negated=True), ('settled_at__isnull', True)), _connector='OR'), name='dsch_occ_terminal_settled'),
+            model_name="occurrence",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("settled_at__isnull", False), ("status__in", ["succeeded", "dead_letter"])),
+                    models.Q(
+                        models.Q(("status__in", ["succeeded", "dead_letter"]), _negated=True),
+                        ("settled_at__isnull", True),
+                    ),
+                    _connector="OR",
+                ),
+                name="dsch_occ_terminal_settled",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='occurrence',
-            constraint=models.CheckConstraint(condition=models.Q(('attempt__gte', 0), ('attempt__lte', models.F('max_attempts'))), name='dsch_occ_attempt_range'),
+            model_name="occurrence",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("attempt__gte", 0), ("attempt__lte", models.F("max_attempts"))),
+                name="dsch_occ_attempt_range",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='occurrence',
-            constraint=models.CheckConstraint(condition=models.Q(('max_attempts__gte', 1), ('max_attempts__lte', 32)), name='dsch_occ_max_attempts_range'),
+            model_name="occurrence",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("max_attempts__gte", 1), ("max_attempts__lte", 32)),
+                name="dsch_occ_max_attempts_range",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='occurrence',
-            constraint=models.CheckConstraint(condition=models.Q(('job_revision__gte', 1)), name='dsch_occ_job_revision_min'),
+            model_name="occurrence",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("job_revision__gte", 1)), name="dsch_occ_job_revision_min"
+            ),
         ),
         migrations.AddIndex(
-            model_name='event',
-            index=models.Index(fields=['job', 'event_id'], name='dsch_events_job'),
+            model_name="event",
+            index=models.Index(fields=["job", "event_id"], name="dsch_events_job"),
         ),
         migrations.AddIndex(
-            model_name='event',
-            index=models.Index(fields=['occurrence', 'event_id'], name='dsch_events_occurrence'),
+            model_name="event",
+            index=models.Index(fields=["occurrence", "event_id"], name="dsch_events_occurrence"),
         ),
     ]

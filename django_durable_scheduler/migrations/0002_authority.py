@@ -5,73 +5,176 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('durable_scheduler', '0001_initial'),
+        ("durable_scheduler", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='AuthorityPolicy',
+            name="AuthorityPolicy",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('principal_type', models.CharField(max_length=64)),
-                ('principal_id', models.CharField(max_length=256)),
-                ('revision', models.PositiveIntegerField(default=1)),
-                ('enabled', models.BooleanField(default=True)),
-                ('capabilities', models.JSONField(default=list)),
-                ('window_ms', models.BigIntegerField(default=86400000)),
-                ('max_runs', models.PositiveIntegerField(default=100000)),
-                ('max_units', models.PositiveIntegerField(default=100000)),
-                ('created_at', models.DateTimeField()),
-                ('updated_at', models.DateTimeField()),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("principal_type", models.CharField(max_length=64)),
+                ("principal_id", models.CharField(max_length=256)),
+                ("revision", models.PositiveIntegerField(default=1)),
+                ("enabled", models.BooleanField(default=True)),
+                ("capabilities", models.JSONField(default=list)),
+                ("window_ms", models.BigIntegerField(default=86400000)),
+                ("max_runs", models.PositiveIntegerField(default=100000)),
+                ("max_units", models.PositiveIntegerField(default=100000)),
+                ("created_at", models.DateTimeField()),
+                ("updated_at", models.DateTimeField()),
             ],
             options={
-                'verbose_name_plural': 'authority policies',
-                'db_table': 'durable_scheduler_authority_policies',
-                'ordering': ['principal_type', 'principal_id'],
-                'constraints': [models.UniqueConstraint(fields=('principal_type', 'principal_id'), name='dsch_policy_principal_unique'), models.CheckConstraint(condition=models.Q(('revision__gte', 1)), name='dsch_policy_revision_min'), models.CheckConstraint(condition=models.Q(('window_ms__gte', 60000), ('window_ms__lte', 2678400000)), name='dsch_policy_window_range'), models.CheckConstraint(condition=models.Q(('max_runs__gte', 1), ('max_runs__lte', 1000000)), name='dsch_policy_max_runs_range'), models.CheckConstraint(condition=models.Q(('max_units__gte', 1), ('max_units__lte', 1000000)), name='dsch_policy_max_units_range')],
+                "verbose_name_plural": "authority policies",
+                "db_table": "durable_scheduler_authority_policies",
+                "ordering": ["principal_type", "principal_id"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("principal_type", "principal_id"), name="dsch_policy_principal_unique"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("revision__gte", 1)), name="dsch_policy_revision_min"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("window_ms__gte", 60000), ("window_ms__lte", 2678400000)),
+                        name="dsch_policy_window_range",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("max_runs__gte", 1), ("max_runs__lte", 1000000)),
+                        name="dsch_policy_max_runs_range",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("max_units__gte", 1), ("max_units__lte", 1000000)),
+                        name="dsch_policy_max_units_range",
+                    ),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='AuthorityUsage',
+            name="AuthorityUsage",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('principal_type', models.CharField(max_length=64)),
-                ('principal_id', models.CharField(max_length=256)),
-                ('policy_revision', models.PositiveIntegerField()),
-                ('window_started_at', models.DateTimeField()),
-                ('runs', models.PositiveIntegerField(default=0)),
-                ('units', models.PositiveIntegerField(default=0)),
-                ('updated_at', models.DateTimeField()),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("principal_type", models.CharField(max_length=64)),
+                ("principal_id", models.CharField(max_length=256)),
+                ("policy_revision", models.PositiveIntegerField()),
+                ("window_started_at", models.DateTimeField()),
+                ("runs", models.PositiveIntegerField(default=0)),
+                ("units", models.PositiveIntegerField(default=0)),
+                ("updated_at", models.DateTimeField()),
             ],
             options={
-                'verbose_name_plural': 'authority usage',
-                'db_table': 'durable_scheduler_authority_usage',
-                'ordering': ['-window_started_at'],
-                'constraints': [models.UniqueConstraint(fields=('principal_type', 'principal_id', 'policy_revision', 'window_started_at'), name='dsch_usage_window_unique'), models.CheckConstraint(condition=models.Q(('policy_revision__gte', 1)), name='dsch_usage_revision_min'), models.CheckConstraint(condition=models.Q(('runs__gte', 0), ('runs__lte', 1000000)), name='dsch_usage_runs_range'), models.CheckConstraint(condition=models.Q(('units__gte', 0), ('units__lte', 1000000)), name='dsch_usage_units_range')],
+                "verbose_name_plural": "authority usage",
+                "db_table": "durable_scheduler_authority_usage",
+                "ordering": ["-window_started_at"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("principal_type", "principal_id", "policy_revision", "window_started_at"),
+                        name="dsch_usage_window_unique",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("policy_revision__gte", 1)), name="dsch_usage_revision_min"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("runs__gte", 0), ("runs__lte", 1000000)),
+                        name="dsch_usage_runs_range",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("units__gte", 0), ("units__lte", 1000000)),
+                        name="dsch_usage_units_range",
+                    ),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='AuthorityReservation',
+            name="AuthorityReservation",
             fields=[
-                ('occurrence', models.OneToOneField(db_column='occurrence_id', on_delete=django.db.models.deletion.PROTECT, primary_key=True, related_name='reservation', serialize=False, to='durable_scheduler.occurrence')),
-                ('principal_type', models.CharField(max_length=64)),
-                ('principal_id', models.CharField(max_length=256)),
-                ('policy_revision', models.PositiveIntegerField()),
-                ('window_started_at', models.DateTimeField()),
-                ('units', models.PositiveIntegerField()),
-                ('status', models.CharField(choices=[('reserved', 'Reserved'), ('succeeded', 'Succeeded'), ('failed', 'Failed')], default='reserved', max_length=16)),
-                ('outcome', models.JSONField(blank=True, default=None, null=True)),
-                ('created_at', models.DateTimeField()),
-                ('settled_at', models.DateTimeField(blank=True, null=True)),
-                ('job', models.ForeignKey(db_column='job_id', on_delete=django.db.models.deletion.PROTECT, related_name='reservations', to='durable_scheduler.job')),
+                (
+                    "occurrence",
+                    models.OneToOneField(
+                        db_column="occurrence_id",
+                        on_delete=django.db.models.deletion.PROTECT,
+                        primary_key=True,
+                        related_name="reservation",
+                        serialize=False,
+                        to="durable_scheduler.occurrence",
+                    ),
+                ),
+                ("principal_type", models.CharField(max_length=64)),
+                ("principal_id", models.CharField(max_length=256)),
+                ("policy_revision", models.PositiveIntegerField()),
+                ("window_started_at", models.DateTimeField()),
+                ("units", models.PositiveIntegerField()),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("reserved", "Reserved"), ("succeeded", "Succeeded"), ("failed", "Failed")],
+                        default="reserved",
+                        max_length=16,
+                    ),
+                ),
+                ("outcome", models.JSONField(blank=True, default=None, null=True)),
+                ("created_at", models.DateTimeField()),
+                ("settled_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        db_column="job_id",
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="reservations",
+                        to="durable_scheduler.job",
+                    ),
+                ),
             ],
             options={
-                'db_table': 'durable_scheduler_authority_reservations',
-                'ordering': ['-created_at'],
-                'indexes': [models.Index(fields=['principal_type', 'principal_id', 'policy_revision', 'window_started_at'], name='dsch_reservations_principal'), models.Index(fields=['status', 'created_at'], name='dsch_reservations_status')],
-                'constraints': [models.CheckConstraint(condition=models.Q(('policy_revision__gte', 1)), name='dsch_res_revision_min'), models.CheckConstraint(condition=models.Q(('units__gte', 1), ('units__lte', 1000000)), name='dsch_res_units_range'), models.CheckConstraint(condition=models.Q(('status__in', ['reserved', 'succeeded', 'failed'])), name='dsch_res_status_valid'), models.CheckConstraint(condition=models.Q(models.Q(('outcome__isnull', True), ('settled_at__isnull', True), ('status', 'reserved')), models.Q(models.Q(('status', 'reserved'), _negated=True), ('outcome__isnull', False), ('settled_at__isnull', False)), _connector='OR'), name='dsch_res_settled_consistent')],
+                "db_table": "durable_scheduler_authority_reservations",
+                "ordering": ["-created_at"],
+                "indexes": [
+                    models.Index(
+                        fields=["principal_type", "principal_id", "policy_revision", "window_started_at"],
+                        name="dsch_reservations_principal",
+                    ),
+                    models.Index(fields=["status", "created_at"], name="dsch_reservations_status"),
+                ],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("policy_revision__gte", 1)), name="dsch_res_revision_min"
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("units__gte", 1), ("units__lte", 1000000)),
+                        name="dsch_res_units_range",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("status__in", ["reserved", "succeeded", "failed"])),
+                        name="dsch_res_status_valid",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            models.Q(
+                                ("outcome__isnull", True),
+                                ("settled_at__isnull", True),
+                                ("status", "reserved"),
+                            ),
+                            models.Q(
+                                models.Q(("status", "reserved"), _negated=True),
+                                ("outcome__isnull", False),
+                                ("settled_at__isnull", False),
+                            ),
+                            _connector="OR",
+                        ),
+                        name="dsch_res_settled_consistent",
+                    ),
+                ],
             },
         ),
     ]

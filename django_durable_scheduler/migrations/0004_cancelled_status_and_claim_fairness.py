@@ -4,54 +4,91 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('durable_scheduler', '0003_authority_backfill'),
+        ("durable_scheduler", "0003_authority_backfill"),
     ]
 
     operations = [
         migrations.RemoveConstraint(
-            model_name='occurrence',
-            name='dsch_occ_status_valid',
+            model_name="occurrence",
+            name="dsch_occ_status_valid",
         ),
         migrations.RemoveConstraint(
-            model_name='occurrence',
-            name='dsch_occ_terminal_settled',
+            model_name="occurrence",
+            name="dsch_occ_terminal_settled",
         ),
         migrations.AddField(
-            model_name='job',
-            name='retry_base_delay_ms',
+            model_name="job",
+            name="retry_base_delay_ms",
             field=models.PositiveIntegerField(default=10000),
         ),
         migrations.AddField(
-            model_name='job',
-            name='retry_max_delay_ms',
+            model_name="job",
+            name="retry_max_delay_ms",
             field=models.PositiveIntegerField(default=3600000),
         ),
         migrations.AddField(
-            model_name='occurrence',
-            name='principal_key',
-            field=models.CharField(default='', max_length=400),
+            model_name="occurrence",
+            name="principal_key",
+            field=models.CharField(default="", max_length=400),
         ),
         migrations.AlterField(
-            model_name='occurrence',
-            name='status',
-            field=models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('retry_wait', 'Retry Wait'), ('succeeded', 'Succeeded'), ('dead_letter', 'Dead Letter'), ('cancelled', 'Cancelled')], default='queued', max_length=16),
+            model_name="occurrence",
+            name="status",
+            field=models.CharField(
+                choices=[
+                    ("queued", "Queued"),
+                    ("running", "Running"),
+                    ("retry_wait", "Retry Wait"),
+                    ("succeeded", "Succeeded"),
+                    ("dead_letter", "Dead Letter"),
+                    ("cancelled", "Cancelled"),
+                ],
+                default="queued",
+                max_length=16,
+            ),
         ),
         migrations.AddIndex(
-            model_name='occurrence',
-            index=models.Index(fields=['status', 'settled_at'], name='dsch_occurrences_settled'),
+            model_name="occurrence",
+            index=models.Index(fields=["status", "settled_at"], name="dsch_occurrences_settled"),
         ),
         migrations.AddConstraint(
-            model_name='job',
-            constraint=models.CheckConstraint(condition=models.Q(('retry_base_delay_ms__gte', 1), ('retry_max_delay_ms__gte', models.F('retry_base_delay_ms'))), name='dsch_job_retry_delays'),
+            model_name="job",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("retry_base_delay_ms__gte", 1),
+                    ("retry_max_delay_ms__gte", models.F("retry_base_delay_ms")),
+                ),
+                name="dsch_job_retry_delays",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='occurrence',
-            constraint=models.CheckConstraint(condition=models.Q(('status__in', ['queued', 'running', 'retry_wait', 'succeeded', 'dead_letter', 'cancelled'])), name='dsch_occ_status_valid'),
+            model_name="occurrence",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    (
+                        "status__in",
+                        ["queued", "running", "retry_wait", "succeeded", "dead_letter", "cancelled"],
+                    )
+                ),
+                name="dsch_occ_status_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='occurrence',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('settled_at__isnull', False), ('status__in', ['succeeded', 'dead_letter', 'cancelled'])), models.Q(models.Q(('status__in', ['succeeded', 'dead_letter', 'cancelled']), _negated=True), ('settled_at__isnull', True)), _connector='OR'), name='dsch_occ_terminal_settled'),
+            model_name="occurrence",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(
+                        ("settled_at__isnull", False),
+                        ("status__in", ["succeeded", "dead_letter", "cancelled"]),
+                    ),
+                    models.Q(
+                        models.Q(("status__in", ["succeeded", "dead_letter", "cancelled"]), _negated=True),
+                        ("settled_at__isnull", True),
+                    ),
+                    _connector="OR",
+                ),
+                name="dsch_occ_terminal_settled",
+            ),
         ),
     ]

@@ -14,7 +14,6 @@ from django_durable_scheduler.identity import canonical_json
 from django_durable_scheduler.migrations._batch import batches, update_column
 
 
-
 def forward(apps: Any, schema_editor: Any) -> None:
     Occurrence = apps.get_model("durable_scheduler", "Occurrence")
     for rows in batches(Occurrence, schema_editor.connection.alias, ["authority"]):
@@ -29,7 +28,11 @@ def backward(apps: Any, schema_editor: Any) -> None:
     Occurrence = apps.get_model("durable_scheduler", "Occurrence")
     for row in Occurrence.objects.using(alias).filter(status="cancelled").iterator(chunk_size=2000):
         row.status = "dead_letter"
-        row.last_error = {"code": "SCHEDULER_CANCELLED", "message": "cancelled (migrated back)", "previous": row.last_error}
+        row.last_error = {
+            "code": "SCHEDULER_CANCELLED",
+            "message": "cancelled (migrated back)",
+            "previous": row.last_error,
+        }
         row.save(update_fields=["status", "last_error"])
 
 
