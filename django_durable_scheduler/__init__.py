@@ -29,6 +29,10 @@ _EXPORTS = {
     "get_job": "kernel",
     "get_occurrence": "kernel",
     "dead_letter_expired": "kernel",
+    # handlers and the worker
+    "handler": "registry",
+    "Worker": "worker",
+    "ExecutionContext": "context",
     # identity
     "canonical_json": "identity",
     "derive_occurrence_identity": "identity",

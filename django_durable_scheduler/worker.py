@@ -1,0 +1,301 @@
+"""The lease-and-dispatch loop behind ``manage.py runscheduler``.
+
+claim a batch up to free capacity -> run each handler in its own thread while a
+heartbeat renews the leases (every lease/3) -> settle. Handlers for kinds this process
+has not registered are never claimed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import traceback
+from datetime import timedelta
+from types import FrameType
+from typing import Any
+
+from django.db import DatabaseError, close_old_connections, connections
+
+from . import conf, kernel, registry
+from .context import ExecutionContext
+from .exceptions import InvalidArgument, LeaseLost, PermanentFailure, Retry, SchedulerError
+from .identity import to_duration_ms
+from .models import Job, Occurrence
+
+logger = logging.getLogger("django_durable_scheduler")
+
+MAX_TRACEBACK = 16 * 1024
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class _Running:
+    def __init__(self, occurrence: Occurrence, context: ExecutionContext) -> None:
+        self.occurrence = occurrence
+        self.context = context
+        self.thread: threading.Thread | None = None
+
+
+class Worker:
+    """One scheduler process. ``run()`` returns the process exit code."""
+
+    def __init__(
+        self,
+        *,
+        worker_id: str | None = None,
+        concurrency: int = 4,
+        lease: float = 30.0,
+        poll_interval: float = 1.0,
+        kinds: list[str] | None = None,
+        once: bool = False,
+        burst: bool = False,
+        max_occurrences: int | None = None,
+        grace: float = 30.0,
+        using: str | None = None,
+    ) -> None:
+        self.worker_id = worker_id or default_worker_id()
+        self.concurrency = concurrency
+        self.lease = lease
+        self.poll_interval = poll_interval
+        self.requested_kinds = kinds
+        self.once = once
+        self.burst = burst
+        self.max_occurrences = max_occurrences
+        self.grace = grace
+        self.using = using
+        self.processed = 0
+        self._running: dict[str, _Running] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._signals = 0
+
+    # ------------------------------------------------------------------ control
+
+    def stop(self) -> None:
+        """Stop claiming; running handlers get ``grace`` seconds to finish."""
+        self._stopping.set()
+        self._wake.set()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            logger.warning("second signal: exiting at once; unfinished leases will expire")
+            os._exit(1)
+        logger.info("signal %s: stopping (grace %.1f s)", signal.Signals(signum).name, self.grace)
+        self.stop()
+
+    def install_signal_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+
+    def kinds(self) -> list[str]:
+        local = registry.registered_kinds()
+        if self.requested_kinds is None:
+            return local
+        return [kind for kind in local if kind in set(self.requested_kinds)]
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> int:
+        kinds = self.kinds()
+        logger.info(
+            "worker %s: concurrency %d, lease %.1f s, kinds %s", self.worker_id, self.concurrency, self.lease, kinds
+        )
+        heartbeat = threading.Thread(target=self._heartbeat, name="dsch-heartbeat", daemon=True)
+        heartbeat.start()
+        failures = 0
+        while not self._stopping.is_set():
+            claimed: list[Occurrence] = []
+            free = self.concurrency - len(self._running)
+            if self.max_occurrences is not None:
+                free = min(free, self.max_occurrences - self.processed - len(self._running))
+            try:
+                close_old_connections()
+                if free > 0 and kinds:
+                    claimed = kernel.claim_batch(
+                        owner=self.worker_id, lease=self.lease, limit=free, kinds=kinds, using=self.using
+                    )
+                    self._start(claimed)
+                failures = 0
+            except DatabaseError:
+                failures += 1
+                delay = min(30.0, 0.5 * 2 ** min(failures, 6))
+                logger.exception("database error in the scheduler loop; retrying in %.1f s", delay)
+                connections.close_all()
+                self._stopping.wait(delay)
+                continue
+            if self.once:
+                self._wait_all(None)
+                break
+            if self.max_occurrences is not None and self.processed + len(self._running) >= self.max_occurrences:
+                self._wait_all(None)
+                break
+            if self.burst and not claimed and not self._running:
+                break
+            if claimed and len(self._running) < self.concurrency:
+                continue  # there may be more due work: claim again at once
+            self._wake.wait(self.poll_interval)
+            self._wake.clear()
+        self._shutdown()
+        return 0
+
+    def _wait_all(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                threads = [r.thread for r in self._running.values() if r.thread is not None]
+            if not threads:
+                return
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            threads[0].join(remaining)
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+
+    def _shutdown(self) -> None:
+        self._wait_all(self.grace)
+        with self._lock:
+            left = list(self._running.values())
+        for running in left:
+            occurrence = running.occurrence
+            try:
+                kernel.release(occurrence.pk, owner=self.worker_id, fence=occurrence.fence, using=self.using)
+                logger.warning("gave up the lease on %s after the grace period", occurrence.pk)
+            except SchedulerError as exc:
+                logger.warning("could not give up the lease on %s: %s", occurrence.pk, exc)
+            running.context._lease_lost.set()
+        connections.close_all()
+
+    # ------------------------------------------------------------------ execution
+
+    def _start(self, claimed: list[Occurrence]) -> None:
+        if not claimed:
+            return
+        kinds = dict(Job.objects.using(self.using).filter(pk__in={o.job_id for o in claimed}).values_list("pk", "kind"))
+        for occurrence in claimed:
+            context = ExecutionContext(
+                occurrence_id=occurrence.pk,
+                job_id=occurrence.job_id,
+                kind=kinds[occurrence.job_id],
+                attempt=occurrence.attempt,
+                max_attempts=occurrence.max_attempts,
+                fence=occurrence.fence,
+                scheduled_for=occurrence.scheduled_for,
+                payload=occurrence.payload,
+                authority=occurrence.authority,
+            )
+            running = _Running(occurrence, context)
+            running.thread = threading.Thread(
+                target=self._execute, args=(running,), name=f"dsch-{occurrence.pk[:16]}", daemon=True
+            )
+            with self._lock:
+                self._running[occurrence.pk] = running
+            running.thread.start()
+
+    def _execute(self, running: _Running) -> None:
+        occurrence, ctx = running.occurrence, running.context
+        started = time.monotonic()
+        try:
+            close_old_connections()
+            outcome = self._call_handler(ctx)
+            self._settle(occurrence, outcome)
+            logger.info(
+                "%s %s job=%s kind=%s attempt=%d/%d in %.0f ms",
+                occurrence.pk,
+                outcome["status"],
+                ctx.job_id,
+                ctx.kind,
+                ctx.attempt,
+                ctx.max_attempts,
+                (time.monotonic() - started) * 1000,
+            )
+        except Exception:
+            logger.exception("unexpected error running %s", occurrence.pk)
+        finally:
+            with self._lock:
+                self._running.pop(occurrence.pk, None)
+                self.processed += 1
+            connections.close_all()
+            self._wake.set()
+
+    def _call_handler(self, ctx: ExecutionContext) -> dict[str, Any]:
+        handler = registry.get_handler(ctx.kind)
+        if handler is None:  # unregistered after the claim
+            return {"status": "failed", "error": {"message": f"no handler for kind {ctx.kind!r}"}, "retryable": True}
+        try:
+            result = handler.func(ctx)
+        except Retry as exc:
+            retry_at = exc.at
+            if exc.delay is not None:
+                delay_ms = to_duration_ms(exc.delay, "Retry.delay", minimum_ms=0)
+                retry_at = conf.now() + timedelta(milliseconds=delay_ms)
+            return {"status": "failed", "error": {"type": "Retry", "message": str(exc)}, "retry_at": retry_at}
+        except PermanentFailure as exc:
+            error = {"type": "PermanentFailure", "message": str(exc), "code": exc.code}
+            return {"status": "failed", "error": error, "retryable": False}
+        except Exception as exc:
+            error = {
+                "type": type(exc).__name__,
+                "message": str(exc),
+                "traceback": traceback.format_exc()[-MAX_TRACEBACK:],
+            }
+            return {"status": "failed", "error": error}
+        return {"status": "succeeded", "result": result}
+
+    def _settle(self, occurrence: Occurrence, outcome: dict[str, Any]) -> None:
+        kwargs: dict[str, Any] = {"owner": self.worker_id, "fence": occurrence.fence, "using": self.using}
+        for attempt in range(5):
+            try:
+                try:
+                    if outcome["status"] == "succeeded":
+                        kernel.settle(occurrence.pk, outcome="succeeded", result=outcome["result"], **kwargs)
+                    else:
+                        kernel.settle(
+                            occurrence.pk,
+                            outcome="failed",
+                            error=outcome["error"],
+                            retryable=outcome.get("retryable", True),
+                            retry_at=outcome.get("retry_at"),
+                            **kwargs,
+                        )
+                except InvalidArgument as exc:
+                    # A result that is not JSON or too large is the handler's durable failure.
+                    outcome.update(status="failed", error={"type": "InvalidResult", "message": str(exc)})
+                    kernel.settle(occurrence.pk, outcome="failed", error=outcome["error"], retryable=False, **kwargs)
+                return
+            except LeaseLost as exc:
+                outcome["status"] = "lease_lost"
+                logger.warning("%s: result not recorded: %s", occurrence.pk, exc)
+                return
+            except DatabaseError:
+                logger.exception("database error settling %s (try %d)", occurrence.pk, attempt + 1)
+                connections.close_all()
+                time.sleep(min(5.0, 0.2 * 2**attempt))
+        outcome["status"] = "unsettled"
+
+    # ------------------------------------------------------------------ heartbeat
+
+    def _heartbeat(self) -> None:
+        interval = max(0.05, self.lease / 3)
+        while True:
+            time.sleep(interval)
+            with self._lock:
+                running = list(self._running.values())
+            for item in running:
+                occurrence = item.occurrence
+                try:
+                    kernel.renew(
+                        occurrence.pk, owner=self.worker_id, fence=occurrence.fence, lease=self.lease, using=self.using
+                    )
+                except LeaseLost:
+                    item.context._lease_lost.set()
+                except DatabaseError:
+                    logger.warning("heartbeat could not renew %s; will retry", occurrence.pk)
+                    close_old_connections()

@@ -1,0 +1,94 @@
+"""The Worker loop, in process (threads run handlers, the database is real)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+import django_durable_scheduler as scheduler
+from django_durable_scheduler import registry
+from django_durable_scheduler.models import Occurrence
+from django_durable_scheduler.worker import Worker
+
+from .conftest import AUTHORITY
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def handlers():
+    registry.autodiscover()
+
+
+def make(kind, n=1, **job):
+    scheduler.create_job(kind, kind, authority=AUTHORITY, **job)
+    return [scheduler.enqueue(kind, scheduled_for=1_700_000_000_000 + i, trigger_key=f"t{i}")[0] for i in range(n)]
+
+
+def burst(**kw):
+    kw.setdefault("concurrency", 3)
+    kw.setdefault("poll_interval", 0.05)
+    return Worker(worker_id="w-test", burst=True, **kw).run()
+
+
+def test_burst_runs_everything_and_exits_zero():
+    make("test.ok", 7)
+    assert burst() == 0
+    rows = Occurrence.objects.all()
+    assert {r.status for r in rows} == {"succeeded"}
+    assert rows[0].result["attempt"] == 1
+
+
+def test_retry_then_success():
+    (occ,) = make("test.flaky", retry_base_delay=0.001, retry_max_delay=0.001)
+    burst()
+    occ.refresh_from_db()
+    assert (occ.status, occ.attempt, occ.result) == ("succeeded", 2, "recovered")
+    events = [e.event_type for e in scheduler.history(occurrence_id=occ.pk)]
+    assert "occurrence_retry_scheduled" in events
+
+
+def test_failure_stores_message_and_traceback():
+    (occ,) = make("test.flaky", max_attempts=1)
+    burst()
+    occ.refresh_from_db()
+    assert occ.status == "dead_letter"
+    assert occ.last_error["message"] == "first attempt fails"
+    assert "RuntimeError" in occ.last_error["traceback"]
+
+
+def test_permanent_failure_dead_letters_without_retry():
+    (occ,) = make("test.permanent")
+    burst()
+    occ.refresh_from_db()
+    assert (occ.status, occ.attempt, occ.last_error["code"]) == ("dead_letter", 1, "E_BAD")
+
+
+def test_retry_with_delay_sets_time(clock):
+    (occ,) = make("test.retry-later")
+    Worker(worker_id="w", once=True).run()
+    occ.refresh_from_db()
+    assert occ.status == "retry_wait"
+    assert occ.available_at == clock() + timedelta(seconds=120)
+
+
+def test_bad_result_is_a_durable_failure():
+    (occ,) = make("test.bad-result")
+    burst()
+    occ.refresh_from_db()
+    assert occ.status == "dead_letter"
+    assert occ.last_error["type"] == "InvalidResult"
+
+
+def test_unregistered_kind_is_never_claimed():
+    (occ,) = make("nobody.handles.this")
+    burst()
+    occ.refresh_from_db()
+    assert (occ.status, occ.attempt) == ("queued", 0)
+
+
+def test_max_occurrences():
+    make("test.ok", 5)
+    Worker(worker_id="w", max_occurrences=2, concurrency=1, poll_interval=0.05).run()
+    assert Occurrence.objects.filter(status="succeeded").count() == 2

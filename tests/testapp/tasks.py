@@ -1,0 +1,40 @@
+"""Handlers used by the worker tests (autodiscovered as this app's ``tasks`` module)."""
+
+from __future__ import annotations
+
+import time
+
+import django_durable_scheduler as scheduler
+
+
+@scheduler.handler("test.ok")
+def ok(ctx):
+    return {"job": ctx.job_id, "attempt": ctx.attempt, "payload": ctx.payload}
+
+
+@scheduler.handler("test.flaky")
+def flaky(ctx):
+    if ctx.attempt < 2:
+        raise RuntimeError("first attempt fails")
+    return "recovered"
+
+
+@scheduler.handler("test.permanent")
+def permanent(ctx):
+    raise scheduler.PermanentFailure("cannot ever work", code="E_BAD")
+
+
+@scheduler.handler("test.retry-later")
+def retry_later(ctx):
+    raise scheduler.Retry("not yet", delay=120)
+
+
+@scheduler.handler("test.bad-result")
+def bad_result(ctx):
+    return {"not json": {1, 2}}
+
+
+@scheduler.handler("test.sleep")
+def sleep(ctx):
+    time.sleep(float((ctx.payload or {}).get("seconds", 1)))
+    return "slept"
