@@ -107,7 +107,8 @@ def normalize_authority(value: Any, field: str = "authority") -> dict[str, Any]:
         ),
     }
     for name in _REF_LISTS:
-        refs[name] = normalize_identifier_list(refs_in.get(name) or [], f"{field}.authorizationRefs.{name}")
+        listed = refs_in.get(name)
+        refs[name] = normalize_identifier_list([] if listed is None else listed, f"{field}.authorizationRefs.{name}")
     if refs_in.get("schedulerPolicyRevision") is not None:
         ref = normalize_identifier(
             refs_in["schedulerPolicyRevision"], f"{field}.authorizationRefs.schedulerPolicyRevision"
@@ -124,7 +125,9 @@ def normalize_authority(value: Any, field: str = "authority") -> dict[str, Any]:
         "tenantId": _optional_identifier(value.get("tenantId"), f"{field}.tenantId"),
         "workspaceId": _optional_identifier(value.get("workspaceId"), f"{field}.workspaceId"),
         "requestedCapabilities": normalize_capabilities(
-            value.get("requestedCapabilities") or [], f"{field}.requestedCapabilities", allow_empty=True
+            [] if value.get("requestedCapabilities") is None else value["requestedCapabilities"],
+            f"{field}.requestedCapabilities",
+            allow_empty=True,
         ),
         "authorizationRefs": refs,
     }

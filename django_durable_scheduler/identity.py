@@ -22,6 +22,7 @@ MAX_JSON_DEPTH = 64
 MAX_CANONICAL_BYTES = 1024 * 1024
 MAX_SAFE_INTEGER = 2**53 - 1
 MAX_IDENTIFIER_LENGTH = 256
+MAX_EPOCH_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
 
 
 def _js_number(value: float) -> str:
@@ -55,6 +56,13 @@ def _js_number(value: float) -> str:
     return sign + text
 
 
+def _check_unicode(text: str, field: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(field, "holds a lone surrogate, which is not valid Unicode text") from None
+
+
 def _utf16_key(text: str) -> bytes:
     return text.encode("utf-16-be", "surrogatepass")
 
@@ -69,14 +77,21 @@ def _encode(value: Any, field: str, depth: int, out: list[str]) -> None:
     elif value is False:
         out.append("false")
     elif isinstance(value, int):
-        if abs(value) > MAX_SAFE_INTEGER:
-            raise InvalidArgument(field, "holds an integer outside the safe range (+/- 2**53 - 1)")
-        out.append(str(int(value)))
+        if abs(value) <= MAX_SAFE_INTEGER:
+            out.append(str(int(value)))
+        else:
+            # Beyond 2**53 a JSON number is a double to every other reader (JavaScript, and
+            # this seed): write what they would, e.g. 2**60 -> 1152921504606847000.
+            try:
+                out.append(_js_number(float(value)))
+            except OverflowError:
+                raise InvalidArgument(field, "holds an integer too large for a JSON number") from None
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidArgument(field, "holds NaN or Infinity, which JSON cannot represent")
         out.append(_js_number(value))
     elif isinstance(value, str):
+        _check_unicode(value, field)
         out.append(json.dumps(value, ensure_ascii=False))
     elif isinstance(value, list):
         out.append("[")
@@ -89,6 +104,7 @@ def _encode(value: Any, field: str, depth: int, out: list[str]) -> None:
         for key in value:
             if not isinstance(key, str):
                 raise InvalidArgument(field, f"has a non-string key {key!r}")
+            _check_unicode(key, field)
         out.append("{")
         for index, key in enumerate(sorted(value, key=_utf16_key)):
             if index:
@@ -106,7 +122,7 @@ def canonical_json(value: Any, field: str = "value", *, max_bytes: int = MAX_CAN
     out: list[str] = []
     _encode(value, field, 1, out)
     text = "".join(out)
-    size = len(text.encode("utf-8", "surrogatepass"))
+    size = len(text.encode("utf-8"))
     if size > max_bytes:
         raise InvalidArgument(field, f"is {size} bytes as canonical JSON, over the {max_bytes} byte limit")
     return text
@@ -114,7 +130,14 @@ def canonical_json(value: Any, field: str = "value", *, max_bytes: int = MAX_CAN
 
 def normalize_json(value: Any, field: str, *, max_bytes: int = MAX_CANONICAL_BYTES) -> Any:
     """Validate ``value`` as canonical JSON and return its canonical Python form."""
-    return json.loads(canonical_json(value, field, max_bytes=max_bytes))
+    return json.loads(canonical_json(value, field, max_bytes=max_bytes), parse_int=_parse_int)
+
+
+def _parse_int(text: str) -> int | float:
+    # An integral float beyond 2**53 is written as digits (as JSON.stringify does); read it
+    # back as the float it was, as JavaScript would, so it stays valid canonical JSON.
+    value = int(text)
+    return value if abs(value) <= MAX_SAFE_INTEGER else float(value)
 
 
 @dataclass(frozen=True)
@@ -130,8 +153,8 @@ def derive_occurrence_identity(
     """The seed's occurrence identity for a job revision, slot and trigger key."""
     job_id = normalize_identifier(job_id, "job_id")
     trigger_key = normalize_identifier(trigger_key, "trigger_key")
-    revision = normalize_int(job_revision, "job_revision", minimum=1)
-    scheduled = normalize_int(scheduled_for_ms, "scheduled_for_ms", minimum=0)
+    revision = normalize_int(job_revision, "job_revision", minimum=1, maximum=MAX_SAFE_INTEGER)
+    scheduled = normalize_int(scheduled_for_ms, "scheduled_for_ms", minimum=0, maximum=MAX_EPOCH_MS)
     material = canonical_json(
         {
             "contractVersion": CONTRACT_VERSION,
@@ -155,6 +178,7 @@ def normalize_identifier(value: Any, field: str, *, max_length: int = MAX_IDENTI
         raise InvalidArgument(field, "must not be empty")
     if len(text) > max_length:
         raise InvalidArgument(field, f"must be at most {max_length} characters (got {len(text)})")
+    _check_unicode(text, field)
     for char in text:
         code = ord(char)
         if code <= 31 or code == 127:
@@ -187,12 +211,14 @@ def to_ms(value: Any, field: str) -> int:
         ms = delta.days * 86_400_000 + delta.seconds * 1000 + delta.microseconds // 1000
         if ms < 0:
             raise InvalidArgument(field, "must not be before 1970-01-01")
+        if ms > MAX_EPOCH_MS:
+            raise InvalidArgument(field, "must not be after 9999-12-31T23:59:59.999Z")
         return ms
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(
             field, f"must be an aware datetime or epoch milliseconds, not {type(value).__name__}"
         )
-    if value < 0 or value > 253_402_300_799_999:
+    if value < 0 or value > MAX_EPOCH_MS:
         raise InvalidArgument(field, f"must be epoch milliseconds between 0 and year 9999 (got {value})")
     return value
 
@@ -225,8 +251,8 @@ def to_duration_ms(
         ms = value // timedelta(milliseconds=1)
     elif isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgument(field, f"must be seconds or a timedelta, not {type(value).__name__}")
-    elif not math.isfinite(value):
-        raise InvalidArgument(field, "must be a finite number of seconds")
+    elif not math.isfinite(value) or abs(value) > 1e12:
+        raise InvalidArgument(field, "must be a finite number of seconds (at most 1e12)")
     else:
         ms = round(value * 1000)
     if ms < minimum_ms:

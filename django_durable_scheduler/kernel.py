@@ -217,7 +217,9 @@ def create_job(
             with transaction.atomic(using=alias):
                 job.save(using=alias, force_insert=True)
         except IntegrityError:
-            raise Conflict(f"job {job_id!r} already exists", {"job_id": job_id}) from None
+            if Job.objects.using(alias).filter(pk=job_id).exists():
+                raise Conflict(f"job {job_id!r} already exists", {"job_id": job_id}) from None
+            raise
         _event(job_id, JOB_CREATED, now, data={"revision": 1, "kind": job.kind}).save(using=alias)
     return job
 
@@ -426,6 +428,8 @@ def enqueue_once_per_trigger(
 ) -> tuple[Occurrence, bool]:
     """Like :func:`enqueue`, but dedupes on (job, trigger_key) across job revisions."""
     job_id, scheduled_ms, key, available_ms = _enqueue_args(job_id, scheduled_for, trigger_key, available_at)
+    if payload is not _UNSET:
+        payload = normalize_json(payload, "payload")
     now = conf.now()
     with _write(using) as alias:
         try:
@@ -463,6 +467,7 @@ def cancel(occurrence_id: str, *, reason: str | None = None, using: str | None =
     if reason is not None:
         if not isinstance(reason, str):
             raise InvalidArgument("reason", "must be a string or None")
+        reason = normalize_json(reason, "reason")
         if len(reason.encode("utf-8")) > MAX_CANCEL_REASON:
             raise InvalidArgument("reason", f"must be at most {MAX_CANCEL_REASON} bytes")
     now = conf.now()
@@ -726,6 +731,8 @@ def _normalize_error(error: Any) -> dict[str, Any] | None:
     for key in ("message", "traceback"):
         value = error.get(key)
         if isinstance(value, str):
+            # Exception text can hold anything; keep it storable rather than fail the settle.
+            value = error[key] = value.encode("utf-8", "replace").decode("utf-8")
             limit = MAX_ERROR_MESSAGE if key == "message" else 4 * MAX_ERROR_MESSAGE
             encoded = value.encode("utf-8")
             if len(encoded) > limit:

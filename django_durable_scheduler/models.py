@@ -42,8 +42,8 @@ class Job(models.Model):
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
     # Retry backoff when the handler gives no time: base * 2**(attempt-1), capped at max.
-    retry_base_delay_ms = models.PositiveIntegerField(default=10_000)
-    retry_max_delay_ms = models.PositiveIntegerField(default=3_600_000)
+    retry_base_delay_ms = models.PositiveBigIntegerField(default=10_000)
+    retry_max_delay_ms = models.PositiveBigIntegerField(default=3_600_000)
 
     class Meta:
         db_table = "durable_scheduler_jobs"

@@ -52,9 +52,10 @@ Implementation: croniter is used as a *second opinion* when validating (an expre
 croniter refuses is refused too), never for iteration. Its own time zone handling is not
 used at all: croniter 7.0.0 fires a restricted-hour slot in a repeated fall-back hour twice
 (once per instance) and, when started between the two instances, fires the second one.
-Instead this module parses the cron itself, enumerates matching *naive* local wall-clock
-times and maps each to instants with :mod:`zoneinfo` (``fold`` handling and gap detection
-done here).
+Its expansion is lossy too (``1-1`` becomes ``*``, so ``0 1-1 * * *`` fires hourly; ``*/1``
+and ``1-31`` also become ``*``, which hides whether a field is restricted). Instead this
+module parses the cron itself, enumerates matching *naive* local wall-clock times and maps
+each to instants with :mod:`zoneinfo` (``fold`` handling and gap detection done here).
 """
 
 from __future__ import annotations
@@ -254,7 +255,8 @@ def _parse_cron_cached(expression: str, field: str) -> CronSpec:
         extra = " (a seconds or year field is not supported)" if len(parts) in (6, 7) else ""
         raise InvalidArgument(
             field,
-            f"must have exactly 5 fields (minute hour day-of-month month day-of-week), got {len(parts)}{extra}",
+            f"must have exactly 5 fields (minute hour day-of-month month day-of-week), "
+            f"got {len(parts)}{extra}",
         )
     minutes, hours, days, months, weekdays = (
         _parse_field(part, spec, field) for part, spec in zip(parts, _FIELDS, strict=True)
@@ -543,7 +545,7 @@ def _every_times(
 def next_fire_times(
     trigger: Any,
     *,
-    after: datetime,
+    after: datetime | int,
     count: int = 1,
     anchor: datetime | int | None = None,
 ) -> list[datetime]:
@@ -579,7 +581,9 @@ def next_fire_times(
     return _cron_times(cron, zone, after_dt, start, end, count)
 
 
-def next_fire_time(trigger: Any, *, after: datetime, anchor: datetime | int | None = None) -> datetime | None:
+def next_fire_time(
+    trigger: Any, *, after: datetime | int, anchor: datetime | int | None = None
+) -> datetime | None:
     """The first of :func:`next_fire_times`, or ``None`` when the trigger never fires again."""
     times = next_fire_times(trigger, after=after, count=1, anchor=anchor)
     return times[0] if times else None

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from functools import lru_cache
+from functools import cache
+from itertools import pairwise
 from zoneinfo import ZoneInfo
 
 from croniter import croniter
@@ -35,7 +36,7 @@ DAYS = ("SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT")
 # ----------------------------------------------------------------------------- transitions
 
 
-@lru_cache(maxsize=None)
+@cache
 def transitions(zone_name: str) -> tuple[datetime, ...]:
     """UTC instants (to the minute) where the zone's offset changes, 2025-2027."""
     zone = ZoneInfo(zone_name)
@@ -133,7 +134,9 @@ class CronModel:
 
 @st.composite
 def items(draw: st.DrawFn, low: int, high: int, max_value: int, named: bool, hot: tuple[int, ...]) -> Item:
-    value = st.one_of(st.sampled_from(hot), st.integers(low, max_value)) if hot else st.integers(low, max_value)
+    value = (
+        st.one_of(st.sampled_from(hot), st.integers(low, max_value)) if hot else st.integers(low, max_value)
+    )
     kind = draw(st.sampled_from(("value", "value", "range", "range_step", "star_step")))
     names = named and draw(st.booleans())
     span = high - low + 1
@@ -253,7 +256,7 @@ def test_next_fire_times_matches_brute_force(data: st.DataObject, model: CronMod
     got = next_fire_times({"cron": text, "timezone": zone_name}, after=after, count=3)
     assert len(got) == 3
     assert all(t.tzinfo is UTC and t.microsecond % 1000 == 0 for t in got)
-    assert all(a < b for a, b in zip(got, got[1:], strict=False))
+    assert all(a < b for a, b in pairwise(got))
     assert got[0] > after
     expected = reference_fire_times(model, zone_name, after, 3)
     assert [t for t in got if t <= after + HORIZON] == expected, text
@@ -269,9 +272,7 @@ def dst_day_cases(draw: st.DrawFn) -> tuple[CronModel, str, datetime]:
     minute = draw(field_model(0, 59, star_weight=1, hot=(0, 15, 29, 30, 31, 45, 59)))
     hour = draw(field_model(0, 23, star_weight=1, hot=(0, 1, 2, 3)))
     star = FieldModel(1, 31, ())
-    model = CronModel(
-        minute, hour, star, FieldModel(1, 12, (), MONTHS, 1), FieldModel(0, 6, (), DAYS)
-    )
+    model = CronModel(minute, hour, star, FieldModel(1, 12, (), MONTHS, 1), FieldModel(0, 6, (), DAYS))
     return model, zone_name, after
 
 
@@ -331,5 +332,5 @@ def test_every_slots_are_anchor_multiples(every: int, anchor_ms: int, after_ms: 
         assert slot > after
         assert slot >= anchor
         assert (slot - anchor) % step == timedelta(0)
-    assert all(b - a == step for a, b in zip(got, got[1:], strict=False))
+    assert all(b - a == step for a, b in pairwise(got))
     assert got[0] == anchor or got[0] - step <= after

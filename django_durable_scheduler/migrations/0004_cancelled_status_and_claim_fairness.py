@@ -20,12 +20,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="job",
             name="retry_base_delay_ms",
-            field=models.PositiveIntegerField(default=10000),
+            field=models.PositiveBigIntegerField(default=10000),
         ),
         migrations.AddField(
             model_name="job",
             name="retry_max_delay_ms",
-            field=models.PositiveIntegerField(default=3600000),
+            field=models.PositiveBigIntegerField(default=3600000),
         ),
         migrations.AddField(
             model_name="occurrence",

@@ -1,1 +1,38 @@
 """Handlers for the demo jobs that the example project schedules."""
+
+from __future__ import annotations
+
+import logging
+
+import django_durable_scheduler as scheduler
+
+logger = logging.getLogger(__name__)
+
+
+@scheduler.handler("demo.hello")
+def hello(ctx):
+    logger.info("hello from %s (attempt %d, payload %s)", ctx.occurrence_id[:12], ctx.attempt, ctx.payload)
+    return {"greeted": (ctx.payload or {}).get("name", "world")}
+
+
+@scheduler.handler("demo.flaky")
+def flaky(ctx):
+    """Fails on its first attempt; the retry (after the job's backoff) succeeds."""
+    if ctx.attempt == 1:
+        raise RuntimeError("the first attempt always fails; the retry will work")
+    return {"recovered_on_attempt": ctx.attempt}
+
+
+@scheduler.handler("demo.fanout")
+def fanout(ctx):
+    """Enqueues follow-up work for demo.hello, once per parent occurrence (idempotent)."""
+    children = []
+    for n in range(3):
+        occurrence, _ = scheduler.enqueue(
+            "demo-hello",
+            scheduled_for=ctx.scheduled_for,
+            trigger_key=f"fanout:{ctx.occurrence_id}:{n}",
+            payload={"name": f"child {n}"},
+        )
+        children.append(occurrence.occurrence_id)
+    return {"children": children}
