@@ -108,7 +108,9 @@ def normalize_authority(value: Any, field: str = "authority") -> dict[str, Any]:
     }
     for name in _REF_LISTS:
         listed = refs_in.get(name)
-        refs[name] = normalize_identifier_list([] if listed is None else listed, f"{field}.authorizationRefs.{name}")
+        refs[name] = normalize_identifier_list(
+            [] if listed is None else listed, f"{field}.authorizationRefs.{name}"
+        )
     if refs_in.get("schedulerPolicyRevision") is not None:
         ref = normalize_identifier(
             refs_in["schedulerPolicyRevision"], f"{field}.authorizationRefs.schedulerPolicyRevision"

@@ -107,7 +107,11 @@ class Worker:
     def run(self) -> int:
         kinds = self.kinds()
         logger.info(
-            "worker %s: concurrency %d, lease %.1f s, kinds %s", self.worker_id, self.concurrency, self.lease, kinds
+            "worker %s: concurrency %d, lease %.1f s, kinds %s",
+            self.worker_id,
+            self.concurrency,
+            self.lease,
+            kinds,
         )
         heartbeat = threading.Thread(target=self._heartbeat, name="dsch-heartbeat", daemon=True)
         heartbeat.start()
@@ -135,7 +139,10 @@ class Worker:
             if self.once:
                 self._wait_all(None)
                 break
-            if self.max_occurrences is not None and self.processed + len(self._running) >= self.max_occurrences:
+            if (
+                self.max_occurrences is not None
+                and self.processed + len(self._running) >= self.max_occurrences
+            ):
                 self._wait_all(None)
                 break
             if self.burst and not claimed and not self._running:
@@ -178,7 +185,9 @@ class Worker:
     def _start(self, claimed: list[Occurrence]) -> None:
         if not claimed:
             return
-        kinds = dict(Job.objects.using(self.using).filter(pk__in={o.job_id for o in claimed}).values_list("pk", "kind"))
+        kinds = dict(
+            Job.objects.using(self.using).filter(pk__in={o.job_id for o in claimed}).values_list("pk", "kind")
+        )
         for occurrence in claimed:
             context = ExecutionContext(
                 occurrence_id=occurrence.pk,
@@ -228,7 +237,11 @@ class Worker:
     def _call_handler(self, ctx: ExecutionContext) -> dict[str, Any]:
         handler = registry.get_handler(ctx.kind)
         if handler is None:  # unregistered after the claim
-            return {"status": "failed", "error": {"message": f"no handler for kind {ctx.kind!r}"}, "retryable": True}
+            return {
+                "status": "failed",
+                "error": {"message": f"no handler for kind {ctx.kind!r}"},
+                "retryable": True,
+            }
         try:
             result = handler.func(ctx)
         except Retry as exc:
@@ -268,7 +281,9 @@ class Worker:
                 except InvalidArgument as exc:
                     # A result that is not JSON or too large is the handler's durable failure.
                     outcome.update(status="failed", error={"type": "InvalidResult", "message": str(exc)})
-                    kernel.settle(occurrence.pk, outcome="failed", error=outcome["error"], retryable=False, **kwargs)
+                    kernel.settle(
+                        occurrence.pk, outcome="failed", error=outcome["error"], retryable=False, **kwargs
+                    )
                 return
             except LeaseLost as exc:
                 outcome["status"] = "lease_lost"
@@ -292,7 +307,11 @@ class Worker:
                 occurrence = item.occurrence
                 try:
                     kernel.renew(
-                        occurrence.pk, owner=self.worker_id, fence=occurrence.fence, lease=self.lease, using=self.using
+                        occurrence.pk,
+                        owner=self.worker_id,
+                        fence=occurrence.fence,
+                        lease=self.lease,
+                        using=self.using,
                     )
                 except LeaseLost:
                     item.context._lease_lost.set()

@@ -3,7 +3,8 @@
 
 Standard library only. Creates (or reuses) the repository's ``.venv`` exactly as ``tests/run.py``
 does, applies the migrations to the example database (``DATABASE_URL``, by default the SQLite file
-``example_project/db.sqlite3``), then runs ``manage.py runscheduler`` with the given arguments.
+``example_project/db.sqlite3``), creates the demo jobs and enqueues some work (``manage.py demo_seed``), then runs
+``manage.py runscheduler`` with the given arguments.
 Ctrl-C stops the scheduler the way it handles SIGINT, and this script exits with its status.
 """
 
@@ -55,18 +56,12 @@ def main(argv: list[str]) -> int:
     if code := run_child([*manage, "migrate", "--no-input"]):
         return code
 
-    listing = subprocess.run([*manage, "help", "--commands"], cwd=HERE, capture_output=True, text=True)
-    if "runscheduler" in listing.stdout.split():
-        print(f"$ manage.py runscheduler {' '.join(argv)}".rstrip(), flush=True)
-        return run_child([*manage, "runscheduler", *argv])
-
-    print(
-        "Migrated the example database. The runscheduler command does not exist yet, so nothing was"
-        " started.\nTo look around in the admin:\n"
-        f"  {venv.python} {HERE / 'manage.py'} createsuperuser\n"
-        f"  {venv.python} {HERE / 'manage.py'} runserver"
-    )
-    return 0
+    print("$ manage.py demo_seed", flush=True)
+    if code := run_child([*manage, "demo_seed"]):
+        return code
+    args = argv or ["--verbosity", "1"]
+    print(f"$ manage.py runscheduler {' '.join(args)}  (Ctrl-C to stop)", flush=True)
+    return run_child([*manage, "runscheduler", *args])
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ def start(*args: str) -> subprocess.Popen[str]:
 
 def make(kind, n=1, payload=None):
     scheduler.create_job(kind, kind, authority=AUTHORITY, payload=payload)
-    return [scheduler.enqueue(kind, scheduled_for=1_700_000_000_000 + i, trigger_key=f"t{i}")[0] for i in range(n)]
+    return [
+        scheduler.enqueue(kind, scheduled_for=1_700_000_000_000 + i, trigger_key=f"t{i}")[0] for i in range(n)
+    ]
 
 
 def wait_for(predicate, timeout=30.0):
@@ -45,7 +47,7 @@ def wait_for(predicate, timeout=30.0):
 def test_burst_drains_and_exits_zero():
     make("test.ok", 20)
     proc = start("--burst", "--concurrency", "4")
-    out, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert Occurrence.objects.filter(status="succeeded").count() == 20
 
@@ -55,7 +57,7 @@ def test_sigterm_lets_running_handler_finish_within_grace():
     proc = start("--grace", "10", "--worker-id", "w-sig")
     assert wait_for(lambda: Occurrence.objects.filter(pk=occ.pk, status="running").exists())
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     occ.refresh_from_db()
     assert (occ.status, occ.result) == ("succeeded", "slept")
@@ -66,7 +68,7 @@ def test_sigterm_past_grace_gives_the_lease_up():
     proc = start("--grace", "0.5", "--worker-id", "w-slow", "--lease", "60")
     assert wait_for(lambda: Occurrence.objects.filter(pk=occ.pk, status="running").exists())
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     occ.refresh_from_db()
     # Released: another worker can take it at once, without waiting for the 60 s lease.
@@ -86,6 +88,6 @@ def test_sigterm_past_grace_gives_the_lease_up():
 )
 def test_bad_options_are_refused(args, message):
     proc = start(*args)
-    out, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
     assert message in err

@@ -23,7 +23,9 @@ def handlers():
 
 def make(kind, n=1, **job):
     scheduler.create_job(kind, kind, authority=AUTHORITY, **job)
-    return [scheduler.enqueue(kind, scheduled_for=1_700_000_000_000 + i, trigger_key=f"t{i}")[0] for i in range(n)]
+    return [
+        scheduler.enqueue(kind, scheduled_for=1_700_000_000_000 + i, trigger_key=f"t{i}")[0] for i in range(n)
+    ]
 
 
 def burst(**kw):

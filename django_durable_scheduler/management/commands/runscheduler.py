@@ -29,7 +29,9 @@ def _seconds(minimum: float, maximum: float) -> Any:
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text!r}") from None
         if not minimum <= value <= maximum:
-            raise argparse.ArgumentTypeError(f"must be between {minimum:g} and {maximum:g} seconds, not {value:g}")
+            raise argparse.ArgumentTypeError(
+                f"must be between {minimum:g} and {maximum:g} seconds, not {value:g}"
+            )
         return value
 
     return parse
@@ -49,15 +51,23 @@ class Command(BaseCommand):
         parser.add_argument("--worker-id", default=None, help="lease owner name (default host:pid)")
         parser.add_argument("--concurrency", type=_positive_int, default=4, help="handlers run at once")
         parser.add_argument("--lease", type=_seconds(1, 86400), default=30.0, help="lease seconds")
-        parser.add_argument("--poll-interval", type=_seconds(0.01, 3600), default=1.0, help="idle poll seconds")
-        parser.add_argument("--kinds", type=_kinds, default=None, help="only claim these kinds (comma-separated)")
+        parser.add_argument(
+            "--poll-interval", type=_seconds(0.01, 3600), default=1.0, help="idle poll seconds"
+        )
+        parser.add_argument(
+            "--kinds", type=_kinds, default=None, help="only claim these kinds (comma-separated)"
+        )
         parser.add_argument("--once", action="store_true", help="one pass, then exit")
         parser.add_argument("--burst", action="store_true", help="run until nothing is due, then exit")
-        parser.add_argument("--max-occurrences", type=_positive_int, default=None, help="exit after this many")
+        parser.add_argument(
+            "--max-occurrences", type=_positive_int, default=None, help="exit after this many"
+        )
         parser.add_argument("--grace", type=_seconds(0, 86400), default=30.0, help="shutdown grace seconds")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        level = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}[options["verbosity"]]
+        level = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}[
+            options["verbosity"]
+        ]
         logger = logging.getLogger("django_durable_scheduler")
         logger.setLevel(level)
         if not logger.handlers and not logging.getLogger().handlers:

@@ -29,5 +29,7 @@ class Command(BaseCommand):
                 pass
         now = conf.now()
         for job_id in JOBS:
-            occurrence, dedup = scheduler.enqueue(job_id, scheduled_for=now, trigger_key=f"demo-seed:{now.isoformat()}")
+            occurrence, _ = scheduler.enqueue(
+                job_id, scheduled_for=now, trigger_key=f"demo-seed:{now.isoformat()}"
+            )
             self.stdout.write(f"enqueued {occurrence.occurrence_id[:16]}... for {job_id}")
