@@ -3,8 +3,8 @@
 
 Standard library only. Creates (or reuses) the repository's ``.venv`` exactly as ``tests/run.py``
 does, applies the migrations to the example database (``DATABASE_URL``, by default the SQLite file
-``example_project/db.sqlite3``), creates the demo jobs and enqueues some work (``manage.py demo_seed``), then runs
-``manage.py runscheduler`` with the given arguments.
+``example_project/db.sqlite3``), creates the demo jobs and enqueues some work
+(``manage.py demo_seed``), then runs ``manage.py runscheduler`` with the given arguments.
 Ctrl-C stops the scheduler the way it handles SIGINT, and this script exits with its status.
 """
 
