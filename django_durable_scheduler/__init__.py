@@ -29,6 +29,7 @@ _EXPORTS = {
     "get_job": "kernel",
     "get_occurrence": "kernel",
     "dead_letter_expired": "kernel",
+    "materialize_due": "kernel",
     # handlers and the worker
     "handler": "registry",
     "Worker": "worker",

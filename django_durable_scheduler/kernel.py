@@ -43,12 +43,15 @@ from .identity import (
     to_ms,
 )
 from .models import (
+    ACTIVE_STATUSES,
     PENDING_STATUSES,
     Event,
     Job,
     Occurrence,
     OccurrenceStatus,
 )
+from .schedules import initial_fire_time, plan_slots
+from .triggers import slot_trigger_key
 
 MAX_LEASE_MS = 24 * 60 * 60 * 1000
 MAX_RESULT_BYTES = 64 * 1024
@@ -70,6 +73,9 @@ OCCURRENCE_RETRY_SCHEDULED = "occurrence_retry_scheduled"
 OCCURRENCE_DEAD_LETTERED = "occurrence_dead_lettered"
 OCCURRENCE_CANCELLED = "occurrence_cancelled"
 OCCURRENCE_RELEASED = "occurrence_released"
+SLOT_SKIPPED = "slot_skipped"
+# At most this many slot_skipped events per job and pass; the rest are counted in one more.
+MAX_SKIP_EVENTS = 1000
 
 
 # --------------------------------------------------------------------------- helpers
@@ -213,6 +219,7 @@ def create_job(
         if Job.objects.using(alias).filter(pk=job_id).exists():
             raise Conflict(f"job {job_id!r} already exists", {"job_id": job_id})
         job = Job(job_id=job_id, revision=1, created_at=now, updated_at=now, **fields)
+        job.next_fire_at = initial_fire_time(job.trigger, now=now, anchor=now)
         try:
             with transaction.atomic(using=alias):
                 job.save(using=alias, force_insert=True)
@@ -263,6 +270,10 @@ def update_job(job_id: str, *, expected_revision: int, using: str | None = None,
         superseded: list[str] = []
         if "trigger" in changed:
             superseded = _supersede_schedule(job, now, alias)
+            # From now on, and never at or before a slot already materialized.
+            after = now if job.last_slot_at is None else max(now, job.last_slot_at)
+            job.next_fire_at = initial_fire_time(job.trigger, now=after, anchor=job.created_at)
+            job.save(using=alias, update_fields=["next_fire_at"])
         _event(
             job_id,
             JOB_UPDATED,
@@ -456,6 +467,112 @@ def enqueue_once_per_trigger(
             now=now,
             alias=alias,
         )
+
+
+# --------------------------------------------------------------------------- schedules
+
+
+def materialize_due(*, limit: int = 50, using: str | None = None) -> int:
+    """Write the occurrences of every enabled job whose next fire time has come, and advance
+    its next fire time in the same transaction. Returns the number of occurrences written.
+
+    Each slot fires at most once, ever: the job rows are locked (SKIP LOCKED, so racing
+    schedulers split the jobs between them; SQLite serializes writers), the next fire time
+    only moves forward, and ``last_slot_at`` refuses any slot at or before one already
+    materialized, across edits and pruning.
+    """
+    limit = normalize_int(limit, "limit", minimum=1, maximum=1000)
+    now = conf.now()
+    alias = using or DEFAULT_DB_ALIAS
+    due = Job.objects.using(alias).filter(enabled=True, next_fire_at__lte=now)
+    # The common case, nothing due, costs this one indexed query and no write transaction.
+    if not due.exists():
+        return 0
+    written = 0
+    with _write(using) as alias:
+        jobs = list(dialect.lock_rows(due.order_by("next_fire_at", "job_id"), alias)[:limit])
+        for job in jobs:
+            written += _materialize_job(job, now, alias)
+    return written
+
+
+def _materialize_job(job: Job, now: datetime, alias: str) -> int:
+    assert job.next_fire_at is not None
+    overlap_active = (
+        job.trigger.get("overlap") == "skip"
+        and Occurrence.objects.using(alias).filter(job=job, status__in=ACTIVE_STATUSES).exists()
+    )
+    plan = plan_slots(
+        job.trigger,
+        next_fire_at=job.next_fire_at,
+        now=now,
+        anchor=job.created_at,
+        last_slot_at=job.last_slot_at,
+        overlap_active=overlap_active,
+    )
+    written = 0
+    for slot in plan.fire:
+        slot_ms = to_ms(slot, "slot")
+        _, deduplicated = _insert_occurrence(
+            job,
+            scheduled_ms=slot_ms,
+            trigger_key=slot_trigger_key(slot),
+            available_ms=slot_ms,
+            payload=_UNSET,
+            now=now,
+            alias=alias,
+        )
+        written += not deduplicated
+    events = [
+        _event(job.job_id, SLOT_SKIPPED, now, data={"slot": iso_ms(slot), "reason": reason})
+        for slot, reason in plan.skipped[:MAX_SKIP_EVENTS]
+    ]
+    if len(plan.skipped) > MAX_SKIP_EVENTS:
+        rest = plan.skipped[MAX_SKIP_EVENTS:]
+        events.append(
+            _event(
+                job.job_id,
+                SLOT_SKIPPED,
+                now,
+                data={
+                    "reason": "many",
+                    "count": len(rest),
+                    "from": iso_ms(rest[0][0]),
+                    "to": iso_ms(rest[-1][0]),
+                },
+            )
+        )
+    if plan.bulk_skipped is not None:
+        after, until = plan.bulk_skipped
+        events.append(
+            _event(
+                job.job_id,
+                SLOT_SKIPPED,
+                now,
+                data={"reason": "scan_limit", "after": iso_ms(after), "until": iso_ms(until)},
+            )
+        )
+    Event.objects.using(alias).bulk_create(events)
+    last = (
+        plan.last_slot_at
+        if job.last_slot_at is None or plan.last_slot_at is None
+        else max(plan.last_slot_at, job.last_slot_at)
+    )
+    Job.objects.using(alias).filter(pk=job.pk).update(next_fire_at=plan.next_fire_at, last_slot_at=last)
+    job.next_fire_at, job.last_slot_at = plan.next_fire_at, last
+    return written
+
+
+def next_due_at(*, using: str | None = None) -> datetime | None:
+    """The earliest next fire time of any enabled job (for the worker's sleep)."""
+    row = (
+        Job.objects.using(using or DEFAULT_DB_ALIAS)
+        .filter(enabled=True, next_fire_at__isnull=False)
+        .order_by("next_fire_at")
+        .values_list("next_fire_at", flat=True)
+        .first()
+    )
+    return row
 
 
 # --------------------------------------------------------------------------- cancel

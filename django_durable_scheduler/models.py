@@ -22,6 +22,7 @@ class OccurrenceStatus(models.TextChoices):
 
 TERMINAL_STATUSES = (OccurrenceStatus.SUCCEEDED, OccurrenceStatus.DEAD_LETTER, OccurrenceStatus.CANCELLED)
 PENDING_STATUSES = (OccurrenceStatus.QUEUED, OccurrenceStatus.RETRY_WAIT)
+ACTIVE_STATUSES = (OccurrenceStatus.QUEUED, OccurrenceStatus.RUNNING, OccurrenceStatus.RETRY_WAIT)
 
 
 class ReservationStatus(models.TextChoices):
@@ -44,10 +45,15 @@ class Job(models.Model):
     # Retry backoff when the handler gives no time: base * 2**(attempt-1), capped at max.
     retry_base_delay_ms = models.PositiveBigIntegerField(default=10_000)
     retry_max_delay_ms = models.PositiveBigIntegerField(default=3_600_000)
+    # The next slot to materialize (None: no schedule, or it has ended), and the latest slot
+    # ever materialized: no slot at or before it fires again, whatever edits or pruning do.
+    next_fire_at = models.DateTimeField(null=True, blank=True)
+    last_slot_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "durable_scheduler_jobs"
         ordering = ["job_id"]
+        indexes = [models.Index(fields=["enabled", "next_fire_at"], name="dsch_jobs_due")]
         constraints = [
             models.CheckConstraint(condition=Q(revision__gte=1), name="dsch_job_revision_min"),
             models.CheckConstraint(

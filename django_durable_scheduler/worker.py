@@ -123,6 +123,7 @@ class Worker:
                 free = min(free, self.max_occurrences - self.processed - len(self._running))
             try:
                 close_old_connections()
+                kernel.materialize_due(using=self.using)
                 if free > 0 and kinds:
                     claimed = kernel.claim_batch(
                         owner=self.worker_id, lease=self.lease, limit=free, kinds=kinds, using=self.using
@@ -149,10 +150,20 @@ class Worker:
                 break
             if claimed and len(self._running) < self.concurrency:
                 continue  # there may be more due work: claim again at once
-            self._wake.wait(self.poll_interval)
+            self._wake.wait(self._idle_wait())
             self._wake.clear()
         self._shutdown()
         return 0
+
+    def _idle_wait(self) -> float:
+        """Sleep until the next poll, or sooner when a job's next slot comes first."""
+        try:
+            due = kernel.next_due_at(using=self.using)
+        except DatabaseError:
+            return self.poll_interval
+        if due is None:
+            return self.poll_interval
+        return max(0.0, min(self.poll_interval, (due - conf.now()).total_seconds()))
 
     def _wait_all(self, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -64,6 +64,9 @@ elif _db["ENGINE"] == "django.db.backends.mysql":
     _db["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# Subprocesses of the race tests share a dilated clock (tests/procs/clock.py).
+if os.environ.get("DSCH_CLOCK_T0"):
+    DURABLE_SCHEDULER_CLOCK = "tests.procs.clock.dilated"
 STATIC_URL = "/static/"
 LOGGING = {
     "version": 1,

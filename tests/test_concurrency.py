@@ -52,3 +52,53 @@ def test_concurrent_claimers_take_each_occurrence_once():
     assert Event.objects.filter(event_type="occurrence_claimed").count() == OCCURRENCES
     assert not Event.objects.filter(event_type="occurrence_reclaimed").exists()
     print("\n[concurrency] per-process claims:", [len(out) for out in outputs])
+
+
+SCHEDULERS = 4
+SPEED = 10  # the shared clock runs 10x real time: 40 slots of an every-second job in 4 s
+
+
+def test_racing_schedulers_fire_each_slot_exactly_once(settings):
+    from datetime import UTC, datetime, timedelta
+
+    from .conftest import Clock
+
+    t0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    settings.DURABLE_SCHEDULER_CLOCK = Clock(t0)
+    for n in range(5):
+        scheduler.create_job(
+            f"every-{n}", "k", authority=authority_for(f"p{n}"), trigger={"every": 1, "misfire": "run_all"}
+        )
+    t0_ms = int(t0.timestamp() * 1000)
+    env = subprocess_env(
+        DSCH_CLOCK_T0=str(t0_ms),
+        DSCH_CLOCK_START=str(time.time() + 2.0),
+        DSCH_CLOCK_SPEED=str(SPEED),
+        DSCH_CLOCK_END=str(t0_ms + 40_000),
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.procs.materializer"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(SCHEDULERS)
+    ]
+    written = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        written.append(int(out.split()[-1]))
+    for n in range(5):
+        keys = list(Occurrence.objects.filter(job_id=f"every-{n}").values_list("trigger_key", flat=True))
+        assert len(keys) == len(set(keys)), "a slot fired twice"
+        fired = sorted(datetime.fromisoformat(k.removeprefix("schedule:")) for k in keys)
+        assert len(fired) >= 30
+        expected = [t0 + timedelta(seconds=i) for i in range(1, len(fired) + 1)]
+        assert fired == expected, "a slot is missing"
+    assert not Event.objects.filter(event_type="slot_skipped").exists()
+    assert sum(written) == Occurrence.objects.count()
+    print("\n[materialize race] occurrences written per process:", written)

@@ -1,0 +1,14 @@
+"""A clock shared by test processes: starts at DSCH_CLOCK_T0 (epoch ms) at real time
+DSCH_CLOCK_START (epoch s), then runs DSCH_CLOCK_SPEED times faster than real time."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import UTC, datetime, timedelta
+
+
+def dilated() -> datetime:
+    t0 = datetime.fromtimestamp(int(os.environ["DSCH_CLOCK_T0"]) / 1000, tz=UTC)
+    elapsed = max(0.0, time.time() - float(os.environ["DSCH_CLOCK_START"]))
+    return t0 + timedelta(seconds=elapsed * float(os.environ["DSCH_CLOCK_SPEED"]))
