@@ -30,6 +30,9 @@ _EXPORTS = {
     "get_occurrence": "kernel",
     "dead_letter_expired": "kernel",
     "materialize_due": "kernel",
+    "record_execution": "kernel",
+    "deny": "kernel",
+    "defer": "kernel",
     # handlers and the worker
     "handler": "registry",
     "Worker": "worker",

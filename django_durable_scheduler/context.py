@@ -19,9 +19,33 @@ class ExecutionContext:
     scheduled_for: datetime
     payload: Any
     authority: dict[str, Any]
+    owner: str = ""
+    using: str | None = None
     _lease_lost: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
     def lease_lost(self) -> bool:
-        """True once the worker failed to renew the lease: stop, the result will be refused."""
+        """True once the lease is known lost: stop; the result would be refused."""
         return self._lease_lost.is_set()
+
+    def record_metadata(self, value: Any) -> None:
+        """Persist ``value`` (JSON, <= 64 KiB) on the occurrence now. Raises
+        ``SchedulerError`` (``SCHEDULER_LEASE_LOST`` once the lease is gone)."""
+        self._record(metadata=value)
+
+    def record_receipt(self, value: Any) -> None:
+        """Persist an execution receipt (JSON, <= 64 KiB) now, e.g. the id of an external
+        side effect, so a retry can see what the last attempt already did."""
+        self._record(receipt=value)
+
+    def _record(self, **values: Any) -> None:
+        from . import kernel
+        from .exceptions import LeaseLost
+
+        try:
+            kernel.record_execution(
+                self.occurrence_id, owner=self.owner, fence=self.fence, using=self.using, **values
+            )
+        except LeaseLost:
+            self._lease_lost.set()
+            raise

@@ -74,6 +74,8 @@ OCCURRENCE_DEAD_LETTERED = "occurrence_dead_lettered"
 OCCURRENCE_CANCELLED = "occurrence_cancelled"
 OCCURRENCE_RELEASED = "occurrence_released"
 SLOT_SKIPPED = "slot_skipped"
+AUTHORITY_DENIED = "authority_denied"
+AUTHORITY_DEFERRED = "authority_deferred"
 # At most this many slot_skipped events per job and pass; the rest are counted in one more.
 MAX_SKIP_EVENTS = 1000
 
@@ -972,9 +974,7 @@ def release(occurrence_id: str, *, owner: str, fence: int, using: str | None = N
     occurrence_id, owner, fence = _lease_args(occurrence_id, owner, fence)
     now = conf.now()
     with _write(using) as alias:
-        current = Occurrence.objects.using(alias).select_for_update().filter(pk=occurrence_id).first()
-        if current is None or not _holds_lease(current, owner, fence, now):
-            raise _lease_lost(occurrence_id, current, owner, fence, now)
+        current = _take_held(occurrence_id, owner, fence, now, alias)
         Occurrence.objects.using(alias).filter(pk=occurrence_id).update(
             status=OccurrenceStatus.QUEUED,
             attempt=Case(
@@ -989,6 +989,163 @@ def release(occurrence_id: str, *, owner: str, fence: int, using: str | None = N
         )
         _event(
             current.job_id, OCCURRENCE_RELEASED, now, occurrence_id=occurrence_id, owner_id=owner, fence=fence
+        ).save(using=alias)
+        current.refresh_from_db(using=alias)
+    return current
+
+
+def record_execution(
+    occurrence_id: str,
+    *,
+    owner: str,
+    fence: int,
+    metadata: Any = _UNSET,
+    receipt: Any = _UNSET,
+    using: str | None = None,
+) -> Occurrence:
+    """Persist a running handler's metadata and/or execution receipt (64 KiB each) at once.
+    ``SCHEDULER_LEASE_LOST`` unless the caller still holds the lease."""
+    occurrence_id, owner, fence = _lease_args(occurrence_id, owner, fence)
+    values: dict[str, Any] = {}
+    if metadata is not _UNSET:
+        values["metadata"] = normalize_json(metadata, "metadata", max_bytes=MAX_RESULT_BYTES)
+    if receipt is not _UNSET:
+        values["receipt"] = normalize_json(receipt, "receipt", max_bytes=MAX_RESULT_BYTES)
+    if not values:
+        raise InvalidArgument("metadata", "give metadata or receipt")
+    now = conf.now()
+    with _write(using) as alias:
+        updated = (
+            Occurrence.objects.using(alias)
+            .filter(
+                pk=occurrence_id,
+                status=OccurrenceStatus.RUNNING,
+                lease_owner=owner,
+                fence=fence,
+                lease_expires_at__gt=now,
+            )
+            .update(updated_at=now, **values)
+        )
+        current = Occurrence.objects.using(alias).filter(pk=occurrence_id).first()
+        if not updated or current is None:
+            raise _lease_lost(occurrence_id, current, owner, fence, now)
+    return current
+
+
+def _take_held(occurrence_id: str, owner: str, fence: int, now: datetime, alias: str) -> Occurrence:
+    current = Occurrence.objects.using(alias).select_for_update().filter(pk=occurrence_id).first()
+    if current is None or not _holds_lease(current, owner, fence, now):
+        raise _lease_lost(occurrence_id, current, owner, fence, now)
+    return current
+
+
+def deny(
+    occurrence_id: str,
+    *,
+    owner: str,
+    fence: int,
+    code: str,
+    reason: str,
+    details: dict[str, Any] | None = None,
+    using: str | None = None,
+) -> Occurrence:
+    """Dead-letter a held occurrence that authority refused, without retry (event
+    ``authority_denied`` with the reason and details)."""
+    occurrence_id, owner, fence = _lease_args(occurrence_id, owner, fence)
+    reason = normalize_identifier(reason, "reason", max_length=64)
+    code = normalize_identifier(code, "code", max_length=64)
+    detail_value = normalize_json(details or {}, "details", max_bytes=MAX_RESULT_BYTES)
+    now = conf.now()
+    with _write(using) as alias:
+        current = _take_held(occurrence_id, owner, fence, now, alias)
+        error = {
+            "code": code,
+            "reason": reason,
+            "details": detail_value,
+            "message": f"authority denied: {reason}",
+        }
+        current.status = OccurrenceStatus.DEAD_LETTER
+        current.lease_owner = None
+        current.lease_expires_at = None
+        current.settled_at = now
+        current.updated_at = now
+        current.last_error = error
+        current.save(
+            using=alias,
+            update_fields=[
+                "status",
+                "lease_owner",
+                "lease_expires_at",
+                "settled_at",
+                "updated_at",
+                "last_error",
+            ],
+        )
+        settled = settle_reservations(
+            [occurrence_id],
+            OccurrenceStatus.DEAD_LETTER,
+            {"status": "dead_letter", "error": error},
+            now,
+            alias,
+        )
+        data: dict[str, Any] = {
+            "reason": reason,
+            "code": code,
+            "details": detail_value,
+            "attempt": current.attempt,
+        }
+        if settled:
+            data.update(settled[0])
+        _event(
+            current.job_id,
+            AUTHORITY_DENIED,
+            now,
+            occurrence_id=occurrence_id,
+            owner_id=owner,
+            fence=fence,
+            data=data,
+        ).save(using=alias)
+    return current
+
+
+def defer(
+    occurrence_id: str,
+    *,
+    owner: str,
+    fence: int,
+    until: datetime | int,
+    details: dict[str, Any] | None = None,
+    using: str | None = None,
+) -> Occurrence:
+    """Put a held occurrence back to wait until ``until`` without using an attempt (its
+    principal's budget is spent until the window ends; event ``authority_deferred``)."""
+    occurrence_id, owner, fence = _lease_args(occurrence_id, owner, fence)
+    until_ms = to_ms(until, "until")
+    detail_value = normalize_json(details or {}, "details", max_bytes=MAX_RESULT_BYTES)
+    now = conf.now()
+    with _write(using) as alias:
+        current = _take_held(occurrence_id, owner, fence, now, alias)
+        available = max(now, from_ms(until_ms))
+        Occurrence.objects.using(alias).filter(pk=occurrence_id).update(
+            status=OccurrenceStatus.QUEUED,
+            attempt=Case(
+                When(attempt__gt=0, then=F("attempt") - 1),
+                default=F("attempt"),
+                output_field=PositiveSmallIntegerField(),
+            ),
+            lease_owner=None,
+            lease_expires_at=None,
+            available_at=available,
+            updated_at=now,
+        )
+        _event(
+            current.job_id,
+            AUTHORITY_DEFERRED,
+            now,
+            occurrence_id=occurrence_id,
+            owner_id=owner,
+            fence=fence,
+            data={"until": iso_ms(available), "details": detail_value},
         ).save(using=alias)
         current.refresh_from_db(using=alias)
     return current

@@ -94,6 +94,9 @@ class Occurrence(models.Model):
     settled_at = models.DateTimeField(null=True, blank=True)
     # Partition key for fair claiming across principals: canonical JSON of [type, id].
     principal_key = models.CharField(max_length=400, default="")
+    # Recorded by the handler while it runs (ctx.record_metadata / ctx.record_receipt).
+    metadata = models.JSONField(null=True, blank=True, default=None)
+    receipt = models.JSONField(null=True, blank=True, default=None)
 
     class Meta:
         db_table = "durable_scheduler_occurrences"
@@ -298,3 +301,47 @@ class AuthorityReservation(models.Model):
 
     def __str__(self) -> str:
         return f"reservation {self.occurrence_id}"
+
+
+class AuthorityPolicyRevision(models.Model):
+    """Append-only history of policy changes: each revision's full content, who, when."""
+
+    principal_type = models.CharField(max_length=64)
+    principal_id = models.CharField(max_length=256)
+    revision = models.PositiveIntegerField()
+    content = models.JSONField()
+    changed_by = models.CharField(max_length=256, null=True, blank=True)
+    changed_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "durable_scheduler_authority_policy_history"
+        ordering = ["principal_type", "principal_id", "-revision"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["principal_type", "principal_id", "revision"], name="dsch_policy_history_unique"
+            ),
+            models.CheckConstraint(condition=Q(revision__gte=1), name="dsch_policy_history_revision_min"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.principal_type}:{self.principal_id} r{self.revision}"
+
+
+class WorkerHeartbeat(models.Model):
+    """One row per runscheduler process: what the status command shows as live workers."""
+
+    worker_id = models.CharField(max_length=256, primary_key=True)
+    hostname = models.CharField(max_length=256)
+    pid = models.PositiveIntegerField()
+    concurrency = models.PositiveIntegerField()
+    kinds = models.JSONField(default=list)
+    started_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "durable_scheduler_workers"
+        ordering = ["-last_seen_at"]
+
+    def __str__(self) -> str:
+        return self.worker_id

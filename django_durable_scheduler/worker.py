@@ -24,7 +24,7 @@ from . import conf, kernel, registry
 from .context import ExecutionContext
 from .exceptions import InvalidArgument, LeaseLost, PermanentFailure, Retry, SchedulerError
 from .identity import to_duration_ms
-from .models import Job, Occurrence
+from .models import Job, Occurrence, WorkerHeartbeat
 
 logger = logging.getLogger("django_durable_scheduler")
 
@@ -113,6 +113,7 @@ class Worker:
             self.lease,
             kinds,
         )
+        self._beat(started=True)
         heartbeat = threading.Thread(target=self._heartbeat, name="dsch-heartbeat", daemon=True)
         heartbeat.start()
         failures = 0
@@ -189,6 +190,7 @@ class Worker:
             except SchedulerError as exc:
                 logger.warning("could not give up the lease on %s: %s", occurrence.pk, exc)
             running.context._lease_lost.set()
+        self._beat(stopped=True)
         connections.close_all()
 
     # ------------------------------------------------------------------ execution
@@ -210,6 +212,8 @@ class Worker:
                 scheduled_for=occurrence.scheduled_for,
                 payload=occurrence.payload,
                 authority=occurrence.authority,
+                owner=self.worker_id,
+                using=self.using,
             )
             running = _Running(occurrence, context)
             running.thread = threading.Thread(
@@ -308,10 +312,33 @@ class Worker:
 
     # ------------------------------------------------------------------ heartbeat
 
+    def _beat(self, *, started: bool = False, stopped: bool = False) -> None:
+        """Upsert this process's row in the workers table (what the status command lists)."""
+        now = conf.now()
+        values: dict[str, Any] = {"last_seen_at": now, "stopped_at": now if stopped else None}
+        if started:
+            values.update(
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                concurrency=self.concurrency,
+                kinds=self.kinds(),
+                started_at=now,
+            )
+        try:
+            if started:
+                WorkerHeartbeat.objects.using(self.using).update_or_create(
+                    worker_id=self.worker_id, defaults=values
+                )
+            else:
+                WorkerHeartbeat.objects.using(self.using).filter(worker_id=self.worker_id).update(**values)
+        except DatabaseError:
+            logger.warning("could not record the worker heartbeat of %s", self.worker_id)
+
     def _heartbeat(self) -> None:
         interval = max(0.05, self.lease / 3)
         while True:
             time.sleep(interval)
+            self._beat()
             with self._lock:
                 running = list(self._running.values())
             for item in running:

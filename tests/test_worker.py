@@ -94,3 +94,21 @@ def test_max_occurrences():
     make("test.ok", 5)
     Worker(worker_id="w", max_occurrences=2, concurrency=1, poll_interval=0.05).run()
     assert Occurrence.objects.filter(status="succeeded").count() == 2
+
+
+def test_metadata_and_receipt_are_persisted():
+    (occ,) = make("test.receipt")
+    burst()
+    occ.refresh_from_db()
+    assert occ.status == "succeeded"
+    assert occ.metadata == {"step": "charging"}
+    assert occ.receipt == {"charge_id": f"ch_{occ.pk[-6:]}"}
+
+
+def test_worker_heartbeat_row():
+    from django_durable_scheduler.models import WorkerHeartbeat
+
+    make("test.ok", 1)
+    burst()
+    row = WorkerHeartbeat.objects.get(pk="w-test")
+    assert row.stopped_at is not None and row.concurrency == 3 and "test.ok" in row.kinds

@@ -38,3 +38,10 @@ def bad_result(ctx):
 def sleep(ctx):
     time.sleep(float((ctx.payload or {}).get("seconds", 1)))
     return "slept"
+
+
+@scheduler.handler("test.receipt")
+def receipt(ctx):
+    ctx.record_metadata({"step": "charging"})
+    ctx.record_receipt({"charge_id": f"ch_{ctx.occurrence_id[-6:]}"})
+    return "charged"
