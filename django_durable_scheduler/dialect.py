@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.db import connections
@@ -19,6 +20,9 @@ from django.db.models import Case, F, Q, QuerySet, When, Window
 from django.db.models.functions import RowNumber
 
 from .models import Occurrence, OccurrenceStatus
+
+# PostgreSQL channel on which enqueues announce new work (LISTEN/NOTIFY wake-ups).
+CHANNEL = "durable_scheduler"
 
 # How many fair-ordered candidates to consider per wanted row: concurrent claimers skip
 # each other's locked rows, and a larger pool lets each still fill its batch.
@@ -109,3 +113,50 @@ def claim_candidates(alias: str, due: Q, job_filter: Q, limit: int) -> list[Occu
     locked = list(lock_rows(base.filter(due, pk__in=pool).only(*fields), alias))
     locked.sort(key=lambda row: rank[row.pk])
     return locked[:limit]
+
+
+def notify_new_work(alias: str) -> None:
+    """On PostgreSQL, tell listening workers that work was enqueued. Sent inside the
+    transaction, so PostgreSQL delivers it only if (and when) the transaction commits."""
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
+
+
+class Listener:
+    """A dedicated PostgreSQL connection that LISTENs for new work and calls ``wake()``.
+
+    Elsewhere (SQLite, MySQL) ``supported`` is False and the worker polls.
+    """
+
+    def __init__(self, alias: str, wake: Any, log: Any) -> None:
+        self.alias = alias
+        self.wake = wake
+        self.log = log
+        self.supported = connections[alias].vendor == "postgresql"
+        self._stop = False
+
+    def stop(self) -> None:
+        self._stop = True
+
+    def run(self) -> None:
+        import psycopg
+
+        failures = 0
+        while not self._stop:
+            try:
+                params = connections[self.alias].get_connection_params()
+                params.pop("cursor_factory", None)
+                params.pop("context", None)
+                with psycopg.connect(**params, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    failures = 0
+                    self.wake()  # work may have arrived while we were not listening
+                    while not self._stop:
+                        for _ in conn.notifies(timeout=1.0, stop_after=1):
+                            self.wake()
+            except Exception:
+                failures += 1
+                self.log.warning("LISTEN connection lost; polling until it is back", exc_info=True)
+                time.sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))

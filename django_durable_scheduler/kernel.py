@@ -390,6 +390,7 @@ def _insert_occurrence(
                 {"field": "payload", "job_id": job.job_id, "trigger_key": trigger_key},
             )
         return existing, True
+    dialect.notify_new_work(alias)
     _event(
         job.job_id,
         OCCURRENCE_ENQUEUED,

@@ -18,9 +18,9 @@ from datetime import timedelta
 from types import FrameType
 from typing import Any
 
-from django.db import DatabaseError, close_old_connections, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
 
-from . import conf, kernel, registry
+from . import conf, dialect, kernel, registry
 from .context import ExecutionContext
 from .exceptions import InvalidArgument, LeaseLost, PermanentFailure, Retry, SchedulerError
 from .identity import to_duration_ms
@@ -116,6 +116,9 @@ class Worker:
         self._beat(started=True)
         heartbeat = threading.Thread(target=self._heartbeat, name="dsch-heartbeat", daemon=True)
         heartbeat.start()
+        listener = dialect.Listener(self.using or DEFAULT_DB_ALIAS, self._wake.set, logger)
+        if listener.supported and not (self.once or self.burst):
+            threading.Thread(target=listener.run, name="dsch-listen", daemon=True).start()
         failures = 0
         while not self._stopping.is_set():
             claimed: list[Occurrence] = []
