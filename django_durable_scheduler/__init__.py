@@ -19,6 +19,7 @@ _EXPORTS = {
     "update_job": "kernel",
     "enqueue": "kernel",
     "enqueue_once_per_trigger": "kernel",
+    "enqueue_many": "kernel",
     "cancel": "kernel",
     "claim": "kernel",
     "claim_batch": "kernel",

@@ -431,6 +431,101 @@ def enqueue(
         )
 
 
+def enqueue_many(
+    job_id: str,
+    items: Iterable[dict[str, Any]],
+    *,
+    using: str | None = None,
+) -> list[tuple[Occurrence, bool]]:
+    """Enqueue many occurrences of one job in one transaction (bulk insert).
+
+    Each item is a dict with ``scheduled_for``, ``trigger_key`` and optionally
+    ``available_at`` and ``payload``; the result is ``(occurrence, deduplicated)`` per item,
+    in order, with the same dedupe and payload-mismatch rules as :func:`enqueue`.
+    """
+    job_id = normalize_identifier(job_id, "job_id")
+    if isinstance(items, dict | str) or not isinstance(items, Iterable):
+        raise InvalidArgument("items", "must be a list of dicts")
+    parsed: list[tuple[int, str, int, Any]] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InvalidArgument(f"items[{index}]", "must be a dict")
+        unknown = set(item) - {"scheduled_for", "trigger_key", "available_at", "payload"}
+        if unknown:
+            raise InvalidArgument(f"items[{index}].{sorted(unknown)[0]}", "is not an enqueue argument")
+        _, scheduled_ms, key, available_ms = _enqueue_args(
+            job_id, item.get("scheduled_for"), item.get("trigger_key"), item.get("available_at")
+        )
+        payload = normalize_json(item["payload"], f"items[{index}].payload") if "payload" in item else _UNSET
+        parsed.append((scheduled_ms, key, available_ms, payload))
+    now = conf.now()
+    with _write(using) as alias:
+        job = get_job(job_id, using=alias)
+        if not job.enabled:
+            raise JobDisabled(f"job {job_id!r} is disabled", {"job_id": job_id})
+        pkey = principal_key(job.authority)
+        rows: list[Occurrence] = []
+        for scheduled_ms, key, available_ms, payload in parsed:
+            identity = derive_occurrence_identity(job_id, job.revision, scheduled_ms, key)
+            rows.append(
+                Occurrence(
+                    occurrence_id=identity.occurrence_id,
+                    job=job,
+                    job_revision=job.revision,
+                    idempotency_key=identity.idempotency_key,
+                    trigger_key=key,
+                    scheduled_for=from_ms(scheduled_ms),
+                    available_at=from_ms(available_ms),
+                    status=OccurrenceStatus.QUEUED,
+                    max_attempts=job.max_attempts,
+                    authority=job.authority,
+                    payload=job.payload if payload is _UNSET else payload,
+                    principal_key=pkey,
+                    created_at=now,
+                    updated_at=now,
+                )
+            )
+        ids = [row.pk for row in rows]
+        existing: dict[str, Occurrence] = {}
+        for start in range(0, len(ids), 500):
+            existing.update(Occurrence.objects.using(alias).in_bulk(ids[start : start + 500]))
+        results: list[tuple[Occurrence, bool]] = []
+        fresh: dict[str, Occurrence] = {}
+        for row in rows:
+            prior = existing.get(row.pk) or fresh.get(row.pk)
+            if prior is None:
+                fresh[row.pk] = row
+                results.append((row, False))
+                continue
+            if canonical_json(prior.payload) != canonical_json(row.payload):
+                raise IdempotencyPayloadMismatch(
+                    "occurrence identity was reused with a different payload",
+                    {"field": "payload", "job_id": job_id, "trigger_key": row.trigger_key},
+                )
+            results.append((prior, True))
+        if fresh:
+            Occurrence.objects.using(alias).bulk_create(list(fresh.values()), batch_size=500)
+            Event.objects.using(alias).bulk_create(
+                [
+                    _event(
+                        job_id,
+                        OCCURRENCE_ENQUEUED,
+                        now,
+                        occurrence_id=row.pk,
+                        data={
+                            "jobRevision": job.revision,
+                            "scheduledFor": to_ms(row.scheduled_for, "scheduled_for"),
+                            "triggerKey": row.trigger_key,
+                        },
+                    )
+                    for row in fresh.values()
+                ],
+                batch_size=500,
+            )
+            dialect.notify_new_work(alias)
+    return results
+
+
 def enqueue_once_per_trigger(
     job_id: str,
     *,

@@ -334,3 +334,30 @@ def test_trigger_edit_supersedes_materialized_only(job, clock):
     assert Occurrence.objects.get(pk=slot.pk).status == OccurrenceStatus.CANCELLED
     assert Occurrence.objects.get(pk=slot.pk).last_error["message"] == "superseded"
     assert Occurrence.objects.get(pk=explicit.pk).status == OccurrenceStatus.QUEUED
+
+
+def test_enqueue_many_bulk_and_dedupe(job, clock):
+    first, _ = enqueue(clock, key="k0")
+    items = [{"scheduled_for": clock(), "trigger_key": f"k{i}"} for i in range(5)]
+    items.append({"scheduled_for": clock(), "trigger_key": "k1"})  # a duplicate within the batch
+    results = scheduler.enqueue_many("job-a", items)
+    assert [dedup for _, dedup in results] == [True, False, False, False, False, True]
+    assert results[0][0].pk == first.pk and results[5][0].pk == results[1][0].pk
+    assert Occurrence.objects.count() == 5
+    assert Event.objects.filter(event_type="occurrence_enqueued").count() == 5
+    single, _ = enqueue(clock, key="k3")
+    assert single.pk == results[3][0].pk  # same identity as a one-by-one enqueue
+
+
+def test_enqueue_many_is_all_or_nothing(job, clock):
+    enqueue(clock, key="k1", payload={"a": 1})
+    items = [
+        {"scheduled_for": clock(), "trigger_key": "k0"},
+        {"scheduled_for": clock(), "trigger_key": "k1", "payload": {"a": 2}},
+    ]
+    with pytest.raises(scheduler.IdempotencyPayloadMismatch):
+        scheduler.enqueue_many("job-a", items)
+    with pytest.raises(scheduler.InvalidArgument) as info:
+        scheduler.enqueue_many("job-a", [{"scheduled_for": clock(), "trigger_key": "x", "when": 1}])
+    assert info.value.details["field"] == "items[0].when"
+    assert Occurrence.objects.count() == 1

@@ -72,5 +72,8 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
-    "loggers": {"django_durable_scheduler": {"handlers": ["console"], "level": "INFO", "propagate": False}},
+    "loggers": {
+        "django_durable_scheduler": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        "demo": {"handlers": ["console"], "level": "INFO", "propagate": False},
+    },
 }

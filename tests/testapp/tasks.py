@@ -45,3 +45,23 @@ def receipt(ctx):
     ctx.record_metadata({"step": "charging"})
     ctx.record_receipt({"charge_id": f"ch_{ctx.occurrence_id[-6:]}"})
     return "charged"
+
+
+# --- crash and scale tests (tests/test_crash.py, tests/test_scale.py)
+
+
+@scheduler.handler("test.crash-once")
+def crash_once(ctx):
+    """Attempt 1 records that it started, then sleeps far past its lease (the test kills the
+    process meanwhile); later attempts succeed at once."""
+    if ctx.attempt < 2:
+        ctx.record_metadata({"started": ctx.attempt})
+        time.sleep(float((ctx.payload or {}).get("seconds", 120)))
+    return {"occurrence": ctx.occurrence_id, "attempt": ctx.attempt, "fence": ctx.fence}
+
+
+@scheduler.handler("test.echo")
+def echo(ctx):
+    """Sleeps ``payload.seconds``, then returns its own occurrence id (checkable per occurrence)."""
+    time.sleep(float((ctx.payload or {}).get("seconds", 0)))
+    return {"occurrence": ctx.occurrence_id, "attempt": ctx.attempt}

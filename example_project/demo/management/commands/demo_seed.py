@@ -15,13 +15,21 @@ JOBS = {
     "demo-flaky": {"kind": "demo.flaky", "retry_base_delay": 2, "retry_max_delay": 10},
     "demo-fanout": {"kind": "demo.fanout"},
 }
+# Scheduled, not enqueued: every minute on Berlin wall-clock time.
+CRON_JOBS = {
+    "demo-berlin-minutely": {
+        "kind": "demo.hello",
+        "payload": {"name": "Berlin"},
+        "trigger": {"cron": "* * * * *", "timezone": "Europe/Berlin"},
+    },
+}
 
 
 class Command(BaseCommand):
     help = "Create the demo jobs if missing and enqueue one occurrence of each."
 
     def handle(self, *args: Any, **options: Any) -> None:
-        for job_id, spec in JOBS.items():
+        for job_id, spec in {**JOBS, **CRON_JOBS}.items():
             try:
                 scheduler.create_job(job_id, authority=AUTHORITY, **spec)
                 self.stdout.write(f"created job {job_id}")
