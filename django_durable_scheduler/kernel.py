@@ -751,13 +751,16 @@ def _dead_letter_rows(rows: Sequence[Occurrence], now: datetime, alias: str, *, 
 def dead_letter_expired(*, limit: int = 500, using: str | None = None) -> int:
     """Dead-letter running occurrences whose lease expired on their final attempt."""
     now = conf.now()
+    expired = Occurrence.objects.using(using or DEFAULT_DB_ALIAS).filter(
+        status=OccurrenceStatus.RUNNING, lease_expires_at__lte=now, attempt__gte=F("max_attempts")
+    )
+    # Usually there is nothing to do: find out without taking a write lock.
+    if not expired.exists():
+        return 0
     with _write(using) as alias:
         rows = list(
             dialect.lock_rows(
-                Occurrence.objects.using(alias)
-                .filter(
-                    status=OccurrenceStatus.RUNNING, lease_expires_at__lte=now, attempt__gte=F("max_attempts")
-                )
+                expired.using(alias)
                 .order_by("lease_expires_at", "pk")
                 .only("pk", "job_id", "lease_owner", "fence", "attempt", "max_attempts"),
                 alias,
@@ -993,15 +996,7 @@ def settle(
     retry_ms = None if retry_at is None else to_ms(retry_at, "retry_at")
     now = conf.now()
     with _write(using) as alias:
-        current = (
-            Occurrence.objects.using(alias)
-            .select_for_update()
-            .select_related("job")
-            .filter(pk=occurrence_id)
-            .first()
-        )
-        if current is None or not _holds_lease(current, owner, fence, now):
-            raise _lease_lost(occurrence_id, current, owner, fence, now)
+        current = _take_held(occurrence_id, owner, fence, now, alias)
         data: dict[str, Any] = {"attempt": current.attempt, "maxAttempts": current.max_attempts}
         current.lease_owner = None
         current.lease_expires_at = None
@@ -1013,9 +1008,14 @@ def settle(
             event_type = OCCURRENCE_SUCCEEDED
         elif retryable and current.attempt < current.max_attempts:
             if retry_ms is None:
-                delay = backoff_delay_ms(
-                    current.attempt, current.job.retry_base_delay_ms, current.job.retry_max_delay_ms
+                # Read, not locked: locking the job row would serialize every settle of a job.
+                base_ms, max_ms = (
+                    Job.objects.using(alias)
+                    .filter(pk=current.job_id)
+                    .values_list("retry_base_delay_ms", "retry_max_delay_ms")
+                    .get()
                 )
+                delay = backoff_delay_ms(current.attempt, base_ms, max_ms)
                 available = now + timedelta(milliseconds=delay)
             else:
                 available = max(now, from_ms(retry_ms))
