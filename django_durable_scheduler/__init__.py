@@ -34,8 +34,23 @@ _EXPORTS = {
     "record_execution": "kernel",
     "deny": "kernel",
     "defer": "kernel",
+    # authority policies and reservations
+    "set_policy": "policies",
+    "change_policy": "policies",
+    "get_policy": "policies",
+    "ensure_policy": "policies",
+    "preview_policy_change": "policies",
+    "policy_history": "policies",
+    "current_usage": "policies",
+    "bind_to_current_policy": "policies",
+    "PolicyChange": "policies",
+    "WindowUsage": "policies",
+    "reserve_authority": "reservations",
+    "authorize": "reservations",
+    "get_reservation": "reservations",
     # handlers and the worker
     "handler": "registry",
+    "declare_job": "declared",
     "Worker": "worker",
     "ExecutionContext": "context",
     # identity

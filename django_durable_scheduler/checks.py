@@ -1,15 +1,211 @@
-"""System checks with stable ids (``durable_scheduler.E001`` ...), each with a hint."""
+"""System checks with stable ids (``durable_scheduler.E001`` ...), each with a hint.
+
+- ``E001`` a handler module of an installed app fails to import.
+- ``E002`` a registered handler is not callable, or its ``units`` are not 1..1,000,000.
+- ``E003`` a ``DURABLE_SCHEDULER_*`` setting has the wrong type or range.
+- ``W001`` a SQLite database does not use ``transaction_mode`` IMMEDIATE (database check).
+- ``W002`` enabled jobs of a kind no handler is registered for in this process (database
+  check: runs only when databases are given, e.g. ``manage.py check --database default``).
+
+All are tagged ``durable_scheduler`` (``manage.py check --tag durable_scheduler``).
+"""
 
 from __future__ import annotations
 
+import math
+import re
+from importlib import import_module
 from typing import Any
 
-from django.core.checks import CheckMessage, Tags, register
+from django.apps import apps
+from django.conf import settings as django_settings
+from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.checks import Warning as CheckWarning
-from django.db import connections
+from django.db import DatabaseError, connections, router
+from django.utils.module_loading import import_string, module_has_submodule
+
+TAG = "durable_scheduler"
+_MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_DAY = 24 * 60 * 60
+MAX_UNITS = 1_000_000
 
 
-@register(Tags.database)
+def _setting(name: str, default: Any) -> Any:
+    return getattr(django_settings, f"DURABLE_SCHEDULER_{name}", default)
+
+
+def _handler_module() -> str | None:
+    """The configured handler module name, or None when it is invalid (E003 says so)."""
+    name = _setting("HANDLER_MODULE", "tasks")
+    return name if isinstance(name, str) and _MODULE_NAME.match(name) else None
+
+
+def _import_handler_modules() -> list[tuple[str, str, BaseException]]:
+    """Import every installed app's handler module (what ``registry.autodiscover`` does), but
+    report each failure instead of stopping at the first. Imported modules are cached, so
+    this costs nothing after the first time; only failing ones run again."""
+    name = _handler_module()
+    if name is None:
+        return []
+    failures: list[tuple[str, str, BaseException]] = []
+    for app_config in apps.get_app_configs():
+        try:
+            if not module_has_submodule(app_config.module, name):
+                continue
+            import_module(f"{app_config.name}.{name}")
+        except Exception as exc:
+            failures.append((app_config.label, f"{app_config.name}.{name}", exc))
+    return failures
+
+
+@register(TAG)
+def check_handler_modules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    return [
+        Error(
+            f"Handler module {module!r} of app {label!r} fails to import: {type(exc).__name__}: {exc}",
+            hint=(
+                "Fix the error: runscheduler imports this module at start (autodiscovery) and would "
+                "fail. If the module needs packages that only the worker hosts have, add "
+                "'durable_scheduler.E001' to SILENCED_SYSTEM_CHECKS on the other hosts."
+            ),
+            obj=module,
+            id="durable_scheduler.E001",
+        )
+        for label, module, exc in _import_handler_modules()
+    ]
+
+
+@register(TAG)
+def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    from . import registry
+
+    _import_handler_modules()
+    messages: list[CheckMessage] = []
+    for handler in registry.registered_handlers():
+        problem = None
+        if not callable(handler.func):
+            problem = f"its handler {handler.func!r} is not callable"
+        elif not callable(handler.units) and (
+            isinstance(handler.units, bool)
+            or not isinstance(handler.units, int)
+            or not 1 <= handler.units <= MAX_UNITS
+        ):
+            problem = f"its units {handler.units!r} are not a whole number in 1..{MAX_UNITS} or a callable"
+        if problem is not None:
+            messages.append(
+                Error(
+                    f"Kind {handler.kind!r} is registered wrongly: {problem}.",
+                    hint=(
+                        "Register handlers with @scheduler.handler(kind, units=N) on a function, "
+                        f"where N is 1..{MAX_UNITS} or a callable taking the context and returning one."
+                    ),
+                    obj=handler.kind,
+                    id="durable_scheduler.E002",
+                )
+            )
+    return messages
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _settings_problems() -> list[tuple[str, str, str]]:
+    """(setting, problem, hint) for every DURABLE_SCHEDULER_* setting that is wrong."""
+    problems: list[tuple[str, str, str]] = []
+    module = _setting("HANDLER_MODULE", "tasks")
+    if not isinstance(module, str) or not _MODULE_NAME.match(module):
+        problems.append(
+            (
+                "HANDLER_MODULE",
+                f"must be a dotted module name such as 'tasks', not {module!r}",
+                "Name the module (relative to each app) that holds your @scheduler.handler functions.",
+            )
+        )
+    lease = _setting("DEFAULT_LEASE", 30)
+    if not _number(lease) or not 0 < lease <= _DAY:
+        problems.append(
+            (
+                "DEFAULT_LEASE",
+                f"must be a number of seconds in (0, {_DAY}], not {lease!r}",
+                "The default is 30.",
+            )
+        )
+    base = _setting("RETRY_BASE_DELAY", 10)
+    base_ok = _number(base) and 0 < base <= _DAY
+    if not base_ok:
+        problems.append(
+            (
+                "RETRY_BASE_DELAY",
+                f"must be a number of seconds in (0, {_DAY}], not {base!r}",
+                "The first retry waits this long; the default is 10.",
+            )
+        )
+    maximum = _setting("RETRY_MAX_DELAY", 3600)
+    if not _number(maximum) or not 0 < maximum <= 31 * _DAY:
+        problems.append(
+            (
+                "RETRY_MAX_DELAY",
+                f"must be a number of seconds in (0, {31 * _DAY}], not {maximum!r}",
+                "The backoff is capped at this; the default is 3600.",
+            )
+        )
+    elif base_ok and maximum < base:
+        problems.append(
+            (
+                "RETRY_MAX_DELAY",
+                f"({maximum!r}) must not be shorter than DURABLE_SCHEDULER_RETRY_BASE_DELAY ({base!r})",
+                "Raise RETRY_MAX_DELAY or lower RETRY_BASE_DELAY.",
+            )
+        )
+    jitter = _setting("RETRY_JITTER", 0.2)
+    if not _number(jitter) or not 0 <= jitter < 1:
+        problems.append(
+            (
+                "RETRY_JITTER",
+                f"must be a number in [0, 1), not {jitter!r}",
+                "It is the +/- share of each retry delay drawn at random; the default is 0.2.",
+            )
+        )
+    batch = _setting("MAX_CLAIM_BATCH", 500)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        problems.append(
+            ("MAX_CLAIM_BATCH", f"must be a whole number >= 1, not {batch!r}", "The default is 500.")
+        )
+    clock = _setting("CLOCK", None)
+    if isinstance(clock, str):
+        try:
+            clock = import_string(clock)
+        except ImportError as exc:
+            problems.append(
+                ("CLOCK", f"cannot be imported: {exc}", "Give a dotted path to a callable, or a callable.")
+            )
+            clock = None
+    if clock is not None and not callable(clock):
+        problems.append(
+            (
+                "CLOCK",
+                f"must be a callable (or a dotted path to one) returning an aware datetime, not {clock!r}",
+                "Leave it unset in production: the scheduler then uses the system clock.",
+            )
+        )
+    return problems
+
+
+@register(TAG)
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    return [
+        Error(
+            f"DURABLE_SCHEDULER_{name} {problem}.",
+            hint=hint,
+            obj=f"DURABLE_SCHEDULER_{name}",
+            id="durable_scheduler.E003",
+        )
+        for name, problem, hint in _settings_problems()
+    ]
+
+
+@register(Tags.database, TAG)
 def check_sqlite_transaction_mode(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     messages: list[CheckMessage] = []
     for alias in kwargs.get("databases") or []:
@@ -27,6 +223,51 @@ def check_sqlite_transaction_mode(app_configs: Any = None, **kwargs: Any) -> lis
                         "lock up front instead of failing with 'database is locked'."
                     ),
                     id="durable_scheduler.W001",
+                )
+            )
+    return messages
+
+
+@register(Tags.database, TAG)
+def check_jobs_have_handlers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    from . import registry
+    from .models import Job
+
+    databases = kwargs.get("databases")
+    if not databases:
+        return []
+    _import_handler_modules()
+    known = set(registry.registered_kinds())
+    messages: list[CheckMessage] = []
+    for alias in databases:
+        if not router.allow_migrate_model(alias, Job):
+            continue
+        try:
+            # migrate runs database checks before it creates the tables.
+            if Job._meta.db_table not in connections[alias].introspection.table_names():
+                continue
+            kinds = list(
+                Job.objects.using(alias)
+                .filter(enabled=True)
+                .exclude(kind__in=known)
+                .order_by("kind")  # not Meta.ordering's job_id, which would defeat distinct()
+                .values_list("kind", flat=True)
+                .distinct()
+            )
+        except DatabaseError:
+            continue
+        for kind in kinds:
+            messages.append(
+                CheckWarning(
+                    f"Enabled jobs of kind {kind!r} in database '{alias}' have no handler "
+                    "registered in this process.",
+                    hint=(
+                        f"Register one with @scheduler.handler({kind!r}) in a handler module, or make "
+                        "sure a runscheduler process that has it is running: workers only claim the "
+                        "kinds they have handlers for, so these jobs' occurrences wait."
+                    ),
+                    obj=kind,
+                    id="durable_scheduler.W002",
                 )
             )
     return messages

@@ -264,6 +264,8 @@ def update_job(job_id: str, *, expected_revision: int, using: str | None = None,
             for name, value in fields.items()
             if canonical_json(getattr(job, name)) != canonical_json(value)
         )
+        if not changed:
+            return job  # nothing differs: no new revision, no event
         for name, value in fields.items():
             setattr(job, name, value)
         job.revision += 1

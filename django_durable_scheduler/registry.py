@@ -24,11 +24,37 @@ _handlers: dict[str, Handler] = {}
 _lock = threading.Lock()
 
 
-def handler(kind: str, *, units: int | Callable[[Any], int] = 1) -> Callable[[HandlerFunc], HandlerFunc]:
-    """Register the decorated function as the handler of ``kind``."""
+def handler(
+    kind: str,
+    *,
+    units: int | Callable[[Any], int] = 1,
+    job: dict[str, Any] | None = None,
+) -> Callable[[HandlerFunc], HandlerFunc]:
+    """Register the decorated function as the handler of ``kind``.
+
+    ``units``: what one run costs against its principal's unit budget (an int in
+    1..1,000,000, or a callable taking the context). ``job``: optionally declare a job for
+    this handler in code, created or updated by ``manage.py scheduler_sync``::
+
+        @scheduler.handler("reports.send-daily", job={
+            "trigger": {"cron": "0 9 * * 1-5", "timezone": "Europe/Berlin"},
+            "authority": {"principal": {"type": "service", "id": "reports"}},
+        })
+
+    The dict takes ``job_id`` (default: the kind), ``authority`` (required), ``trigger``,
+    ``payload``, ``enabled``, ``max_attempts``, ``retry_base_delay`` and ``retry_max_delay``,
+    as :func:`~django_durable_scheduler.kernel.create_job` does. See also
+    :func:`~django_durable_scheduler.declared.declare_job` for several jobs of one kind.
+    """
     kind = normalize_identifier(kind, "kind", max_length=128)
     if not callable(units):
         normalize_int(units, "units", minimum=1, maximum=1_000_000)
+    declaration = None
+    if job is not None:
+        from .declared import declaration_from_handler
+
+        # Validated now, so a bad declaration fails where it is written (at import).
+        declaration = declaration_from_handler(kind, job)
 
     def register(func: HandlerFunc) -> HandlerFunc:
         if not callable(func):
@@ -38,6 +64,10 @@ def handler(kind: str, *, units: int | Callable[[Any], int] = 1) -> Callable[[Ha
             if existing is not None and existing.func is not func:
                 qualname = getattr(existing.func, "__qualname__", existing.func)
                 raise InvalidArgument("kind", f"{kind!r} already has a handler ({qualname})")
+            if declaration is not None:
+                from .declared import add_declaration
+
+                add_declaration(declaration)  # before the handler: a conflict leaves neither
             _handlers[kind] = Handler(kind, func, units)
         return func
 
@@ -52,9 +82,19 @@ def registered_kinds() -> list[str]:
     return sorted(_handlers)
 
 
+def registered_handlers() -> list[Handler]:
+    """Every registered handler, by kind."""
+    with _lock:
+        return [_handlers[kind] for kind in sorted(_handlers)]
+
+
 def unregister(kind: str) -> None:
+    """Forget the handler of ``kind`` and the jobs declared in code for it."""
     with _lock:
         _handlers.pop(kind, None)
+    from .declared import forget_kind
+
+    forget_kind(kind)
 
 
 def autodiscover() -> None:

@@ -75,6 +75,8 @@ class Worker:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._signals = 0
+        self._heartbeat_stop = threading.Event()
+        self._heartbeat_thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ control
 
@@ -114,8 +116,8 @@ class Worker:
             kinds,
         )
         self._beat(started=True)
-        heartbeat = threading.Thread(target=self._heartbeat, name="dsch-heartbeat", daemon=True)
-        heartbeat.start()
+        self._heartbeat_thread = threading.Thread(target=self._heartbeat, name="dsch-heartbeat", daemon=True)
+        self._heartbeat_thread.start()
         listener = dialect.Listener(self.using or DEFAULT_DB_ALIAS, self._wake.set, logger)
         if listener.supported and not (self.once or self.burst):
             threading.Thread(target=listener.run, name="dsch-listen", daemon=True).start()
@@ -193,6 +195,9 @@ class Worker:
             except SchedulerError as exc:
                 logger.warning("could not give up the lease on %s: %s", occurrence.pk, exc)
             running.context._lease_lost.set()
+        self._heartbeat_stop.set()
+        if self._heartbeat_thread is not None:
+            self._heartbeat_thread.join(timeout=30)
         self._beat(stopped=True)
         connections.close_all()
 
@@ -318,7 +323,9 @@ class Worker:
     def _beat(self, *, started: bool = False, stopped: bool = False) -> None:
         """Upsert this process's row in the workers table (what the status command lists)."""
         now = conf.now()
-        values: dict[str, Any] = {"last_seen_at": now, "stopped_at": now if stopped else None}
+        values: dict[str, Any] = {"last_seen_at": now}
+        if stopped or started:
+            values["stopped_at"] = now if stopped else None
         if started:
             values.update(
                 hostname=socket.gethostname(),
@@ -338,24 +345,38 @@ class Worker:
             logger.warning("could not record the worker heartbeat of %s", self.worker_id)
 
     def _heartbeat(self) -> None:
-        interval = max(0.05, self.lease / 3)
-        while True:
-            time.sleep(interval)
-            self._beat()
-            with self._lock:
-                running = list(self._running.values())
-            for item in running:
-                occurrence = item.occurrence
-                try:
-                    kernel.renew(
-                        occurrence.pk,
-                        owner=self.worker_id,
-                        fence=occurrence.fence,
-                        lease=self.lease,
-                        using=self.using,
-                    )
-                except LeaseLost:
+        """Renew running leases every lease/3, and beat the worker row at least every 10 s."""
+        lease_every = max(0.05, self.lease / 3)
+        tick = min(lease_every, 10.0)
+        last_renew = time.monotonic()
+        while not self._heartbeat_stop.wait(tick):
+            try:
+                self._beat()
+                if time.monotonic() - last_renew >= lease_every - tick / 2:
+                    last_renew = time.monotonic()
+                    self._renew_all()
+            except Exception:
+                # The heartbeat must outlive anything one renewal throws, or every lease expires.
+                logger.exception("heartbeat error; continuing")
+                close_old_connections()
+        connections.close_all()
+
+    def _renew_all(self) -> None:
+        with self._lock:
+            running = list(self._running.values())
+        for item in running:
+            occurrence = item.occurrence
+            try:
+                kernel.renew(
+                    occurrence.pk,
+                    owner=self.worker_id,
+                    fence=occurrence.fence,
+                    lease=self.lease,
+                    using=self.using,
+                )
+            except LeaseLost:
+                if occurrence.pk in self._running:  # not merely settled in the meantime
                     item.context._lease_lost.set()
-                except DatabaseError:
-                    logger.warning("heartbeat could not renew %s; will retry", occurrence.pk)
-                    close_old_connections()
+            except DatabaseError:
+                logger.warning("heartbeat could not renew %s; will retry", occurrence.pk)
+                close_old_connections()

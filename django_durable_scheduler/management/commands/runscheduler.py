@@ -6,9 +6,11 @@ import argparse
 import logging
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
 
-from ... import registry
+from ... import declared, registry
+from ...exceptions import SchedulerError
 from ...worker import Worker, default_worker_id
 
 
@@ -76,6 +78,10 @@ class Command(BaseCommand):
             self.stderr.write("runscheduler: --once and --burst cannot be combined")
             raise SystemExit(2)
         registry.autodiscover()
+        try:
+            declared.sync_declared_jobs()  # create/update the jobs declared in code
+        except (SchedulerError, DatabaseError) as exc:
+            raise CommandError(f"runscheduler: could not sync declared jobs: {exc}") from exc
         worker = Worker(
             worker_id=options["worker_id"] or default_worker_id(),
             concurrency=options["concurrency"],

@@ -1,0 +1,307 @@
+"""Jobs declared in code, and their synchronization into the database.
+
+Declare a job next to its handler, or several jobs of one kind with :func:`declare_job`::
+
+    @scheduler.handler("reports.send-daily", job={"trigger": {"cron": "0 9 * * *"}, "authority": ...})
+    def send_daily(ctx): ...
+
+    scheduler.declare_job("reports.send-daily.eu", "reports.send-daily", authority=..., payload={...})
+
+:func:`sync_declared_jobs` (``manage.py scheduler_sync``) creates the declared jobs that do
+not exist yet and updates, through ``kernel.update_job`` (revision check, validation, event),
+those whose stored definition differs from the declaration. It never deletes a job.
+
+The declaration is the source of truth for every attribute it covers, omitted ones
+included (they mean the same default as ``create_job``): a change made elsewhere (say,
+disabling the job in the admin) is undone by the next sync. One exception: the authority's
+``schedulerPolicyRevision`` binding is kept when the declaration does not give one, so that
+syncing never unbinds a job from its principal's policy.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from . import conf
+from .authority import normalize_authority
+from .exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
+from .identity import canonical_json, normalize_bool, normalize_identifier, normalize_int, normalize_json
+from .identity import to_duration_ms as _duration_ms
+from .triggers import validate_trigger
+
+if TYPE_CHECKING:
+    from .models import Job
+
+# The kernel's bounds (kernel.py), repeated here so that declaring a job at import time
+# does not import the models.
+_DAY_MS = 24 * 60 * 60 * 1000
+MAX_RETRY_BASE_DELAY_MS = _DAY_MS
+MAX_RETRY_MAX_DELAY_MS = 31 * _DAY_MS
+MAX_ATTEMPTS_LIMIT = 32
+# A concurrent sync (another worker starting) can create or update the job between our read
+# and our write; then we read again and compare with what it wrote.
+_SYNC_ATTEMPTS = 5
+
+FIELDS = (
+    "trigger",
+    "authority",
+    "payload",
+    "enabled",
+    "max_attempts",
+    "retry_base_delay",
+    "retry_max_delay",
+)
+
+
+@dataclass(frozen=True)
+class DeclaredJob:
+    """A normalized job declaration. ``None`` retry delays follow the settings at sync time."""
+
+    job_id: str
+    kind: str
+    authority: dict[str, Any]
+    trigger: dict[str, Any]
+    payload: Any
+    enabled: bool
+    max_attempts: int
+    retry_base_delay_ms: int | None
+    retry_max_delay_ms: int | None
+
+
+_declared: dict[str, DeclaredJob] = {}
+_lock = threading.Lock()
+
+
+def _declaration(job_id: Any, kind: Any, fields: Mapping[str, Any], prefix: str) -> DeclaredJob:
+    unknown = sorted(str(key) for key in fields if key not in FIELDS)
+    if unknown:
+        raise InvalidArgument(f"{prefix}{unknown[0]}", f"is not a job attribute (known: {', '.join(FIELDS)})")
+    if fields.get("authority") is None:
+        raise InvalidArgument(f"{prefix}authority", "is required (the authority envelope the job runs under)")
+    base = fields.get("retry_base_delay")
+    maximum = fields.get("retry_max_delay")
+    base_ms = (
+        None
+        if base is None
+        else _duration_ms(base, f"{prefix}retry_base_delay", maximum_ms=MAX_RETRY_BASE_DELAY_MS)
+    )
+    max_ms = (
+        None
+        if maximum is None
+        else _duration_ms(maximum, f"{prefix}retry_max_delay", maximum_ms=MAX_RETRY_MAX_DELAY_MS)
+    )
+    if base_ms is not None and max_ms is not None and max_ms < base_ms:
+        raise InvalidArgument(f"{prefix}retry_max_delay", "must not be shorter than retry_base_delay")
+    trigger = fields.get("trigger")
+    return DeclaredJob(
+        job_id=normalize_identifier(job_id, f"{prefix}job_id"),
+        kind=normalize_identifier(kind, "kind", max_length=128),
+        authority=normalize_authority(fields["authority"], f"{prefix}authority"),
+        trigger=validate_trigger({} if trigger is None else trigger, f"{prefix}trigger"),
+        payload=normalize_json(fields.get("payload"), f"{prefix}payload"),
+        enabled=normalize_bool(fields.get("enabled", True), f"{prefix}enabled"),
+        max_attempts=normalize_int(
+            fields.get("max_attempts", 3), f"{prefix}max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT
+        ),
+        retry_base_delay_ms=base_ms,
+        retry_max_delay_ms=max_ms,
+    )
+
+
+def declaration_from_handler(kind: str, job: Any) -> DeclaredJob:
+    """Validate the ``job=`` dict of ``@scheduler.handler(kind, job=...)``."""
+    if not isinstance(job, Mapping):
+        raise InvalidArgument("job", f"must be a dict declaring the job, not {type(job).__name__}")
+    fields = {key: value for key, value in job.items() if key != "job_id"}
+    return _declaration(job.get("job_id", kind), kind, fields, "job.")
+
+
+def add_declaration(declaration: DeclaredJob) -> None:
+    """Record a declaration. The same one again is fine (a module imported twice); another
+    definition under the same job id is refused."""
+    with _lock:
+        existing = _declared.get(declaration.job_id)
+        if existing is not None and existing != declaration:
+            raise InvalidArgument(
+                "job_id",
+                f"job {declaration.job_id!r} is already declared with another definition "
+                f"(kind {existing.kind!r})",
+            )
+        _declared[declaration.job_id] = declaration
+
+
+def declare_job(
+    job_id: str,
+    kind: str,
+    *,
+    authority: dict[str, Any],
+    trigger: dict[str, Any] | None = None,
+    payload: Any = None,
+    enabled: bool = True,
+    max_attempts: int = 3,
+    retry_base_delay: float | timedelta | None = None,
+    retry_max_delay: float | timedelta | None = None,
+) -> DeclaredJob:
+    """Declare a job in code (created or updated by ``manage.py scheduler_sync``).
+
+    The arguments are those of ``create_job``; the declaration is validated now, so a bad
+    one fails where it is written. Returns the normalized declaration.
+    """
+    declaration = _declaration(
+        job_id,
+        kind,
+        {
+            "authority": authority,
+            "trigger": trigger,
+            "payload": payload,
+            "enabled": enabled,
+            "max_attempts": max_attempts,
+            "retry_base_delay": retry_base_delay,
+            "retry_max_delay": retry_max_delay,
+        },
+        "",
+    )
+    add_declaration(declaration)
+    return declaration
+
+
+def declared_jobs() -> list[DeclaredJob]:
+    """Every declared job, by job id."""
+    with _lock:
+        return [_declared[job_id] for job_id in sorted(_declared)]
+
+
+def undeclare(job_id: str) -> None:
+    """Forget a declaration (the job itself stays in the database)."""
+    with _lock:
+        _declared.pop(job_id, None)
+
+
+def forget_kind(kind: str) -> None:
+    """Forget every job declared for ``kind`` (``registry.unregister`` calls this)."""
+    with _lock:
+        for job_id in [job_id for job_id, d in _declared.items() if d.kind == kind]:
+            del _declared[job_id]
+
+
+# --------------------------------------------------------------------------- sync
+
+
+def _retry_ms(declared_ms: int | None, setting: float, field: str, maximum_ms: int) -> int:
+    # Omitted delays mean what create_job would store: the setting, as it reads it.
+    return declared_ms if declared_ms is not None else _duration_ms(setting, field, maximum_ms=maximum_ms)
+
+
+def _canonical_or_none(normalize: Callable[[Any], Any], value: Any) -> str | None:
+    """The canonical JSON of a stored value after normalizing; None if it no longer validates
+    (then it differs from any valid declaration)."""
+    try:
+        return canonical_json(normalize(value))
+    except InvalidArgument:
+        return None
+
+
+def _authority_for(declaration: DeclaredJob, stored: Any) -> dict[str, Any]:
+    """The declared envelope, keeping the stored policy binding when it names none."""
+    refs = declaration.authority["authorizationRefs"]
+    stored_refs = stored.get("authorizationRefs") if isinstance(stored, dict) else None
+    bound = stored_refs.get("schedulerPolicyRevision") if isinstance(stored_refs, dict) else None
+    if "schedulerPolicyRevision" in refs or bound is None:
+        return declaration.authority
+    return normalize_authority(
+        {**declaration.authority, "authorizationRefs": {**refs, "schedulerPolicyRevision": bound}}
+    )
+
+
+def changes_for(declaration: DeclaredJob, job: Job) -> dict[str, Any]:
+    """The ``update_job`` changes that bring ``job`` to ``declaration`` (empty: unchanged)."""
+    changes: dict[str, Any] = {}
+    if job.kind != declaration.kind:
+        changes["kind"] = declaration.kind
+    if _canonical_or_none(validate_trigger, job.trigger) != canonical_json(declaration.trigger):
+        changes["trigger"] = declaration.trigger
+    if _canonical_or_none(lambda value: value, job.payload) != canonical_json(declaration.payload):
+        changes["payload"] = declaration.payload
+    authority = _authority_for(declaration, job.authority)
+    if _canonical_or_none(normalize_authority, job.authority) != canonical_json(authority):
+        changes["authority"] = authority
+    if job.enabled != declaration.enabled:
+        changes["enabled"] = declaration.enabled
+    if job.max_attempts != declaration.max_attempts:
+        changes["max_attempts"] = declaration.max_attempts
+    base_ms = _retry_ms(
+        declaration.retry_base_delay_ms,
+        conf.settings.RETRY_BASE_DELAY,
+        "DURABLE_SCHEDULER_RETRY_BASE_DELAY",
+        MAX_RETRY_BASE_DELAY_MS,
+    )
+    max_ms = _retry_ms(
+        declaration.retry_max_delay_ms,
+        conf.settings.RETRY_MAX_DELAY,
+        "DURABLE_SCHEDULER_RETRY_MAX_DELAY",
+        MAX_RETRY_MAX_DELAY_MS,
+    )
+    # Both together when either changes: update_job checks max >= base on the pair.
+    if job.retry_base_delay_ms != base_ms or job.retry_max_delay_ms != max_ms:
+        changes["retry_base_delay"] = timedelta(milliseconds=base_ms)
+        changes["retry_max_delay"] = timedelta(milliseconds=max_ms)
+    return changes
+
+
+def _sync_one(declaration: DeclaredJob, using: str | None) -> str:
+    from . import kernel
+
+    for _ in range(_SYNC_ATTEMPTS):
+        try:
+            job = kernel.get_job(declaration.job_id, using=using)
+        except NotFound:
+            authority = declaration.authority
+            try:
+                kernel.create_job(
+                    declaration.job_id,
+                    declaration.kind,
+                    authority=authority,
+                    trigger=declaration.trigger,
+                    payload=declaration.payload,
+                    enabled=declaration.enabled,
+                    max_attempts=declaration.max_attempts,
+                    retry_base_delay=None
+                    if declaration.retry_base_delay_ms is None
+                    else timedelta(milliseconds=declaration.retry_base_delay_ms),
+                    retry_max_delay=None
+                    if declaration.retry_max_delay_ms is None
+                    else timedelta(milliseconds=declaration.retry_max_delay_ms),
+                    using=using,
+                )
+            except Conflict:
+                continue  # created meanwhile by another process: compare with that
+            return "created"
+        changes = changes_for(declaration, job)
+        if not changes:
+            return "unchanged"
+        try:
+            kernel.update_job(declaration.job_id, expected_revision=job.revision, using=using, **changes)
+        except RevisionConflict:
+            continue  # changed meanwhile: compare again
+        return "updated"
+    raise Conflict(
+        f"job {declaration.job_id!r} kept changing while it was being synced; try again",
+        {"job_id": declaration.job_id},
+    )
+
+
+def sync_declared_jobs(using: str | None = None) -> dict[str, list[str]]:
+    """Create the declared jobs that are missing and update the ones that differ.
+
+    Returns ``{"created": [...], "updated": [...], "unchanged": [...]}`` (job ids). Each job
+    is its own kernel transaction; a job that changes only gets a new revision. Jobs that
+    are no longer declared are left alone.
+    """
+    result: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": []}
+    for declaration in declared_jobs():
+        result[_sync_one(declaration, using)].append(declaration.job_id)
+    return result

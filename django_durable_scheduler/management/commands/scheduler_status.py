@@ -1,0 +1,53 @@
+"""``manage.py scheduler_status``: the scheduler's health; exit code 1 when unhealthy."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
+
+from ... import ops
+
+
+class Command(BaseCommand):
+    help = (
+        "Show occurrence counts, the oldest due lag, workers, kinds nobody handles and policies "
+        "near their budget. Exits 1 when unhealthy (for container health checks)."
+    )
+    # A health probe runs often: skip the system checks (they import every handler module).
+    requires_system_checks: list[str] = []
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--json", action="store_true", help="print the status as JSON")
+        parser.add_argument(
+            "--stale-after",
+            type=ops.duration_argument,
+            default=ops.DEFAULT_STALE_AFTER,
+            help="a worker silent this long is not live (default 60 s; 90s, 5m, ...)",
+        )
+        parser.add_argument(
+            "--max-lag",
+            type=ops.duration_argument,
+            default=ops.DEFAULT_MAX_LAG,
+            help="unhealthy when due work has waited longer (default 300 s)",
+        )
+        parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="database alias")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            status = ops.collect_status(
+                stale_after=options["stale_after"], max_lag=options["max_lag"], using=options["database"]
+            )
+        except DatabaseError as exc:
+            # A health check that cannot reach its database is unhealthy, not a traceback.
+            self.stderr.write(f"scheduler_status: unhealthy: database error: {ops.first_line(exc)}")
+            raise SystemExit(1) from None
+        if options["json"]:
+            self.stdout.write(json.dumps(status.as_json(), indent=2))
+        else:
+            self.stdout.write(ops.format_status(status))
+        if not status.healthy:
+            self.stderr.write("scheduler_status: unhealthy: " + "; ".join(status.problems))
+            raise SystemExit(1)

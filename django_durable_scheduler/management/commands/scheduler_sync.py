@@ -1,0 +1,38 @@
+"""``manage.py scheduler_sync``: create or update the jobs declared in code."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS, DatabaseError
+
+from ... import declared, ops, registry
+from ...exceptions import SchedulerError
+
+
+class Command(BaseCommand):
+    help = (
+        "Import the handler modules, then create the jobs declared in code that are missing and "
+        "update those that differ (never deletes a job)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--json", action="store_true", help="print the result as JSON")
+        parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="database alias")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            registry.autodiscover()
+            result = declared.sync_declared_jobs(using=options["database"])
+        except SchedulerError as exc:
+            raise CommandError(f"scheduler_sync: {exc}") from exc
+        except DatabaseError as exc:
+            raise CommandError(f"scheduler_sync: database error: {ops.first_line(exc)}") from exc
+        if options["json"]:
+            self.stdout.write(json.dumps(result))
+            return
+        for outcome in ("created", "updated", "unchanged"):
+            ids = result[outcome]
+            self.stdout.write(f"{outcome}: {len(ids)}" + (f" ({', '.join(ids)})" if ids else ""))

@@ -1,0 +1,509 @@
+"""Operating the scheduler: the health report behind ``manage.py scheduler_status`` and the
+pruning behind ``manage.py scheduler_prune``. The commands only parse options and print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db.models import Case, Count, F, Min, Q, When
+
+from . import conf, dialect
+from .identity import from_ms, iso_ms, to_ms
+from .models import (
+    PENDING_STATUSES,
+    TERMINAL_STATUSES,
+    AuthorityPolicy,
+    AuthorityReservation,
+    AuthorityUsage,
+    Event,
+    Occurrence,
+    OccurrenceStatus,
+    ReservationStatus,
+    WorkerHeartbeat,
+)
+
+DEFAULT_STALE_AFTER = timedelta(seconds=60)
+DEFAULT_MAX_LAG = timedelta(seconds=300)
+# A policy is "near its budget" when the current window used this share of runs or units.
+NEAR_BUDGET_PERCENT = 80
+DEFAULT_PRUNE_BATCH = 500
+MAX_PRUNE_BATCH = 10_000
+MAX_DURATION = timedelta(days=36_500)
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+# --------------------------------------------------------------------------- durations
+
+
+def parse_duration(text: str) -> timedelta:
+    """``30d``, ``12h``, ``90m``, ``3600s`` or plain seconds; ``ValueError`` otherwise."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(f"expected a duration such as 30d, 12h, 90m, 3600s or plain seconds, not {text!r}")
+    seconds = float(match[1]) * _UNIT_SECONDS[match[2].lower()]
+    if seconds > MAX_DURATION.total_seconds():
+        raise ValueError(f"must be at most {MAX_DURATION.days} days, not {text!r}")
+    return timedelta(seconds=seconds)
+
+
+def duration_argument(text: str) -> timedelta:
+    """An argparse ``type`` for :func:`parse_duration`."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message on one line (database errors can span several)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _seconds(value: timedelta) -> float:
+    return round(value.total_seconds(), 3)
+
+
+# --------------------------------------------------------------------------- status
+
+
+@dataclass
+class WorkerState:
+    worker_id: str
+    hostname: str
+    pid: int
+    concurrency: int
+    kinds: list[str]
+    started_at: datetime
+    last_seen_at: datetime
+    stopped_at: datetime | None
+    age: timedelta  # since the last heartbeat
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "worker_id": self.worker_id,
+            "host": self.hostname,
+            "pid": self.pid,
+            "concurrency": self.concurrency,
+            "kinds": self.kinds,
+            "started_at": iso_ms(self.started_at),
+            "last_seen_at": iso_ms(self.last_seen_at),
+            "stopped_at": None if self.stopped_at is None else iso_ms(self.stopped_at),
+            "age_seconds": _seconds(self.age),
+        }
+
+
+@dataclass
+class KindBacklog:
+    """Occurrences of one kind that no live worker has a handler for."""
+
+    kind: str
+    waiting: int  # queued or retry_wait, due or not
+    due: int  # due now (including running ones whose lease expired)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "waiting": self.waiting, "due": self.due}
+
+
+@dataclass
+class BudgetUsage:
+    principal_type: str
+    principal_id: str
+    policy_revision: int
+    window_started_at: datetime
+    window_ends_at: datetime
+    runs: int
+    max_runs: int
+    units: int
+    max_units: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "principal": {"type": self.principal_type, "id": self.principal_id},
+            "policy_revision": self.policy_revision,
+            "window_started_at": iso_ms(self.window_started_at),
+            "window_ends_at": iso_ms(self.window_ends_at),
+            "runs": self.runs,
+            "max_runs": self.max_runs,
+            "units": self.units,
+            "max_units": self.max_units,
+        }
+
+
+@dataclass
+class Status:
+    now: datetime
+    counts: dict[str, int]
+    due: int
+    oldest_due_at: datetime | None
+    live_workers: list[WorkerState]
+    stale_workers: list[WorkerState]
+    stopped_workers: int
+    unhandled: list[KindBacklog]
+    near_budget: list[BudgetUsage]
+    disabled_waiting: int
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+    @property
+    def oldest_due_lag(self) -> timedelta | None:
+        return None if self.oldest_due_at is None else self.now - self.oldest_due_at
+
+    def as_json(self) -> dict[str, Any]:
+        lag = self.oldest_due_lag
+        return {
+            "healthy": self.healthy,
+            "problems": self.problems,
+            "now": iso_ms(self.now),
+            "counts": self.counts,
+            "due": self.due,
+            "oldest_due_at": None if self.oldest_due_at is None else iso_ms(self.oldest_due_at),
+            "oldest_due_lag_seconds": None if lag is None else _seconds(lag),
+            "live_workers": [w.as_json() for w in self.live_workers],
+            "stale_workers": [w.as_json() for w in self.stale_workers],
+            "stopped_workers": self.stopped_workers,
+            "unhandled_kinds": [k.as_json() for k in self.unhandled],
+            "near_budget": [b.as_json() for b in self.near_budget],
+            "disabled_waiting": self.disabled_waiting,
+        }
+
+
+def _due(now: datetime) -> Q:
+    # What a worker would claim now (kernel._due), the final-attempt lease expiries too:
+    # those are work as well (the next claim dead-letters them).
+    return Q(status__in=PENDING_STATUSES, available_at__lte=now) | Q(
+        status=OccurrenceStatus.RUNNING, lease_expires_at__lte=now
+    )
+
+
+def _due_at() -> Case:
+    return Case(When(status=OccurrenceStatus.RUNNING, then=F("lease_expires_at")), default=F("available_at"))
+
+
+def _workers(
+    now: datetime, stale_after: timedelta, alias: str
+) -> tuple[list[WorkerState], list[WorkerState], int]:
+    live: list[WorkerState] = []
+    stale: list[WorkerState] = []
+    stopped = 0
+    for row in WorkerHeartbeat.objects.using(alias).order_by("worker_id"):
+        if row.stopped_at is not None:
+            stopped += 1
+            continue
+        kinds = [k for k in row.kinds if isinstance(k, str)] if isinstance(row.kinds, list) else []
+        state = WorkerState(
+            worker_id=row.worker_id,
+            hostname=row.hostname,
+            pid=row.pid,
+            concurrency=row.concurrency,
+            kinds=sorted(kinds),
+            started_at=row.started_at,
+            last_seen_at=row.last_seen_at,
+            stopped_at=row.stopped_at,
+            age=now - row.last_seen_at,
+        )
+        (live if state.age <= stale_after else stale).append(state)
+    return live, stale, stopped
+
+
+def _near_budget(now: datetime, percent: int, alias: str) -> list[BudgetUsage]:
+    """Enabled policies whose current window used ``percent`` % of its runs or units."""
+    by_window: dict[int, list[AuthorityPolicy]] = defaultdict(list)
+    for policy in AuthorityPolicy.objects.using(alias).filter(enabled=True):
+        by_window[policy.window_ms].append(policy)
+    now_ms = to_ms(now, "now")
+    found: list[BudgetUsage] = []
+    # One query per window length (there are few), not one per principal.
+    for window_ms, policies in sorted(by_window.items()):
+        start_ms = now_ms // window_ms * window_ms
+        start = from_ms(start_ms)
+        usage = {
+            (u.principal_type, u.principal_id, u.policy_revision): u
+            for u in AuthorityUsage.objects.using(alias).filter(window_started_at=start)
+        }
+        for policy in policies:
+            row = usage.get((policy.principal_type, policy.principal_id, policy.revision))
+            if row is None:
+                continue
+            if row.runs * 100 >= policy.max_runs * percent or row.units * 100 >= policy.max_units * percent:
+                found.append(
+                    BudgetUsage(
+                        principal_type=policy.principal_type,
+                        principal_id=policy.principal_id,
+                        policy_revision=policy.revision,
+                        window_started_at=start,
+                        window_ends_at=from_ms(start_ms + window_ms),
+                        runs=row.runs,
+                        max_runs=policy.max_runs,
+                        units=row.units,
+                        max_units=policy.max_units,
+                    )
+                )
+    found.sort(key=lambda b: (b.principal_type, b.principal_id))
+    return found
+
+
+def collect_status(
+    *,
+    stale_after: timedelta = DEFAULT_STALE_AFTER,
+    max_lag: timedelta = DEFAULT_MAX_LAG,
+    budget_percent: int = NEAR_BUDGET_PERCENT,
+    using: str | None = None,
+) -> Status:
+    """The scheduler's health as the status command reports it.
+
+    Unhealthy (``problems`` non-empty) when there is due work and no live worker, when the
+    oldest due occurrence has waited longer than ``max_lag``, or when due work is of a kind
+    that no live worker has a handler for. Occurrences of disabled jobs wait by design and
+    count for none of these (``disabled_waiting`` counts them).
+    """
+    alias = using or DEFAULT_DB_ALIAS
+    now = conf.now()
+    occurrences = Occurrence.objects.using(alias)
+    counts = {status.value: 0 for status in OccurrenceStatus}
+    for status_name, n in occurrences.values_list("status").annotate(n=Count("pk")).order_by():
+        counts[status_name] = n
+    due_by_kind: dict[str, int] = {}
+    oldest: datetime | None = None
+    for kind, n, kind_oldest in (
+        occurrences.filter(_due(now), job__enabled=True)
+        .values_list("job__kind")
+        .annotate(n=Count("pk"), oldest=Min(_due_at()))
+        .order_by()
+    ):
+        due_by_kind[kind] = n
+        oldest = kind_oldest if oldest is None else min(oldest, kind_oldest)
+    waiting_by_kind = dict(
+        occurrences.filter(status__in=PENDING_STATUSES, job__enabled=True)
+        .values_list("job__kind")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    disabled_waiting = occurrences.filter(status__in=PENDING_STATUSES, job__enabled=False).count()
+    live, stale, stopped = _workers(now, stale_after, alias)
+    handled = {kind for worker in live for kind in worker.kinds}
+    unhandled = [
+        KindBacklog(kind, waiting_by_kind.get(kind, 0), due_by_kind.get(kind, 0))
+        for kind in sorted(set(due_by_kind) | set(waiting_by_kind))
+        if kind not in handled
+    ]
+    status = Status(
+        now=now,
+        counts=counts,
+        due=sum(due_by_kind.values()),
+        oldest_due_at=oldest,
+        live_workers=live,
+        stale_workers=stale,
+        stopped_workers=stopped,
+        unhandled=unhandled,
+        near_budget=_near_budget(now, budget_percent, alias),
+        disabled_waiting=disabled_waiting,
+    )
+    if status.due and not live:
+        status.problems.append(f"no live worker while {status.due} occurrence(s) are due")
+    lag = status.oldest_due_lag
+    if lag is not None and lag > max_lag:
+        status.problems.append(
+            f"the oldest due occurrence has waited {lag.total_seconds():.0f} s "
+            f"(limit {max_lag.total_seconds():g} s)"
+        )
+    starved = [k for k in unhandled if k.due]
+    if live and starved:
+        listed = ", ".join(f"{k.kind} ({k.due} due)" for k in starved)
+        status.problems.append(f"due work for kinds no live worker handles: {listed}")
+    return status
+
+
+def format_status(status: Status) -> str:
+    """The status as text, for people."""
+    lines = ["occurrences: " + ", ".join(f"{name} {n}" for name, n in status.counts.items())]
+    lag = status.oldest_due_lag
+    if status.oldest_due_at is None or lag is None:
+        lines.append("due now: 0")
+    else:
+        lines.append(
+            f"due now: {status.due} (oldest due at {iso_ms(status.oldest_due_at)}, "
+            f"lag {lag.total_seconds():.1f} s)"
+        )
+    if status.disabled_waiting:
+        lines.append(f"waiting on disabled jobs: {status.disabled_waiting}")
+    for title, workers in (("live workers", status.live_workers), ("stale workers", status.stale_workers)):
+        lines.append(f"{title}: {len(workers)}")
+        lines.extend(
+            f"  {w.worker_id} host={w.hostname} pid={w.pid} concurrency={w.concurrency} "
+            f"kinds={','.join(w.kinds) or '-'} last seen {iso_ms(w.last_seen_at)} "
+            f"({w.age.total_seconds():.1f} s ago)"
+            for w in workers
+        )
+    if status.stopped_workers:
+        lines.append(f"stopped workers: {status.stopped_workers}")
+    if status.unhandled:
+        lines.append("waiting for a kind no live worker handles:")
+        lines.extend(f"  {k.kind}: {k.waiting} waiting, {k.due} due" for k in status.unhandled)
+    if status.near_budget:
+        lines.append(f"policies near their budget (>= {NEAR_BUDGET_PERCENT}%):")
+        lines.extend(
+            f"  {b.principal_type}:{b.principal_id} revision {b.policy_revision} "
+            f"window {iso_ms(b.window_started_at)}..{iso_ms(b.window_ends_at)}: "
+            f"runs {b.runs}/{b.max_runs}, units {b.units}/{b.max_units}"
+            for b in status.near_budget
+        )
+    lines.append("healthy" if status.healthy else "unhealthy: " + "; ".join(status.problems))
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- prune
+
+
+@dataclass
+class PruneResult:
+    cutoff: datetime
+    dry_run: bool
+    occurrences: int = 0
+    events: int = 0
+    reservations: int = 0
+    job_events: int = 0
+    # Old enough, but kept: their reservation's budget window is still open.
+    kept: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "cutoff": iso_ms(self.cutoff),
+            "dry_run": self.dry_run,
+            "occurrences": self.occurrences,
+            "events": self.events,
+            "reservations": self.reservations,
+            "job_events": self.job_events,
+            "kept": self.kept,
+        }
+
+    def __str__(self) -> str:
+        verb = "would delete" if self.dry_run else "deleted"
+        text = (
+            f"{verb} {self.occurrences} occurrences settled before {iso_ms(self.cutoff)}, "
+            f"{self.events} of their events, {self.reservations} reservations, "
+            f"{self.job_events} job events"
+        )
+        if self.kept:
+            text += f"; kept {self.kept} whose budget window is still open"
+        return text
+
+
+def _open_window(ids: list[str], now: datetime, alias: str) -> set[str]:
+    """The occurrences among ``ids`` whose reservation must stay: still ``reserved``, or in
+    a budget window that has not ended (usage must keep equalling that window's
+    reservations). A reservation whose policy is gone counts as ended."""
+    reservations = list(
+        AuthorityReservation.objects.using(alias)
+        .filter(occurrence_id__in=ids)
+        .values_list("occurrence_id", "status", "principal_type", "principal_id", "window_started_at")
+    )
+    if not reservations:
+        return set()
+    windows = {
+        (ptype, pid): window_ms
+        for ptype, pid, window_ms in AuthorityPolicy.objects.using(alias)
+        .filter(principal_id__in={r[3] for r in reservations})
+        .values_list("principal_type", "principal_id", "window_ms")
+    }
+    keep = set()
+    for occurrence_id, status, ptype, pid, started in reservations:
+        window_ms = windows.get((ptype, pid))
+        if status == ReservationStatus.RESERVED or (
+            window_ms is not None and started + timedelta(milliseconds=window_ms) > now
+        ):
+            keep.add(occurrence_id)
+    return keep
+
+
+def prune(
+    older_than: timedelta,
+    *,
+    batch_size: int = DEFAULT_PRUNE_BATCH,
+    dry_run: bool = False,
+    include_job_events: bool = False,
+    using: str | None = None,
+) -> PruneResult:
+    """Delete terminal occurrences settled more than ``older_than`` ago, with their events
+    and reservations, in batches of ``batch_size`` (each its own short transaction).
+
+    Jobs are never deleted, so each job's ``last_slot_at`` keeps refusing the slots whose
+    occurrences are gone: pruning cannot make a slot fire twice. Explicit trigger keys have
+    no such guard: once pruned, ``enqueue``/``enqueue_once_per_trigger`` with the same key
+    create a new occurrence, so keep keys you dedupe on longer than the prune age. With
+    ``include_job_events``, events not tied to an occurrence (job created/updated, skipped
+    slots) older than the age go too. ``dry_run`` counts and writes nothing.
+    """
+    if not 1 <= batch_size <= MAX_PRUNE_BATCH:
+        raise ValueError(f"batch_size must be between 1 and {MAX_PRUNE_BATCH}")
+    alias = using or DEFAULT_DB_ALIAS
+    now = conf.now()
+    result = PruneResult(cutoff=now - older_than, dry_run=dry_run)
+    cursor = ""
+    while True:
+        with transaction.atomic(using=alias):
+            if not dry_run:
+                dialect.take_write_lock(connections[alias])
+            candidates = (
+                Occurrence.objects.using(alias)
+                .filter(status__in=TERMINAL_STATUSES, settled_at__lt=result.cutoff, pk__gt=cursor)
+                .order_by("pk")
+            )
+            if not dry_run:
+                # Terminal rows do not change, but an admin "retry" could take one back
+                # to queued: lock them (skipping rows someone else holds) while we delete.
+                candidates = dialect.lock_rows(candidates, alias)
+            ids = list(candidates.values_list("pk", flat=True)[:batch_size])
+            if not ids:
+                break
+            cursor = ids[-1]
+            keep = _open_window(ids, now, alias)
+            result.kept += len(keep)
+            doomed = [pk for pk in ids if pk not in keep]
+            if doomed:
+                events = Event.objects.using(alias).filter(occurrence_id__in=doomed)
+                reservations = AuthorityReservation.objects.using(alias).filter(occurrence_id__in=doomed)
+                doomed_rows = Occurrence.objects.using(alias).filter(pk__in=doomed)
+                if dry_run:
+                    result.events += events.count()
+                    result.reservations += reservations.count()
+                    result.occurrences += len(doomed)
+                else:
+                    # Children first (they PROTECT their occurrence). Raw deletes: nothing
+                    # else points at these rows, and the collector would load every
+                    # occurrence, payload and all, just to look.
+                    result.events += events._raw_delete(alias)
+                    result.reservations += reservations._raw_delete(alias)
+                    result.occurrences += doomed_rows._raw_delete(alias)
+        if len(ids) < batch_size:
+            break
+    if include_job_events:
+        result.job_events = _prune_job_events(result.cutoff, batch_size, dry_run, alias)
+    return result
+
+
+def _prune_job_events(cutoff: datetime, batch_size: int, dry_run: bool, alias: str) -> int:
+    old = Event.objects.using(alias).filter(occurrence__isnull=True, occurred_at__lt=cutoff)
+    if dry_run:
+        return old.count()
+    total = 0
+    while True:
+        with transaction.atomic(using=alias):
+            dialect.take_write_lock(connections[alias])
+            ids = list(old.order_by("pk").values_list("pk", flat=True)[:batch_size])
+            if ids:
+                total += Event.objects.using(alias).filter(pk__in=ids)._raw_delete(alias)
+        if len(ids) < batch_size:
+            return total

@@ -1,0 +1,229 @@
+"""System checks: one test (at least) per stable id."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import pytest
+from django.core.checks import run_checks
+from django.test.utils import override_settings
+
+import django_durable_scheduler as scheduler
+from django_durable_scheduler import checks, registry
+from django_durable_scheduler.registry import Handler
+
+from .conftest import AUTHORITY
+
+
+def ids(messages) -> list[str]:
+    return [m.id for m in messages]
+
+
+def ours(**kwargs) -> list:
+    return run_checks(tags=[checks.TAG], **kwargs)
+
+
+def test_a_correct_project_has_no_messages(db):
+    assert ours(databases=["default"]) == []
+
+
+# --------------------------------------------------------------------------- E001
+
+
+@pytest.fixture
+def broken_app(tmp_path, monkeypatch):
+    """An installed app whose handler module raises on import."""
+    package = tmp_path / "dsch_broken_app"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "tasks.py").write_text("raise RuntimeError('boom at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from django.conf import settings
+
+    with override_settings(INSTALLED_APPS=[*settings.INSTALLED_APPS, "dsch_broken_app"]):
+        yield "dsch_broken_app"
+    for name in [m for m in sys.modules if m.startswith("dsch_broken_app")]:
+        del sys.modules[name]
+
+
+def test_e001_handler_module_import_error(broken_app):
+    messages = checks.check_handler_modules()
+    assert ids(messages) == ["durable_scheduler.E001"]
+    (message,) = messages
+    assert message.msg == (
+        "Handler module 'dsch_broken_app.tasks' of app 'dsch_broken_app' fails to import: "
+        "RuntimeError: boom at import"
+    )
+    assert message.obj == "dsch_broken_app.tasks"
+    assert "SILENCED_SYSTEM_CHECKS" in message.hint
+    assert "durable_scheduler.E001" in ids(ours())
+
+
+def test_e001_not_raised_for_importable_modules():
+    assert checks.check_handler_modules() == []
+
+
+def test_e001_skipped_when_the_module_setting_is_invalid(settings):
+    settings.DURABLE_SCHEDULER_HANDLER_MODULE = "not a module"
+    assert checks.check_handler_modules() == []  # E003 reports it
+
+
+# --------------------------------------------------------------------------- E002
+
+
+def _noop(ctx):
+    return None
+
+
+@pytest.mark.parametrize(
+    ("handler", "problem"),
+    [
+        (Handler("bad.units", _noop, 0), "its units 0 are not a whole number in 1..1000000 or a callable"),
+        (Handler("bad.units", _noop, 1_000_001), "its units 1000001 are not"),
+        (Handler("bad.units", _noop, 2.5), "its units 2.5 are not"),  # type: ignore[arg-type]
+        (Handler("bad.units", _noop, True), "its units True are not"),
+        (Handler("bad.units", "not-a-function", 1), "its handler 'not-a-function' is not callable"),  # type: ignore[arg-type]
+    ],
+)
+def test_e002_invalid_registration(monkeypatch, handler, problem):
+    monkeypatch.setitem(registry._handlers, handler.kind, handler)
+    messages = checks.check_handlers()
+    assert ids(messages) == ["durable_scheduler.E002"]
+    assert messages[0].msg.startswith(f"Kind 'bad.units' is registered wrongly: {problem}")
+    assert messages[0].obj == "bad.units"
+    assert "@scheduler.handler(kind, units=N)" in messages[0].hint
+
+
+def test_e002_accepts_callable_and_boundary_units(monkeypatch):
+    monkeypatch.setitem(registry._handlers, "ok.callable", Handler("ok.callable", _noop, lambda ctx: 3))
+    monkeypatch.setitem(registry._handlers, "ok.max", Handler("ok.max", _noop, 1_000_000))
+    assert checks.check_handlers() == []
+
+
+# --------------------------------------------------------------------------- E003
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "problem"),
+    [
+        ("HANDLER_MODULE", "my tasks", "must be a dotted module name"),
+        ("HANDLER_MODULE", "tasks.", "must be a dotted module name"),
+        ("HANDLER_MODULE", 3, "must be a dotted module name"),
+        ("DEFAULT_LEASE", 0, "must be a number of seconds in (0, 86400]"),
+        ("RETRY_BASE_DELAY", 0, "must be a number of seconds in (0, 86400]"),
+        ("RETRY_BASE_DELAY", -1.5, "must be a number of seconds"),
+        ("RETRY_BASE_DELAY", "10", "must be a number of seconds"),
+        ("RETRY_BASE_DELAY", float("nan"), "must be a number of seconds"),
+        ("RETRY_MAX_DELAY", 5, "(5) must not be shorter than DURABLE_SCHEDULER_RETRY_BASE_DELAY (10)"),
+        ("RETRY_MAX_DELAY", 40 * 86400, "must be a number of seconds in (0, 2678400]"),
+        ("RETRY_JITTER", 1, "must be a number in [0, 1)"),
+        ("RETRY_JITTER", -0.1, "must be a number in [0, 1)"),
+        ("RETRY_JITTER", True, "must be a number in [0, 1)"),
+        ("MAX_CLAIM_BATCH", 0, "must be a whole number >= 1"),
+        ("MAX_CLAIM_BATCH", 2.0, "must be a whole number >= 1"),
+        ("CLOCK", 42, "must be a callable (or a dotted path to one)"),
+        ("CLOCK", "tests.no_such_module.clock", "cannot be imported"),
+        ("CLOCK", "tests.conftest.AUTHORITY", "must be a callable"),
+    ],
+)
+def test_e003_settings_of_the_wrong_type_or_range(settings, name, value, problem):
+    setattr(settings, f"DURABLE_SCHEDULER_{name}", value)
+    messages = checks.check_settings()
+    assert ids(messages) == ["durable_scheduler.E003"]
+    assert messages[0].msg.startswith(f"DURABLE_SCHEDULER_{name} ")
+    assert problem in messages[0].msg
+    assert messages[0].obj == f"DURABLE_SCHEDULER_{name}"
+    assert messages[0].hint
+
+
+def test_e003_valid_settings(settings, clock):
+    settings.DURABLE_SCHEDULER_HANDLER_MODULE = "jobs.handlers"
+    settings.DURABLE_SCHEDULER_RETRY_BASE_DELAY = 0.5
+    settings.DURABLE_SCHEDULER_RETRY_MAX_DELAY = 0.5
+    settings.DURABLE_SCHEDULER_RETRY_JITTER = 0
+    settings.DURABLE_SCHEDULER_MAX_CLAIM_BATCH = 1
+    assert checks.check_settings() == []  # the clock fixture's callable too
+    settings.DURABLE_SCHEDULER_CLOCK = "tests.procs.clock.dilated"
+    assert checks.check_settings() == []
+
+
+def test_e003_reports_every_bad_setting(settings):
+    settings.DURABLE_SCHEDULER_RETRY_JITTER = 2
+    settings.DURABLE_SCHEDULER_MAX_CLAIM_BATCH = -1
+    assert [m.obj for m in checks.check_settings()] == [
+        "DURABLE_SCHEDULER_RETRY_JITTER",
+        "DURABLE_SCHEDULER_MAX_CLAIM_BATCH",
+    ]
+
+
+# --------------------------------------------------------------------------- W001
+
+
+def fake_connections(monkeypatch, vendor: str, options: dict) -> None:
+    conn = SimpleNamespace(vendor=vendor, settings_dict={"OPTIONS": options})
+    monkeypatch.setattr(checks, "connections", {"main": conn})
+
+
+def test_w001_sqlite_without_immediate_transactions(monkeypatch):
+    fake_connections(monkeypatch, "sqlite", {})
+    messages = checks.check_sqlite_transaction_mode(databases=["main"])
+    assert ids(messages) == ["durable_scheduler.W001"]
+    assert "DATABASES['main']['OPTIONS']['transaction_mode'] = 'IMMEDIATE'" in messages[0].hint
+
+
+@pytest.mark.parametrize(
+    ("vendor", "options"), [("sqlite", {"transaction_mode": "immediate"}), ("postgresql", {})]
+)
+def test_w001_not_raised(monkeypatch, vendor, options):
+    fake_connections(monkeypatch, vendor, options)
+    assert checks.check_sqlite_transaction_mode(databases=["main"]) == []
+
+
+def test_w001_only_with_databases(monkeypatch):
+    fake_connections(monkeypatch, "sqlite", {})
+    assert checks.check_sqlite_transaction_mode() == []
+
+
+# --------------------------------------------------------------------------- W002
+
+
+@pytest.fixture
+def unhandled_jobs(db, clock):
+    scheduler.create_job("orphan-1", "nobody.handles", authority=AUTHORITY)
+    scheduler.create_job("orphan-2", "nobody.handles", authority=AUTHORITY)
+    scheduler.create_job("paused", "also.nobody", authority=AUTHORITY, enabled=False)
+    scheduler.create_job("fine", "test.ok", authority=AUTHORITY)
+
+
+def test_w002_enabled_jobs_without_a_handler(unhandled_jobs):
+    messages = checks.check_jobs_have_handlers(databases=["default"])
+    assert ids(messages) == ["durable_scheduler.W002"]  # one per kind; disabled jobs wait anyway
+    assert messages[0].msg == (
+        "Enabled jobs of kind 'nobody.handles' in database 'default' have no handler registered "
+        "in this process."
+    )
+    assert messages[0].obj == "nobody.handles"
+    assert "@scheduler.handler('nobody.handles')" in messages[0].hint
+    assert "durable_scheduler.W002" in ids(ours(databases=["default"]))
+
+
+def test_w002_runs_only_when_databases_are_given(unhandled_jobs):
+    assert checks.check_jobs_have_handlers() == []
+    assert "durable_scheduler.W002" not in ids(ours())
+
+
+def test_w002_quiet_once_a_handler_is_registered(unhandled_jobs):
+    scheduler.handler("nobody.handles")(_noop)
+    try:
+        assert checks.check_jobs_have_handlers(databases=["default"]) == []
+    finally:
+        registry.unregister("nobody.handles")
+
+
+def test_w002_skips_a_database_without_the_tables(db, monkeypatch):
+    # migrate runs the database checks before it creates the tables.
+    from django.db import connections
+
+    monkeypatch.setattr(connections["default"].introspection, "table_names", lambda *a, **k: [])
+    assert checks.check_jobs_have_handlers(databases=["default"]) == []
