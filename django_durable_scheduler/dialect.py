@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Case, F, Q, QuerySet, When, Window
+from django.db.models import Case, F, IntegerField, Q, QuerySet, When, Window
 from django.db.models.functions import RowNumber
 
 from .models import Occurrence, OccurrenceStatus
@@ -63,16 +63,28 @@ def _due_at() -> Case:
     return Case(When(status=OccurrenceStatus.RUNNING, then=F("lease_expires_at")), default=F("available_at"))
 
 
-def claim_candidates(alias: str, due: Q, job_filter: Q, limit: int) -> list[Occurrence]:
+def claim_candidates(
+    alias: str, due: Q, job_filter: Q, limit: int, after_principal: str | None = None
+) -> list[Occurrence]:
     """Lock and return up to ``limit`` claimable occurrences, fair across principals.
 
     Fairness: within the due set, rank each principal's occurrences by due time and take
     rank 1 of every principal before rank 2 of any, so one principal's backlog cannot
-    starve another's. Window functions cannot be combined with FOR UPDATE, so the ranked
-    pool is read first and then locked, re-checking the condition under the lock.
+    starve another's. Among principals of equal rank, those after ``after_principal`` (the
+    last one this claimer served) come first: a claimer taking one at a time goes round
+    the principals instead of serving the earliest-due backlog again and again.
+
+    Window functions cannot be combined with FOR UPDATE, so the ranked pool is read first,
+    then locked in rank order, ``limit`` rows at a time, re-checking the due state under
+    the lock: only rows that are returned stay locked, so a concurrent claimer is never
+    kept from rows this one does not take.
     """
     base = Occurrence.objects.using(alias)
-    order = ("due_at", "scheduled_for", "occurrence_id")
+    rotation: list[Any] = []
+    if after_principal is not None:
+        rotation = [
+            Case(When(principal_key__gt=after_principal, then=0), default=1, output_field=IntegerField())
+        ]
     pool = list(
         base.filter(due & job_filter)
         .annotate(
@@ -83,11 +95,16 @@ def claim_candidates(alias: str, due: Q, job_filter: Q, limit: int) -> list[Occu
                 order_by=[_due_at().asc(), F("scheduled_for").asc(), F("occurrence_id").asc()],
             ),
         )
-        .order_by("fair_rank", *order)
+        .order_by(
+            "fair_rank",
+            *rotation,
+            *(["principal_key"] if rotation else []),
+            "due_at",
+            "scheduled_for",
+            "occurrence_id",
+        )
         .values_list("occurrence_id", flat=True)[: limit * CANDIDATE_FACTOR]
     )
-    if not pool:
-        return []
     rank = {pk: index for index, pk in enumerate(pool)}
     fields = (
         "occurrence_id",
@@ -110,9 +127,14 @@ def claim_candidates(alias: str, due: Q, job_filter: Q, limit: int) -> list[Occu
     # ``job_filter`` joins jobs (enabled, kind). Re-checking it under FOR UPDATE would lock
     # job rows too on MySQL (no OF), making claimers skip each other's jobs; so the locking
     # query re-checks only the occurrence's own due state, which is what races.
-    locked = list(lock_rows(base.filter(due, pk__in=pool).only(*fields), alias))
-    locked.sort(key=lambda row: rank[row.pk])
-    return locked[:limit]
+    got: list[Occurrence] = []
+    position = 0
+    while len(got) < limit and position < len(pool):
+        chunk = pool[position : position + limit - len(got)]
+        position += len(chunk)
+        got += lock_rows(base.filter(due, pk__in=chunk).only(*fields), alias)
+    got.sort(key=lambda row: rank[row.pk])
+    return got
 
 
 def notify_new_work(alias: str) -> None:

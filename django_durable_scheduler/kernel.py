@@ -792,9 +792,11 @@ def claim_batch(
     lease: float | timedelta,
     limit: int = 1,
     kinds: Iterable[str] | None = None,
+    after_principal: str | None = None,
     using: str | None = None,
 ) -> list[Occurrence]:
-    """Claim up to ``limit`` due occurrences in one transaction, fairly across principals.
+    """Claim up to ``limit`` due occurrences in one transaction, fairly across principals
+    (``after_principal``: the ``principal_key`` this claimer served last, for round-robin).
 
     Due: queued/retry_wait whose time has come, or running with an expired lease and
     attempts left (a reclaim). Each becomes running with attempt+1 and fence+1.
@@ -807,7 +809,7 @@ def claim_batch(
     now = conf.now()
     expires = now + timedelta(milliseconds=lease_ms)
     with _write(using) as alias:
-        rows = dialect.claim_candidates(alias, _due(now), _job_filter(kind_list), limit)
+        rows = dialect.claim_candidates(alias, _due(now), _job_filter(kind_list), limit, after_principal)
         if not rows:
             return []
         ids = [row.pk for row in rows]
@@ -848,6 +850,18 @@ def claim_batch(
             row.updated_at = now
         Event.objects.using(alias).bulk_create(events)
     return list(rows)
+
+
+def has_due(*, kinds: Iterable[str] | None = None, using: str | None = None) -> bool:
+    """Whether anything is claimable now (a read without locks: rows another claimer holds
+    count too)."""
+    kind_list = _kinds(kinds)
+    now = conf.now()
+    return (
+        Occurrence.objects.using(using or DEFAULT_DB_ALIAS)
+        .filter(_due(now) & _job_filter(kind_list))
+        .exists()
+    )
 
 
 def claim(

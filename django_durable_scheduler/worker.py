@@ -77,6 +77,7 @@ class Worker:
         self._signals = 0
         self._heartbeat_stop = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
+        self._principal_cursor: str | None = None
 
     # ------------------------------------------------------------------ control
 
@@ -124,6 +125,7 @@ class Worker:
         failures = 0
         while not self._stopping.is_set():
             claimed: list[Occurrence] = []
+            attempted = drained = False
             free = self.concurrency - len(self._running)
             if self.max_occurrences is not None:
                 free = min(free, self.max_occurrences - self.processed - len(self._running))
@@ -131,10 +133,22 @@ class Worker:
                 close_old_connections()
                 kernel.materialize_due(using=self.using)
                 if free > 0 and kinds:
+                    attempted = True
                     claimed = kernel.claim_batch(
-                        owner=self.worker_id, lease=self.lease, limit=free, kinds=kinds, using=self.using
+                        owner=self.worker_id,
+                        lease=self.lease,
+                        limit=free,
+                        kinds=kinds,
+                        after_principal=self._principal_cursor,
+                        using=self.using,
                     )
+                    if claimed:
+                        # Round-robin: the next claim starts after the last principal served.
+                        self._principal_cursor = claimed[-1].principal_key
                     self._start(claimed)
+                    if self.burst and not claimed and not self._running:
+                        # Empty may mean "locked by another claimer", not "nothing due".
+                        drained = not kernel.has_due(kinds=kinds, using=self.using)
                 failures = 0
             except DatabaseError:
                 failures += 1
@@ -152,7 +166,7 @@ class Worker:
             ):
                 self._wait_all(None)
                 break
-            if self.burst and not claimed and not self._running:
+            if self.burst and attempted and not claimed and not self._running and drained:
                 break
             if claimed and len(self._running) < self.concurrency:
                 continue  # there may be more due work: claim again at once
@@ -287,7 +301,12 @@ class Worker:
 
     def _settle(self, occurrence: Occurrence, outcome: dict[str, Any]) -> None:
         kwargs: dict[str, Any] = {"owner": self.worker_id, "fence": occurrence.fence, "using": self.using}
-        for attempt in range(5):
+        # Keep trying through a database outage for as long as the lease could still hold:
+        # giving up earlier would make finished work run again after the lease expires.
+        deadline = time.monotonic() + self.lease
+        attempt = 0
+        while time.monotonic() < deadline:
+            attempt += 1
             try:
                 try:
                     if outcome["status"] == "succeeded":
@@ -313,9 +332,9 @@ class Worker:
                 logger.warning("%s: result not recorded: %s", occurrence.pk, exc)
                 return
             except DatabaseError:
-                logger.exception("database error settling %s (try %d)", occurrence.pk, attempt + 1)
+                logger.exception("database error settling %s (try %d)", occurrence.pk, attempt)
                 connections.close_all()
-                time.sleep(min(5.0, 0.2 * 2**attempt))
+                time.sleep(min(5.0, 0.2 * 2 ** min(attempt, 5), max(0.0, deadline - time.monotonic())))
         outcome["status"] = "unsettled"
 
     # ------------------------------------------------------------------ heartbeat

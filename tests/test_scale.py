@@ -12,8 +12,7 @@ from django.db import transaction
 import django_durable_scheduler as scheduler
 from django_durable_scheduler.models import Event, Occurrence
 
-from .conftest import authority_for
-from .procs.runner import Workers
+from .procs.runner import Workers, granted, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -38,19 +37,26 @@ WORKERS = 3
 OCCURRENCES = 1000
 
 
-def test_three_workers_drain_a_pool_exactly_once(workers):
+def test_three_workers_drain_a_pool_exactly_once(workers, request):
     for p in range(5):
-        scheduler.create_job(f"scale-{p}", "test.ok", authority=authority_for(f"p{p}"))
+        scheduler.create_job(f"scale-{p}", "test.ok", authority=granted(f"p{p}"))
     ids = []
     for p in range(5):
         ids += enqueue_many(f"scale-{p}", OCCURRENCES // 5)
     started = time.monotonic()
-    procs = [
-        workers.start("--worker-id", f"s{i}", "--burst", "--concurrency", "4", verbosity=0)
-        for i in range(WORKERS)
-    ]
+    procs = [workers.start("--worker-id", f"s{i}", "--burst", "--concurrency", "4") for i in range(WORKERS)]
+    exited: dict[int, float] = {}
+    left_behind: dict[str, int] = {}
+    deadline = started + 300
+    while len(exited) < WORKERS and time.monotonic() < deadline:
+        for i, proc in enumerate(procs):
+            if i not in exited and not proc.alive():
+                exited[i] = time.monotonic() - started
+                # Counted after the exit, so never more than were due when the worker gave up.
+                left_behind[f"s{i}"] = Occurrence.objects.filter(status="queued").count()
+        time.sleep(0.05)
     for proc in procs:
-        assert proc.wait(300) == 0, proc.output()
+        assert proc.wait(10) == 0, proc.output()
     elapsed = time.monotonic() - started
 
     assert Occurrence.objects.filter(status="succeeded", attempt=1, fence=1).count() == OCCURRENCES
@@ -64,8 +70,13 @@ def test_three_workers_drain_a_pool_exactly_once(workers):
     successes = Event.objects.filter(event_type="occurrence_succeeded")
     assert successes.count() == OCCURRENCES
     per_worker = Counter(successes.values_list("owner_id", flat=True))
-    print(f"\n[scale] {OCCURRENCES} in {elapsed:.1f} s; per worker {dict(sorted(per_worker.items()))}")
+    print(
+        f"\n[scale] {OCCURRENCES} in {elapsed:.1f} s; per worker {dict(sorted(per_worker.items()))}; "
+        f"exited after {', '.join(f's{i} {t:.1f} s' for i, t in sorted(exited.items()))}"
+    )
     assert set(per_worker) == {f"s{i}" for i in range(WORKERS)}, "a worker processed nothing"
+    # --burst runs "until nothing is due": no worker may leave while occurrences are queued.
+    assert not any(left_behind.values()), f"burst workers exited with work due: {left_behind}"
     # A claim and its success are by the same worker.
     claimed_by = dict(
         Event.objects.filter(event_type="occurrence_claimed").values_list("occurrence_id", "owner_id")
@@ -79,8 +90,8 @@ FIRST = 60
 
 
 def test_a_backlog_does_not_starve_another_principal(workers):
-    scheduler.create_job("backlog", "test.sleep", authority=authority_for("A"), payload={"seconds": 0.005})
-    scheduler.create_job("latecomer", "test.sleep", authority=authority_for("B"), payload={"seconds": 0.005})
+    scheduler.create_job("backlog", "test.sleep", authority=granted("A"), payload={"seconds": 0.005})
+    scheduler.create_job("latecomer", "test.sleep", authority=granted("B"), payload={"seconds": 0.005})
     enqueue_many("backlog", BACKLOG)
     # Due later than every one of A's: plain due-time order would run them last.
     late_ids = set(enqueue_many("latecomer", LATECOMER, start_ms=BASE_MS + 3_600_000))
@@ -101,3 +112,43 @@ def test_a_backlog_does_not_starve_another_principal(workers):
     # Claims alternate between the principals while both have work: B's are all done early.
     assert max(positions) < 3 * LATECOMER
     assert Occurrence.objects.filter(pk__in=late_ids, status="succeeded").count() == LATECOMER
+
+
+HELD = 4
+POOL = 200
+
+
+def test_burst_worker_is_not_turned_away_by_rows_another_claimer_holds(workers, request):
+    """Another claimer's open claim transaction holds a few rows; a --burst worker that starts
+    meanwhile must not mistake "these rows are locked" (SKIP LOCKED) for "nothing is due"."""
+    scheduler.create_job("held", "test.ok", authority=granted("held"))
+    ids = enqueue_many("held", POOL)
+    with transaction.atomic():
+        # SQLite: this holds the database write lock, so the worker simply waits for it.
+        held = scheduler.claim_batch(owner="holder", lease=600, limit=HELD)
+        proc = workers.start("--worker-id", "burst", "--burst", "--concurrency", "4")
+        wait_for(lambda: not proc.alive(), 3)
+    assert proc.wait(120) == 0, proc.output()
+    done = Occurrence.objects.filter(status="succeeded").count()
+    print(f"\n[held rows] the burst worker finished {done} of {POOL - HELD} claimable")
+    assert done == POOL - HELD, "the burst worker left while work was due"
+    assert set(Occurrence.objects.filter(status="running").values_list("pk", flat=True)) == {
+        o.pk for o in held
+    }
+    assert len(ids) == POOL
+
+
+SINGLE_SLOT = 200
+
+
+def test_burst_worker_with_one_slot_drains_the_pool(workers):
+    """--burst runs until nothing is due. With one slot, the loop wakes (poll interval) while the
+    handler runs, finds no free slot, does not claim; the handler ending just then must not be
+    taken for 'nothing due'."""
+    scheduler.create_job("one-slot", "test.echo", authority=granted("one-slot"), payload={"seconds": 0.005})
+    enqueue_many("one-slot", SINGLE_SLOT)
+    proc = workers.start("--burst", "--concurrency", "1", "--poll-interval", "0.01", verbosity=0)
+    assert proc.wait(120) == 0, proc.output()
+    done = Occurrence.objects.filter(status="succeeded").count()
+    print(f"\n[one slot] the burst worker finished {done} of {SINGLE_SLOT} and exited")
+    assert done == SINGLE_SLOT

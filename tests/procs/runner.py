@@ -88,3 +88,17 @@ class Workers:
                 worker.proc.wait(timeout=30)
             finally:
                 worker._handle.close()
+
+
+def granted(principal_id: str) -> dict:
+    """An authority envelope for ``principal_id`` whose principal has a policy covering it (with
+    a budget far above what these tests use), so the worker's authorization lets it run."""
+    import django_durable_scheduler as scheduler
+
+    from ..conftest import authority_for
+
+    authority = authority_for(principal_id, "tests.run")
+    ensure_policy = getattr(scheduler, "ensure_policy", None)
+    if ensure_policy is not None:
+        ensure_policy(authority)
+    return authority
