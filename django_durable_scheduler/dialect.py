@@ -103,9 +103,10 @@ def claim_candidates(
             "scheduled_for",
             "occurrence_id",
         )
-        .values_list("occurrence_id", flat=True)[: limit * CANDIDATE_FACTOR]
+        .values_list("occurrence_id", "job__kind")[: limit * CANDIDATE_FACTOR]
     )
-    rank = {pk: index for index, pk in enumerate(pool)}
+    kinds = dict(pool)
+    rank = {pk: index for index, (pk, _) in enumerate(pool)}
     fields = (
         "occurrence_id",
         "job_id",
@@ -129,11 +130,14 @@ def claim_candidates(
     # query re-checks only the occurrence's own due state, which is what races.
     got: list[Occurrence] = []
     position = 0
-    while len(got) < limit and position < len(pool):
-        chunk = pool[position : position + limit - len(got)]
+    ids = [pk for pk, _ in pool]
+    while len(got) < limit and position < len(ids):
+        chunk = ids[position : position + limit - len(got)]
         position += len(chunk)
         got += lock_rows(base.filter(due, pk__in=chunk).only(*fields), alias)
     got.sort(key=lambda row: rank[row.pk])
+    for row in got:
+        row.claimed_kind = kinds[row.pk]
     return got
 
 

@@ -793,6 +793,7 @@ def claim_batch(
     limit: int = 1,
     kinds: Iterable[str] | None = None,
     after_principal: str | None = None,
+    sweep_expired: bool = True,
     using: str | None = None,
 ) -> list[Occurrence]:
     """Claim up to ``limit`` due occurrences in one transaction, fairly across principals
@@ -805,7 +806,8 @@ def claim_batch(
     lease_ms = _lease_ms(lease)
     limit = normalize_int(limit, "limit", minimum=1, maximum=conf.settings.MAX_CLAIM_BATCH)
     kind_list = _kinds(kinds)
-    dead_letter_expired(using=using)
+    if sweep_expired:  # the worker sweeps on its own schedule instead of before every claim
+        dead_letter_expired(using=using)
     now = conf.now()
     expires = now + timedelta(milliseconds=lease_ms)
     with _write(using) as alias:

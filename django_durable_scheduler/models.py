@@ -143,6 +143,9 @@ class Occurrence(models.Model):
             models.CheckConstraint(condition=Q(job_revision__gte=1), name="dsch_occ_job_revision_min"),
         ]
 
+    # Not a column: the job's kind, filled in by a claim (so the worker need not look it up).
+    claimed_kind: str | None = None
+
     def __str__(self) -> str:
         return self.occurrence_id
 

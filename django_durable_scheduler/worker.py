@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
 import socket
 import threading
@@ -24,11 +25,15 @@ from . import conf, dialect, kernel, registry
 from .context import ExecutionContext
 from .exceptions import InvalidArgument, LeaseLost, PermanentFailure, Retry, SchedulerError
 from .identity import to_duration_ms
-from .models import Job, Occurrence, WorkerHeartbeat
+from .models import Occurrence, WorkerHeartbeat
 
 logger = logging.getLogger("django_durable_scheduler")
 
 MAX_TRACEBACK = 16 * 1024
+# How often the loop looks for due schedule slots and for expired final attempts (seconds):
+# each check is one cheap query, but not one per claim.
+MATERIALIZE_EVERY = 0.2
+SWEEP_EVERY = 1.0
 
 
 def default_worker_id() -> str:
@@ -39,7 +44,15 @@ class _Running:
     def __init__(self, occurrence: Occurrence, context: ExecutionContext) -> None:
         self.occurrence = occurrence
         self.context = context
-        self.thread: threading.Thread | None = None
+        self.done = threading.Event()
+
+
+def _tidy_connections() -> None:
+    """Keep this thread's connections open between occurrences (reconnecting costs more
+    than the work), but drop one that saw an error and no longer answers."""
+    for conn in connections.all(initialized_only=True):
+        if conn.errors_occurred:
+            conn.close_if_unusable_or_obsolete()
 
 
 class Worker:
@@ -78,6 +91,11 @@ class Worker:
         self._heartbeat_stop = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
         self._principal_cursor: str | None = None
+        self._queue: queue.Queue[_Running | None] = queue.Queue()
+        self._next_materialize = 0.0
+        self._next_sweep = 0.0
+        self._listener: dialect.Listener | None = None
+        self._listener_thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ control
 
@@ -119,9 +137,13 @@ class Worker:
         self._beat(started=True)
         self._heartbeat_thread = threading.Thread(target=self._heartbeat, name="dsch-heartbeat", daemon=True)
         self._heartbeat_thread.start()
+        for n in range(self.concurrency):
+            threading.Thread(target=self._pool_thread, name=f"dsch-run-{n}", daemon=True).start()
         listener = dialect.Listener(self.using or DEFAULT_DB_ALIAS, self._wake.set, logger)
         if listener.supported and not (self.once or self.burst):
-            threading.Thread(target=listener.run, name="dsch-listen", daemon=True).start()
+            self._listener = listener
+            self._listener_thread = threading.Thread(target=listener.run, name="dsch-listen", daemon=True)
+            self._listener_thread.start()
         failures = 0
         while not self._stopping.is_set():
             claimed: list[Occurrence] = []
@@ -130,8 +152,14 @@ class Worker:
             if self.max_occurrences is not None:
                 free = min(free, self.max_occurrences - self.processed - len(self._running))
             try:
-                close_old_connections()
-                kernel.materialize_due(using=self.using)
+                _tidy_connections()
+                now = time.monotonic()
+                if now >= self._next_materialize:
+                    self._next_materialize = now + MATERIALIZE_EVERY
+                    kernel.materialize_due(using=self.using)
+                if now >= self._next_sweep:
+                    self._next_sweep = now + SWEEP_EVERY
+                    kernel.dead_letter_expired(using=self.using)
                 if free > 0 and kinds:
                     attempted = True
                     claimed = kernel.claim_batch(
@@ -140,6 +168,7 @@ class Worker:
                         limit=free,
                         kinds=kinds,
                         after_principal=self._principal_cursor,
+                        sweep_expired=False,
                         using=self.using,
                     )
                     if claimed:
@@ -189,11 +218,11 @@ class Worker:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._lock:
-                threads = [r.thread for r in self._running.values() if r.thread is not None]
-            if not threads:
+                pending = [r.done for r in self._running.values()]
+            if not pending:
                 return
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            threads[0].join(remaining)
+            pending[0].wait(remaining)
             if deadline is not None and time.monotonic() >= deadline:
                 return
 
@@ -209,6 +238,11 @@ class Worker:
             except SchedulerError as exc:
                 logger.warning("could not give up the lease on %s: %s", occurrence.pk, exc)
             running.context._lease_lost.set()
+        for _ in range(self.concurrency):
+            self._queue.put(None)
+        if self._listener is not None and self._listener_thread is not None:
+            self._listener.stop()
+            self._listener_thread.join(timeout=5)
         self._heartbeat_stop.set()
         if self._heartbeat_thread is not None:
             self._heartbeat_thread.join(timeout=30)
@@ -220,14 +254,11 @@ class Worker:
     def _start(self, claimed: list[Occurrence]) -> None:
         if not claimed:
             return
-        kinds = dict(
-            Job.objects.using(self.using).filter(pk__in={o.job_id for o in claimed}).values_list("pk", "kind")
-        )
         for occurrence in claimed:
             context = ExecutionContext(
                 occurrence_id=occurrence.pk,
                 job_id=occurrence.job_id,
-                kind=kinds[occurrence.job_id],
+                kind=occurrence.claimed_kind or "",
                 attempt=occurrence.attempt,
                 max_attempts=occurrence.max_attempts,
                 fence=occurrence.fence,
@@ -238,18 +269,14 @@ class Worker:
                 using=self.using,
             )
             running = _Running(occurrence, context)
-            running.thread = threading.Thread(
-                target=self._execute, args=(running,), name=f"dsch-{occurrence.pk[:16]}", daemon=True
-            )
             with self._lock:
                 self._running[occurrence.pk] = running
-            running.thread.start()
+            self._queue.put(running)
 
     def _execute(self, running: _Running) -> None:
         occurrence, ctx = running.occurrence, running.context
         started = time.monotonic()
         try:
-            close_old_connections()
             outcome = self._call_handler(ctx)
             self._settle(occurrence, outcome)
             logger.info(
@@ -268,8 +295,18 @@ class Worker:
             with self._lock:
                 self._running.pop(occurrence.pk, None)
                 self.processed += 1
-            connections.close_all()
+            running.done.set()
+            _tidy_connections()
             self._wake.set()
+
+    def _pool_thread(self) -> None:
+        """One of ``concurrency`` long-lived handler threads, each with its own connection."""
+        while True:
+            running = self._queue.get()
+            if running is None:
+                connections.close_all()
+                return
+            self._execute(running)
 
     def _call_handler(self, ctx: ExecutionContext) -> dict[str, Any]:
         handler = registry.get_handler(ctx.kind)
