@@ -1,0 +1,1 @@
+"""Benchmark suite: ``python3 bench/run.py`` (see bench/README.md)."""

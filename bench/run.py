@@ -1,0 +1,375 @@
+#!/usr/bin/env python3
+"""Benchmark this package against its peers: ``python3 bench/run.py [--quick] [--db sqlite,postgres]``.
+
+Standard library only. Builds ``.venv-bench`` (Python 3.11, Django 5.2, this package with the
+postgres extra, and the pinned peers of bench/requirements.txt), then runs bench/suite.py once per
+database (PostgreSQL ``postgres://postgres@127.0.0.1:5432/dschbench``, created and dropped here;
+SQLite in a temporary file), prints one table and writes ``bench/results-<date>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from types import ModuleType
+
+
+def _load_devenv() -> ModuleType:
+    path = Path(__file__).resolve().parent.parent / "tests" / "devenv.py"
+    spec = importlib.util.spec_from_file_location("durable_scheduler_devenv", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+devenv = _load_devenv()
+ROOT: Path = devenv.ROOT
+BENCH = ROOT / "bench"
+VENV = ROOT / ".venv-bench"
+REQUIREMENTS = BENCH / "requirements.txt"
+DJANGO = "django>=5.2,<6"
+PG_URL = "postgres://postgres@127.0.0.1:5432/dschbench"
+
+
+def say(message: str) -> None:
+    print(f"[run.py] {message}", flush=True)
+
+
+def ensure_bench_venv() -> Path:
+    base = devenv.find_python(((3, 11),))
+    if base is None and sys.version_info[:2] == (3, 11):
+        base = Path(sys.executable)
+    if base is None:
+        raise SystemExit("bench/run.py needs Python 3.11 (on PATH or in pyenv)")
+    python = devenv.venv_python(VENV)
+    digest = hashlib.sha256()
+    for part in (REQUIREMENTS, devenv.PYPROJECT):
+        digest.update(part.read_bytes())
+    digest.update(f"{DJANGO}|{ROOT}".encode())
+    digest.update((devenv.output([str(base), "-c", "import sys; print(sys.version)"]) or "").encode())
+    key = digest.hexdigest()
+    stamp = VENV / devenv.STAMP_NAME
+    try:
+        current = json.loads(stamp.read_text()).get("key")
+    except (OSError, ValueError):
+        current = None
+    if current == key and devenv.interpreter_version(python) == (3, 11):
+        say(".venv-bench is up to date")
+        return python
+    if python.exists() and devenv.interpreter_version(python) != (3, 11):
+        shutil.rmtree(VENV)
+    if not python.exists():
+        say(f"creating .venv-bench with {base}")
+        if devenv.run([str(base), "-m", "venv", str(VENV)]) != 0:
+            raise SystemExit("could not create .venv-bench")
+    stamp.unlink(missing_ok=True)
+    devenv.run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"], quiet=True)
+    say(f"pip install -e .[postgres] {DJANGO!r} -r bench/requirements.txt into .venv-bench")
+    cmd = [str(python), "-m", "pip", "install", "-q", "-e", f"{ROOT}[postgres]", DJANGO]
+    cmd += ["-r", str(REQUIREMENTS)]
+    if devenv.run(cmd, quiet=True) != 0:
+        raise SystemExit("pip install into .venv-bench failed (output above)")
+    stamp.write_text(json.dumps({"key": key}))
+    return python
+
+
+def pg_answers(python: Path) -> str | None:
+    probe = (
+        "import psycopg; psycopg.connect(host='127.0.0.1', port=5432, user='postgres', dbname='postgres',"
+        " connect_timeout=5).close()"
+    )
+    proc = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
+    if proc.returncode == 0:
+        return None
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else f"exit {proc.returncode}"
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if unit in ("ops/s", "tps"):
+        return f"{value:,.0f}"
+    if unit == "ms":
+        return f"{value:,.2f}" if value < 10 else f"{value:,.1f}"
+    return f"{value:,.2f}"
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    out = []
+    for row in rows:
+        values = [v for v in row["samples"] if v is not None]
+        failed = len(row["samples"]) - len(values)
+        out.append(
+            {
+                **row,
+                "n": len(values),
+                "failed_runs": failed,
+                "median": statistics.median(values) if values else None,
+                "min": min(values) if values else None,
+                "max": max(values) if values else None,
+            }
+        )
+    # Ratio of ours to the best peer on the same database and workload (> 1: ours is better).
+    peers = ("django-tasks-db", "django-q2", "procrastinate")
+    for row in out:
+        if not row["system"].startswith("ours") or row["median"] is None:
+            continue
+        rivals = [
+            r
+            for r in out
+            if r["db"] == row["db"]
+            and r["workload"] == row["workload"]
+            and r["system"] in peers
+            and r["median"]
+        ]
+        if not rivals:
+            continue
+        if row["better"] == "higher":
+            best = max(rivals, key=lambda r: r["median"])
+            row["ratio"] = row["median"] / best["median"]
+        else:
+            best = min(rivals, key=lambda r: r["median"])
+            row["ratio"] = best["median"] / row["median"] if row["median"] else None
+        row["best_peer"] = best["system"]
+    return out
+
+
+def print_table(rows: list[dict]) -> None:
+    headers = ("db", "workload", "system", "unit", "median", "min-max", "n", "ours vs best peer")
+    if not rows:
+        print("\n(no results)")
+        return
+    table = []
+    for r in rows:
+        ratio = f"{r['ratio']:.2f}x ({r['best_peer']})" if r.get("ratio") else ""
+        unit = r["unit"]
+        spread = f"{_fmt(r['min'], unit)}-{_fmt(r['max'], unit)}" if r["median"] is not None else "-"
+        n = f"{r['n']}" + (f" ({r['failed_runs']} failed)" if r["failed_runs"] else "")
+        table.append((r["db"], r["workload"], r["system"], unit, _fmt(r["median"], unit), spread, n, ratio))
+    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)] if table else []
+    print()
+    for row in (headers, tuple("-" * w for w in widths), *table):
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def print_extras(results: dict[str, dict]) -> None:
+    for db, data in results.items():
+        for name, plan in data.get("plans", {}).items():
+            print(f"\n--- {db}: plan of {name}\n{plan}")
+        profile = data.get("profile") or {}
+        for mode, summary in profile.items():
+            print(
+                f"\n--- {db}: py-spy profile of our drain ({mode}; {summary.get('occurrences')} occurrences"
+                f" in {summary.get('seconds', 0):.1f} s, {summary.get('samples')} samples)"
+            )
+            for key, label, count in (
+                ("inclusive", "inclusive % of all samples", 12),
+                (
+                    "steady_inclusive",
+                    "inclusive % of the steady state (no start-up, no idle helper threads)",
+                    30,
+                ),
+                ("steady_self", "self % of the steady state", 20),
+            ):
+                if summary.get(key):
+                    print(f"  {label}")
+                    for name, pct in summary[key][:count]:
+                        print(f"  {pct:10.1f}  {name}")
+        census = data.get("queries_per_call") or {}
+        if census:
+            print(f"\n--- {db}: SQL statements per call (ours)")
+            for name, count in census.items():
+                print(f"  {count:4d}  {name}")
+        for note in data.get("notes", []):
+            print(f"note ({db}): {note}")
+
+
+def drain_vs_pgbench(rows: list[dict]) -> list[str]:
+    lines = []
+    for clients in (1, 2):
+        name = f"pgbench single-row UPDATE, {clients} client(s)"
+        ref = next((r for r in rows if r["workload"] == name and r["median"]), None)
+        if ref is None:
+            continue
+        for r in rows:
+            if r["db"] == "postgres" and r["workload"] == f"W2 drain x{clients}" and r["median"]:
+                lines.append(
+                    f"postgres W2 drain x{clients} {r['system']}: {r['median']:,.0f}/s = "
+                    f"{100 * r['median'] / ref['median']:.1f}% of pgbench -c {clients}"
+                    f" ({ref['median']:,.0f} tps)"
+                )
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python3 bench/run.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, for trying it out")
+    parser.add_argument("--db", default="sqlite,postgres", help="comma-separated: sqlite,postgres")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions per measurement (default 3)")
+    parser.add_argument(
+        "--workloads", default="w1,w2,w3,w4,pgbench,profile", help="subset of w1,w2,w3,w4,pgbench,profile"
+    )
+    parser.add_argument("--pg-url", default=PG_URL, help="PostgreSQL database (dschbench* names only)")
+    parser.add_argument("--out", default=None, help="results file (default bench/results-<date>.json)")
+    parser.add_argument("--n", type=int, default=None, help="W1/W2 size (default 5000, quick 500)")
+    parser.add_argument("--w3", type=int, default=None, help="W3 occurrences (default 200, quick 40)")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="RESULTS",
+        help="only merge results files of earlier runs (e.g. one per database) into one table and file",
+    )
+    parser.add_argument("--setup-only", action="store_true", help="build .venv-bench and stop")
+    args = parser.parse_args(argv)
+    dbs = [d.strip() for d in args.db.split(",") if d.strip()]
+    if not set(dbs) <= {"sqlite", "postgres"} or not dbs:
+        parser.error("--db takes sqlite and/or postgres")
+    if args.reps < 1:
+        parser.error("--reps must be at least 1")
+
+    if args.merge:
+        return merge(args.merge, args.out)
+    python = ensure_bench_venv()
+    if args.setup_only:
+        return 0
+    started = time.monotonic()
+    results: dict[str, dict] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="dschbench-"))
+    for db in dbs:
+        if db == "postgres":
+            why = pg_answers(python)
+            if why:
+                say(f"skipping postgres: the server does not answer: {why}")
+                continue
+            url = args.pg_url
+        else:
+            url = f"sqlite:///{tmp / 'dschbench.sqlite3'}"
+        out = tmp / f"{db}.json"
+        cmd = [str(python), "-m", "bench.suite", "--url", url, "--out", str(out), "--reps", str(args.reps)]
+        cmd += ["--workloads", args.workloads] + (["--quick"] if args.quick else [])
+        cmd += (["--n", str(args.n)] if args.n else []) + (["--w3", str(args.w3)] if args.w3 else [])
+        say(f"{db}: {' '.join(cmd[1:])}")
+        code = subprocess.call(cmd, cwd=ROOT)
+        if out.exists():
+            results[db] = json.loads(out.read_text())
+        if code:
+            say(f"{db}: suite exited {code}")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+    report(
+        results, argv, args.out, {"quick": args.quick, "reps": args.reps, "n": args.n, "w3": args.w3}, started
+    )
+    return 0 if results else 1
+
+
+def merge(paths: list[str], out: str | None) -> int:
+    """Combine the results files of several runs (one per database) into one report."""
+    results: dict[str, dict] = {}
+    metas = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        if "rows" in data:  # the output of one bench.suite run (one database)
+            metas.append({"suite": path})
+            per_db = {data["db"]: data}
+        else:
+            metas.append(data["meta"])
+            per_db = {
+                db: {**extra, "rows": [r for r in data["table"] if r["db"] == db]}
+                for db, extra in data["per_database"].items()
+            }
+        for db, extra in per_db.items():
+            into = results.setdefault(db, {"rows": []})
+            for key, value in extra.items():
+                if key == "rows":
+                    continue
+                if isinstance(value, dict) and isinstance(into.get(key), dict):
+                    into[key] = {**into[key], **value}
+                elif key not in into or value:
+                    into[key] = value
+            for row in extra["rows"]:
+                row = {k: v for k, v in row.items() if k in RAW_KEYS}
+                same = next(
+                    (
+                        r
+                        for r in into["rows"]
+                        if (r["db"], r["workload"], r["system"])
+                        == (row["db"], row["workload"], row["system"])
+                    ),
+                    None,
+                )
+                if same is None:
+                    into["rows"].append(row)
+                else:
+                    same["samples"] = same["samples"] + row["samples"]
+                    same["details"] = same.get("details", []) + row.get("details", [])
+    report(results, ["--merge", *paths], out, {"merged": metas}, time.monotonic())
+    return 0
+
+
+RAW_KEYS = ("db", "workload", "system", "unit", "better", "config", "samples", "details")
+
+
+def report(results: dict[str, dict], argv: list[str], out: str | None, options: dict, started: float) -> None:
+    rows = summarize([row for data in results.values() for row in data["rows"]])
+    print_extras(results)
+    print("\n" + "\n".join(drain_vs_pgbench(rows)))
+    print_table(rows)
+    stamp = datetime.now(UTC)
+    path = Path(out) if out else BENCH / f"results-{stamp:%Y-%m-%d}.json"
+    meta = {
+        "date": stamp.isoformat(timespec="seconds"),
+        "command": " ".join(["python3", "bench/run.py", *argv]),
+        **options,
+        "minutes": round((time.monotonic() - started) / 60, 1),
+    }
+    path.write_text(
+        json.dumps(
+            {
+                "meta": meta,
+                "table": rows,
+                "drain_vs_pgbench": drain_vs_pgbench(rows),
+                "per_database": {
+                    db: {k: v for k, v in data.items() if k != "rows"} for db, data in results.items()
+                },
+            },
+            indent=1,
+            default=str,
+        )
+        + "\n"
+    )
+    for db, data in results.items():
+        v = data.get("versions", {})
+        print(
+            f"\n{db}: {v.get('server')}; Python {v.get('python')}, Django {v.get('django')}, "
+            f"ours {v.get('django-durable-scheduler')}, django-tasks {v.get('django-tasks')} + "
+            f"django-tasks-db {v.get('django-tasks-db')}, django-q2 {v.get('django-q2')}, "
+            f"procrastinate {v.get('procrastinate')}; {v.get('cpus')} CPUs;"
+            f" settings {v.get('server_settings')}"
+        )
+    say(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:
+        print("\n[run.py] interrupted", file=sys.stderr)
+        sys.exit(130)

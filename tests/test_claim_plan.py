@@ -1,0 +1,174 @@
+"""The claim reads occurrences through its index, never by scanning the table.
+
+A few thousand terminal occurrences (what a busy table is mostly made of), a few hundred waiting
+for a later time (future enqueues, retries in back-off) and a few due ones,
+then ``ANALYZE`` so that the planner knows the proportions: with real statistics the cheapest plan
+for the claim's queries is the claim index (``status`` first), not a scan. No planner settings are
+changed (no ``enable_seqscan = off``): the test checks the plan the database really chooses.
+
+Every statement that ``kernel.claim_batch`` sends to the occurrences table is captured with
+``CaptureQueriesContext`` and explained (``EXPLAIN`` on PostgreSQL, ``EXPLAIN QUERY PLAN`` on
+SQLite): the fair-ordered candidate pool and the dead-letter sweep must be index searches on
+``status``: ``dsch_occurrences_claim`` or the other index that starts with ``status``,
+``dsch_occurrences_settled`` (status, settled_at). Both planners pick the latter for some arms:
+PostgreSQL 15 reads the pool through a BitmapOr of ``status`` conditions on the smaller
+``dsch_occurrences_settled`` and filters ``available_at`` afterwards; SQLite uses the claim index
+for the queued arm and the settled index for the running (reclaim) arm. The locking query and
+the update (by primary key) the claim index or
+the primary key; none may scan the occurrences table. MariaDB/MySQL are skipped: their optimizer
+picks scans for small tables whatever the statistics say.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+import django_durable_scheduler as scheduler
+from django_durable_scheduler.authority import principal_key
+from django_durable_scheduler.identity import derive_occurrence_identity, to_ms
+from django_durable_scheduler.models import Occurrence, OccurrenceStatus
+
+pytestmark = pytest.mark.django_db
+
+TABLE = "durable_scheduler_occurrences"
+CLAIM_INDEX = "dsch_occurrences_claim"
+STATUS_INDEX = "dsch_occurrences_settled"  # (status, settled_at)
+TERMINAL = 4000
+QUEUED = 40  # due now
+WAITING = 400  # queued or retry_wait, due later (future enqueues, retry back-off)
+
+
+def _terminal_rows(job, now):
+    """TERMINAL settled occurrences over the past days: 90 % succeeded, 5 % dead, 5 % cancelled."""
+    rows = []
+    for i in range(TERMINAL):
+        at = now - timedelta(hours=1, seconds=30 * i)
+        status = (
+            OccurrenceStatus.DEAD_LETTER
+            if i % 20 == 0
+            else OccurrenceStatus.CANCELLED
+            if i % 20 == 1
+            else OccurrenceStatus.SUCCEEDED
+        )
+        identity = derive_occurrence_identity(job.job_id, 1, to_ms(at, "at"), f"old:{i}")
+        attempt = 0 if status == OccurrenceStatus.CANCELLED else 1
+        rows.append(
+            Occurrence(
+                occurrence_id=identity.occurrence_id,
+                job=job,
+                job_revision=1,
+                idempotency_key=identity.idempotency_key,
+                trigger_key=f"old:{i}",
+                scheduled_for=at,
+                available_at=at,
+                status=status,
+                attempt=attempt,
+                max_attempts=3,
+                fence=attempt,
+                authority=job.authority,
+                payload={"n": i},
+                result={"sent": i} if status == OccurrenceStatus.SUCCEEDED else None,
+                last_error=None if status == OccurrenceStatus.SUCCEEDED else {"message": "boom"},
+                principal_key=principal_key(job.authority),
+                created_at=at,
+                updated_at=at + timedelta(seconds=1),
+                settled_at=at + timedelta(seconds=1),
+            )
+        )
+    return rows
+
+
+def _explain(sql: str) -> str:
+    prefix = "EXPLAIN " if connection.vendor == "postgresql" else "EXPLAIN QUERY PLAN "
+    with connection.cursor() as cursor:
+        cursor.execute(prefix + sql)
+        rows = cursor.fetchall()
+    if connection.vendor == "postgresql":
+        return "\n".join(row[0] for row in rows)
+    return "\n".join(str(row[-1]) for row in rows)
+
+
+def _scans_occurrences(plan: str) -> bool:
+    if connection.vendor == "postgresql":
+        return re.search(rf"Seq Scan on {TABLE}\b", plan) is not None
+    # SQLite: "SCAN <table>" reads every row; "SEARCH <table> USING INDEX ..." does not. A full
+    # pass over an index ("SCAN <table> USING INDEX") is a scan too.
+    return re.search(rf"\bSCAN {TABLE}\b", plan) is not None
+
+
+def _pk_index(plan: str) -> bool:
+    if connection.vendor == "postgresql":
+        # The primary key, or the varchar_pattern_ops twin Django adds for a CharField key.
+        return re.search(rf"{TABLE}_(pkey|occurrence_id_\w+_like)\b", plan) is not None
+    return re.search(rf"sqlite_autoindex_{TABLE}_\d+|USING (INTEGER )?PRIMARY KEY", plan) is not None
+
+
+def _claim_statements(captured):
+    """(kind, sql) of each statement on the occurrences table: pool, lock, sweep or update."""
+    out = []
+    for query in captured:
+        sql = query["sql"]
+        head = sql.lstrip().upper()
+        if f'"{TABLE}"' not in sql and f" {TABLE} " not in sql:
+            continue
+        if head.startswith("UPDATE"):
+            out.append(("update", sql))
+        elif head.startswith(("SELECT", "WITH")):
+            upper = sql.upper()
+            if "ROW_NUMBER" in upper:
+                out.append(("pool", sql))
+            elif "MAX_ATTEMPTS" in upper and ">=" in sql and " IN (" not in upper:
+                out.append(("sweep", sql))
+            else:
+                out.append(("lock", sql))
+    return out
+
+
+def test_claim_uses_the_claim_index(job, clock):
+    if connection.vendor not in ("postgresql", "sqlite"):
+        pytest.skip(f"plan assertions are for PostgreSQL and SQLite, not {connection.vendor}")
+    now = clock()
+    Occurrence.objects.bulk_create(_terminal_rows(job, now), batch_size=500)
+    scheduler.enqueue_many(
+        job.job_id,
+        [{"scheduled_for": now - timedelta(seconds=i), "trigger_key": f"due:{i}"} for i in range(QUEUED)]
+        + [
+            {"scheduled_for": now + timedelta(minutes=1 + i), "trigger_key": f"later:{i}"}
+            for i in range(WAITING)
+        ],
+    )
+    # Half of the waiting ones are retries: retry_wait with a back-off time, attempt 1.
+    later = Occurrence.objects.filter(trigger_key__startswith="later:").order_by("pk")[: WAITING // 2]
+    Occurrence.objects.filter(pk__in=[o.pk for o in later]).update(
+        status=OccurrenceStatus.RETRY_WAIT, attempt=1
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+
+    with CaptureQueriesContext(connection) as ctx:
+        claimed = scheduler.claim_batch(owner="plan", lease=30, limit=4)
+    assert len(claimed) == 4
+
+    statements = _claim_statements(ctx.captured_queries)
+    kinds = [kind for kind, _ in statements]
+    assert "pool" in kinds or "lock" in kinds, f"no claim query on {TABLE} captured: {kinds}"
+    report = []
+    for kind, sql in statements:
+        plan = _explain(sql)
+        report.append(f"[{kind}] {sql}\n{plan}")
+        assert not _scans_occurrences(plan), f"{kind} query scans {TABLE}:\n{sql}\n{plan}"
+        if kind in ("pool", "sweep"):
+            # Either index that starts with status serves (see the module docstring).
+            assert CLAIM_INDEX in plan or STATUS_INDEX in plan, (
+                f"{kind} query uses no index on status:\n{sql}\n{plan}"
+            )
+        else:
+            assert CLAIM_INDEX in plan or _pk_index(plan), (
+                f"{kind} query uses neither {CLAIM_INDEX} nor the primary key:\n{sql}\n{plan}"
+            )
+    print("\n\n".join(report))  # shown with pytest -s
