@@ -16,7 +16,7 @@ from django.db import connection
 PY = sys.executable
 MANAGE = [PY, "-m", "django"]
 
-AUTHORITY = {"principal": {"type": "user", "id": "bench"}, "requestedCapabilities": []}
+AUTHORITY = {"principal": {"type": "user", "id": "bench"}, "requestedCapabilities": ["bench.run"]}
 
 
 @dataclass
@@ -50,6 +50,10 @@ class Ours:
         from django_durable_scheduler import kernel
         from django_durable_scheduler.models import Job
 
+        from django_durable_scheduler import policies
+
+        # The worker authorizes every run: give the bench principal a budget that never binds.
+        policies.ensure_policy(AUTHORITY, window=31 * 86400, max_runs=1_000_000, max_units=1_000_000)
         for job_id, kind in ((self.NOOP_JOB, "bench.noop"), (self.STAMP_JOB, "bench.stamp")):
             if not Job.objects.filter(pk=job_id).exists():
                 kernel.create_job(job_id, kind, authority=AUTHORITY, max_attempts=3)

@@ -159,6 +159,16 @@ def _job_fields(changes: dict[str, Any], *, creating: bool) -> dict[str, Any]:
     return out
 
 
+def _bind_current(authority: dict[str, Any], alias: str) -> dict[str, Any]:
+    """An envelope that names no policy revision is bound to its principal's current policy
+    when that policy covers it (else it stays unbound and the worker denies it)."""
+    if (authority.get("authorizationRefs") or {}).get("schedulerPolicyRevision") is not None:
+        return authority
+    from .policies import bind_to_current_policy
+
+    return bind_to_current_policy(authority, using=alias)
+
+
 def _check_retry_delays(base_ms: int, max_ms: int) -> None:
     if max_ms < base_ms:
         raise InvalidArgument("retry_max_delay", "must not be shorter than retry_base_delay")
@@ -221,6 +231,7 @@ def create_job(
         if Job.objects.using(alias).filter(pk=job_id).exists():
             raise Conflict(f"job {job_id!r} already exists", {"job_id": job_id})
         job = Job(job_id=job_id, revision=1, created_at=now, updated_at=now, **fields)
+        job.authority = _bind_current(job.authority, alias)
         job.next_fire_at = initial_fire_time(job.trigger, now=now, anchor=now)
         try:
             with transaction.atomic(using=alias):
@@ -264,6 +275,13 @@ def update_job(job_id: str, *, expected_revision: int, using: str | None = None,
             for name, value in fields.items()
             if canonical_json(getattr(job, name)) != canonical_json(value)
         )
+        if "authority" in fields:
+            fields["authority"] = _bind_current(fields["authority"], alias)
+            changed = sorted(
+                name
+                for name, value in fields.items()
+                if canonical_json(getattr(job, name)) != canonical_json(value)
+            )
         if not changed:
             return job  # nothing differs: no new revision, no event
         for name, value in fields.items():

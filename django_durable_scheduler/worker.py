@@ -21,7 +21,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
 
-from . import conf, dialect, kernel, registry
+from . import conf, dialect, kernel, registry, reservations
 from .context import ExecutionContext
 from .exceptions import InvalidArgument, LeaseLost, PermanentFailure, Retry, SchedulerError
 from .identity import to_duration_ms
@@ -277,6 +277,10 @@ class Worker:
         occurrence, ctx = running.occurrence, running.context
         started = time.monotonic()
         try:
+            verdict = self._authorize(occurrence, ctx)
+            if verdict is not None:
+                logger.info("%s %s job=%s kind=%s by authority", occurrence.pk, verdict, ctx.job_id, ctx.kind)
+                return
             outcome = self._call_handler(ctx)
             self._settle(occurrence, outcome)
             logger.info(
@@ -307,6 +311,14 @@ class Worker:
                 connections.close_all()
                 return
             self._execute(running)
+
+    def _authorize(self, occurrence: Occurrence, ctx: ExecutionContext) -> str | None:
+        """Check and reserve the principal's authority; None when the handler may run, else
+        what happened instead ("denied": dead-lettered, "deferred": waits for the window)."""
+        handler = registry.get_handler(ctx.kind)
+        units = handler.units if handler is not None else 1
+        verdict = reservations.authorize(occurrence, units=units, owner=self.worker_id, using=self.using)
+        return verdict if verdict in (reservations.DENIED, reservations.DEFERRED) else None
 
     def _call_handler(self, ctx: ExecutionContext) -> dict[str, Any]:
         handler = registry.get_handler(ctx.kind)

@@ -23,6 +23,7 @@ pytestmark = [
 
 
 def test_enqueue_wakes_an_idle_worker():
+    scheduler.ensure_policy(AUTHORITY)
     scheduler.create_job("job", "test.ok", authority=AUTHORITY)
     proc = subprocess.Popen(
         [sys.executable, "-m", "django", "runscheduler", "--poll-interval", "60", "--worker-id", "listener"],

@@ -29,6 +29,7 @@ def start(*args: str) -> subprocess.Popen[str]:
 
 
 def make(kind, n=1, payload=None):
+    scheduler.ensure_policy(AUTHORITY)
     scheduler.create_job(kind, kind, authority=AUTHORITY, payload=payload)
     return [
         scheduler.enqueue(kind, scheduled_for=1_700_000_000_000 + i, trigger_key=f"t{i}")[0] for i in range(n)

@@ -22,6 +22,7 @@ def handlers():
 
 
 def make(kind, n=1, **job):
+    scheduler.ensure_policy(AUTHORITY)
     scheduler.create_job(kind, kind, authority=AUTHORITY, **job)
     return [
         scheduler.enqueue(kind, scheduled_for=1_700_000_000_000 + i, trigger_key=f"t{i}")[0] for i in range(n)

@@ -29,6 +29,9 @@ class Command(BaseCommand):
     help = "Create the demo jobs if missing and enqueue one occurrence of each."
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # Every run is authorized against its principal's policy: give the demo one.
+        policy = scheduler.ensure_policy(AUTHORITY, window=3600, max_runs=1000, max_units=1000)
+        self.stdout.write(f"policy {policy} at revision {policy.revision}: {policy.capabilities}")
         for job_id, spec in {**JOBS, **CRON_JOBS}.items():
             try:
                 scheduler.create_job(job_id, authority=AUTHORITY, **spec)

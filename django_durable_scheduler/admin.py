@@ -1,0 +1,568 @@
+"""The scheduler in Django's admin (SPEC section 9).
+
+Nothing here writes a scheduler table directly: policies are saved with
+``policies.set_policy``, jobs with ``kernel.create_job``/``update_job``, and every action
+goes through the kernel, so the admin gets the API's validation, revision checks and events.
+Occurrences, events, usage, reservations, policy history and worker heartbeats are read-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.db.models import OuterRef, QuerySet, Subquery
+from django.forms import BaseForm, ModelForm
+from django.http import HttpRequest, HttpResponse
+from django.utils.html import format_html_join
+
+from . import conf, kernel, policies
+from .exceptions import SchedulerError
+from .forms import AuthorityPolicyForm, JobForm, describe_window
+from .identity import iso_ms
+from .models import (
+    PENDING_STATUSES,
+    AuthorityPolicy,
+    AuthorityPolicyRevision,
+    AuthorityReservation,
+    AuthorityUsage,
+    Event,
+    Job,
+    Occurrence,
+    OccurrenceStatus,
+    WorkerHeartbeat,
+)
+from .triggers import describe_trigger
+
+if TYPE_CHECKING:
+    _ModelAdmin = admin.ModelAdmin[Any]
+else:  # ModelAdmin is generic only in django-stubs
+    _ModelAdmin = admin.ModelAdmin
+
+
+class ReadOnlyAdmin(_ModelAdmin):
+    """Viewing only: these rows are written by the kernel and the worker."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ApiFormAdmin(_ModelAdmin):
+    """A change form whose form writes through the API while it validates (``forms._ApiForm``);
+    the rest of the admin's save path (change message, admin log, redirect) stays Django's."""
+
+    def get_form(
+        self, request: Any, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> type[ModelForm[Any]]:
+        form = super().get_form(request, obj, change=change, **kwargs)
+        attrs = {
+            "changed_by": request.user.get_username() or None,
+            "preview_only": request.method == "POST" and "_preview" in request.POST,
+        }
+        return type(form.__name__, (form,), attrs)
+
+    def save_form(self, request: Any, form: Any, change: bool) -> Any:
+        return form.saved if form.saved is not None else form.instance
+
+    def save_model(self, request: Any, obj: Any, form: Any, change: bool) -> None:
+        """Already saved by the form, through the API."""
+
+    def save_related(self, request: Any, form: Any, formsets: Any, change: bool) -> None:
+        """No inlines and no many-to-many fields."""
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Deleting would bypass the API (and occurrences protect their job).
+        return False
+
+
+def _report(
+    modeladmin: admin.ModelAdmin[Any],
+    request: HttpRequest,
+    done: int,
+    verb: str,
+    noun: str,
+    skipped: int = 0,
+    skipped_why: str = "",
+    failures: Iterable[str] = (),
+) -> None:
+    failed = list(failures)
+    parts = [f"{verb} {done} {noun}{'' if done == 1 else 's'}."]
+    if skipped:
+        parts.append(f"{skipped} skipped ({skipped_why}).")
+    level = messages.SUCCESS if done and not failed else messages.INFO
+    modeladmin.message_user(request, " ".join(parts), level)
+    if failed:
+        shown = failed[:10]
+        more = f" (and {len(failed) - 10} more)" if len(failed) > 10 else ""
+        modeladmin.message_user(request, f"{len(failed)} failed: " + "; ".join(shown) + more, messages.ERROR)
+
+
+# --------------------------------------------------------------------------- policies
+
+
+@admin.register(AuthorityPolicy)
+class AuthorityPolicyAdmin(ApiFormAdmin):
+    form = AuthorityPolicyForm
+    change_form_template = "admin/durable_scheduler/authoritypolicy/change_form.html"
+    list_display = [
+        "principal_type",
+        "principal_id",
+        "revision",
+        "enabled",
+        "capability_summary",
+        "window_display",
+        "max_runs",
+        "max_units",
+        "updated_at",
+    ]
+    list_filter = ["enabled", "principal_type"]
+    search_fields = ["principal_id", "principal_type"]
+    ordering = ["principal_type", "principal_id"]
+
+    _EDIT = ("capabilities", ("window_value", "window_unit"), "max_runs", "max_units", "enabled")
+    _DISPLAY = ("capability_lines", "window_display")
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:
+            return [
+                ("Principal", {"fields": ["principal_type", "principal_id"]}),
+                ("Policy", {"fields": [*self._EDIT, "loaded_revision"]}),
+            ]
+        principal = ("Principal", {"fields": [("principal_type", "principal_id"), "revision", "updated_at"]})
+        if not self.has_change_permission(request, obj):
+            return [principal, ("Policy", {"fields": [*self._DISPLAY, "max_runs", "max_units", "enabled"]})]
+        return [principal, ("Policy", {"fields": [*self._EDIT, "loaded_revision"]})]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:
+            return ()
+        return (
+            "principal_type",
+            "principal_id",
+            "revision",
+            "updated_at",
+            "capability_lines",
+            "window_display",
+        )
+
+    @admin.display(description="capabilities")
+    def capability_summary(self, obj: AuthorityPolicy) -> str:
+        caps = list(obj.capabilities)
+        if len(caps) <= 3:
+            return ", ".join(caps) or "(none)"
+        return ", ".join(caps[:3]) + f" and {len(caps) - 3} more"
+
+    @admin.display(description="capabilities")
+    def capability_lines(self, obj: AuthorityPolicy) -> str:
+        return format_html_join("", "{}<br>", ((cap,) for cap in obj.capabilities)) or "(none)"
+
+    @admin.display(description="window", ordering="window_ms")
+    def window_display(self, obj: AuthorityPolicy) -> str:
+        return describe_window(obj.window_ms)
+
+    def render_change_form(
+        self,
+        request: Any,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Any = None,
+    ) -> HttpResponse:
+        form = context["adminform"].form
+        context.update(
+            policy_usage=self._usage(obj),
+            policy_preview=self._preview(form, obj),
+            policy_history=self._history(obj),
+            can_preview=add or self.has_change_permission(request, obj),
+        )
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def _usage(self, obj: AuthorityPolicy | None) -> policies.WindowUsage | None:
+        return None if obj is None else policies.current_usage(obj)
+
+    def _preview(self, form: BaseForm, obj: AuthorityPolicy | None) -> dict[str, Any]:
+        """What saving would do to the principal's jobs and pending occurrences: for the values
+        in the form when it was submitted (Preview, or a failed save), else for the stored ones."""
+        data = getattr(form, "cleaned_data", None) if form.is_bound else None
+        capabilities: Any = None
+        enabled: Any = None
+        principal: tuple[Any, Any] | None = None
+        if data is not None and "capabilities" in data and "enabled" in data:
+            capabilities, enabled = data["capabilities"], data["enabled"]
+            if obj is not None:
+                principal = obj.principal_type, obj.principal_id
+            elif data.get("principal_type") and data.get("principal_id"):
+                principal = data["principal_type"], data["principal_id"]
+            source = "the values in the form"
+        elif obj is not None:
+            capabilities, enabled = list(obj.capabilities), obj.enabled
+            principal = obj.principal_type, obj.principal_id
+            source = "the saved values"
+        if principal is None:
+            return {"available": False, "why": "Enter a principal and valid values, then preview."}
+        try:
+            counts = policies.preview_policy_change(
+                principal[0], principal[1], capabilities=capabilities, enabled=enabled
+            )
+        except SchedulerError as exc:
+            return {"available": False, "why": str(exc)}
+        return {"available": True, "source": source, **counts}
+
+    def _history(self, obj: AuthorityPolicy | None) -> list[dict[str, Any]]:
+        if obj is None:
+            return []
+        rows = policies.policy_history(obj.principal_type, obj.principal_id, limit=50)
+        return [revision_diff(row, rows[i + 1] if i + 1 < len(rows) else None) for i, row in enumerate(rows)]
+
+
+_CONTENT_LABELS = {
+    "enabled": "enabled",
+    "window_ms": "window",
+    "max_runs": "max runs",
+    "max_units": "max units",
+}
+
+
+def _content_value(key: str, value: Any) -> str:
+    if key == "window_ms" and isinstance(value, int) and value > 0:
+        return describe_window(value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def revision_diff(row: AuthorityPolicyRevision, previous: AuthorityPolicyRevision | None) -> dict[str, Any]:
+    """One history entry: what changed since ``previous`` (the revision before it), or, for
+    the first revision shown, its full content."""
+    content = row.content if isinstance(row.content, dict) else {}
+    entry: dict[str, Any] = {
+        "revision": row.revision,
+        "changed_by": row.changed_by or "(system)",
+        "changed_at": row.changed_at,
+        "changes": [],
+        "added": [],
+        "removed": [],
+        "initial": previous is None,
+    }
+    caps = [str(c) for c in content.get("capabilities") or []]
+    if previous is None:
+        entry["added"] = caps
+        entry["changes"] = [
+            (label, "", _content_value(key, content.get(key))) for key, label in _CONTENT_LABELS.items()
+        ]
+        return entry
+    before = previous.content if isinstance(previous.content, dict) else {}
+    old_caps = {str(c) for c in before.get("capabilities") or []}
+    entry["added"] = sorted(set(caps) - old_caps)
+    entry["removed"] = sorted(old_caps - set(caps))
+    entry["changes"] = [
+        (label, _content_value(key, before.get(key)), _content_value(key, content.get(key)))
+        for key, label in _CONTENT_LABELS.items()
+        if before.get(key) != content.get(key)
+    ]
+    return entry
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+@admin.register(Job)
+class JobAdmin(ApiFormAdmin):
+    form = JobForm
+    list_display = [
+        "job_id",
+        "kind",
+        "trigger_words",
+        "next_fire_at",
+        "enabled",
+        "revision",
+        "last_outcome",
+    ]
+    list_filter = ["enabled", "kind"]
+    search_fields = ["job_id", "kind"]
+    actions = ["enable_jobs", "disable_jobs", "run_now"]
+    ordering = ["job_id"]
+
+    _EDIT = [
+        "kind",
+        "trigger",
+        "payload",
+        "authority",
+        "enabled",
+        "max_attempts",
+        ("retry_base_delay", "retry_max_delay"),
+        "loaded_revision",
+    ]
+    _INFO = ["revision", "trigger_words", "next_fire_at", "last_slot_at", "created_at", "updated_at"]
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:
+            return [(None, {"fields": ["job_id", *self._EDIT]})]
+        if not self.has_change_permission(request, obj):
+            view = ["kind", "trigger", "payload", "authority", "enabled", "max_attempts"]
+            return [(None, {"fields": ["job_id", *view]}), ("Schedule", {"fields": self._INFO})]
+        return [(None, {"fields": ["job_id", *self._EDIT]}), ("Schedule", {"fields": self._INFO})]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return () if obj is None else ["job_id", *self._INFO]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        latest = Occurrence.objects.filter(job=OuterRef("pk")).order_by("-created_at", "-occurrence_id")
+        queryset: QuerySet[Job] = super().get_queryset(request)
+        return queryset.annotate(latest_status=Subquery(latest.values("status")[:1]))
+
+    @admin.display(description="trigger")
+    def trigger_words(self, obj: Job) -> str:
+        try:
+            return describe_trigger(obj.trigger)
+        except SchedulerError as exc:
+            return f"invalid trigger ({exc})"
+
+    @admin.display(description="last outcome", ordering="latest_status")
+    def last_outcome(self, obj: Job) -> str:
+        status = getattr(obj, "latest_status", None)
+        return str(OccurrenceStatus(status).label) if status else "-"
+
+    def _set_enabled(self, request: HttpRequest, queryset: QuerySet[Job], enabled: bool) -> None:
+        done = skipped = 0
+        failures: list[str] = []
+        for job in queryset.only("job_id", "revision", "enabled"):
+            if job.enabled == enabled:
+                skipped += 1
+                continue
+            try:
+                kernel.update_job(job.job_id, expected_revision=job.revision, enabled=enabled)
+                done += 1
+            except SchedulerError as exc:
+                failures.append(f"{job.job_id}: {exc}")
+        state = "enabled" if enabled else "disabled"
+        _report(self, request, done, state.capitalize(), "job", skipped, f"already {state}", failures)
+
+    @admin.action(description="Enable selected jobs", permissions=["change"])
+    def enable_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self._set_enabled(request, queryset, True)
+
+    @admin.action(description="Disable selected jobs", permissions=["change"])
+    def disable_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self._set_enabled(request, queryset, False)
+
+    @admin.action(description="Run selected jobs now", permissions=["change"])
+    def run_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        now = conf.now()
+        key = f"admin-run:{iso_ms(now)}:{request.user.get_username()}"
+        done = 0
+        failures: list[str] = []
+        for job_id in queryset.values_list("job_id", flat=True):
+            try:
+                kernel.enqueue(job_id, scheduled_for=now, trigger_key=key)
+                done += 1
+            except SchedulerError as exc:
+                failures.append(f"{job_id}: {exc}")
+        _report(self, request, done, "Enqueued", "occurrence", failures=failures)
+
+
+# --------------------------------------------------------------------------- occurrences
+
+
+@admin.register(Occurrence)
+class OccurrenceAdmin(ReadOnlyAdmin):
+    list_display = [
+        "occurrence_id",
+        "job_id_display",
+        "kind",
+        "status",
+        "attempt_display",
+        "scheduled_for",
+        "available_at",
+        "trigger_key",
+        "lease_owner",
+        "settled_at",
+    ]
+    list_filter = [
+        "status",
+        ("job__kind", admin.AllValuesFieldListFilter),
+        ("job", admin.RelatedOnlyFieldListFilter),
+    ]
+    list_select_related = ["job"]
+    search_fields = ["=occurrence_id", "=job__job_id", "trigger_key"]
+    actions = ["cancel_occurrences", "retry_dead_lettered"]
+    show_full_result_count = False
+
+    @admin.display(description="job", ordering="job_id")
+    def job_id_display(self, obj: Occurrence) -> str:
+        return obj.job_id
+
+    @admin.display(description="kind", ordering="job__kind")
+    def kind(self, obj: Occurrence) -> str:
+        return obj.job.kind
+
+    @admin.display(description="attempt")
+    def attempt_display(self, obj: Occurrence) -> str:
+        return f"{obj.attempt}/{obj.max_attempts}"
+
+    def has_manage_permission(self, request: HttpRequest) -> bool:
+        """Cancelling and retrying change occurrences through the kernel: Django's change
+        permission on the model, although the admin never edits an occurrence's fields."""
+        opts = self.opts
+        return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
+
+    @admin.action(description="Cancel selected occurrences (queued or retry_wait)", permissions=["manage"])
+    def cancel_occurrences(self, request: HttpRequest, queryset: QuerySet[Occurrence]) -> None:
+        done = skipped = 0
+        failures: list[str] = []
+        reason = f"cancelled in the admin by {request.user.get_username()}"
+        for occurrence_id, status in queryset.values_list("occurrence_id", "status"):
+            if status not in PENDING_STATUSES:
+                skipped += 1
+                continue
+            try:
+                kernel.cancel(occurrence_id, reason=reason)
+                done += 1
+            except SchedulerError as exc:
+                failures.append(f"{occurrence_id}: {exc}")
+        _report(self, request, done, "Cancelled", "occurrence", skipped, "not queued or retry_wait", failures)
+
+    @admin.action(description="Retry selected dead-lettered occurrences", permissions=["manage"])
+    def retry_dead_lettered(self, request: HttpRequest, queryset: QuerySet[Occurrence]) -> None:
+        """A new occurrence of the same job with the same payload (trigger key
+        ``retry:<original id>``): the dead letter stays as history. Retrying the same dead
+        letter again, before the job changes, finds the same new occurrence."""
+        now = conf.now()
+        done = skipped = again = 0
+        failures: list[str] = []
+        rows = queryset.values_list("occurrence_id", "job_id", "status", "scheduled_for", "payload")
+        for occurrence_id, job_id, status, scheduled_for, payload in rows:
+            if status != OccurrenceStatus.DEAD_LETTER:
+                skipped += 1
+                continue
+            try:
+                _, deduplicated = kernel.enqueue(
+                    job_id,
+                    scheduled_for=scheduled_for,
+                    trigger_key=f"retry:{occurrence_id}",
+                    available_at=now,
+                    payload=payload,
+                )
+            except SchedulerError as exc:
+                failures.append(f"{occurrence_id}: {exc}")
+                continue
+            if deduplicated:
+                again += 1
+            else:
+                done += 1
+        _report(
+            self,
+            request,
+            done,
+            "Enqueued a retry of",
+            "dead-lettered occurrence",
+            skipped,
+            "not dead-lettered",
+            failures,
+        )
+        if again:
+            self.message_user(
+                request, f"{again} had already been retried (the existing retry was kept).", messages.INFO
+            )
+
+
+# --------------------------------------------------------------------------- read-only history and state
+
+
+@admin.register(Event)
+class EventAdmin(ReadOnlyAdmin):
+    list_display = [
+        "event_id",
+        "occurred_at",
+        "event_type",
+        "job_id_display",
+        "occurrence_id_display",
+        "owner_id",
+        "fence",
+    ]
+    list_filter = ["event_type"]
+    search_fields = ["=job__job_id", "=occurrence__occurrence_id", "event_type"]
+    show_full_result_count = False
+
+    @admin.display(description="job", ordering="job_id")
+    def job_id_display(self, obj: Event) -> str:
+        return obj.job_id
+
+    @admin.display(description="occurrence")
+    def occurrence_id_display(self, obj: Event) -> str:
+        return obj.occurrence_id or "-"
+
+
+@admin.register(AuthorityUsage)
+class AuthorityUsageAdmin(ReadOnlyAdmin):
+    list_display = [
+        "principal_type",
+        "principal_id",
+        "policy_revision",
+        "window_started_at",
+        "runs",
+        "units",
+        "updated_at",
+    ]
+    list_filter = ["principal_type"]
+    search_fields = ["principal_id"]
+
+
+@admin.register(AuthorityReservation)
+class AuthorityReservationAdmin(ReadOnlyAdmin):
+    list_display = [
+        "occurrence_id_display",
+        "job_id_display",
+        "principal_type",
+        "principal_id",
+        "policy_revision",
+        "window_started_at",
+        "units",
+        "status",
+        "created_at",
+        "settled_at",
+    ]
+    list_filter = ["status", "principal_type"]
+    search_fields = ["=occurrence__occurrence_id", "=job__job_id", "principal_id"]
+
+    @admin.display(description="occurrence", ordering="occurrence_id")
+    def occurrence_id_display(self, obj: AuthorityReservation) -> str:
+        return obj.occurrence_id
+
+    @admin.display(description="job", ordering="job_id")
+    def job_id_display(self, obj: AuthorityReservation) -> str:
+        return obj.job_id
+
+
+@admin.register(AuthorityPolicyRevision)
+class AuthorityPolicyRevisionAdmin(ReadOnlyAdmin):
+    list_display = ["principal_type", "principal_id", "revision", "changed_by", "changed_at"]
+    list_filter = ["principal_type"]
+    search_fields = ["principal_id", "changed_by"]
+
+
+@admin.register(WorkerHeartbeat)
+class WorkerHeartbeatAdmin(ReadOnlyAdmin):
+    list_display = ["worker_id", "hostname", "pid", "concurrency", "started_at", "last_seen_at", "stopped_at"]
+    list_filter = ["hostname"]
+
+
+__all__ = [
+    "AuthorityPolicyAdmin",
+    "AuthorityPolicyRevisionAdmin",
+    "AuthorityReservationAdmin",
+    "AuthorityUsageAdmin",
+    "EventAdmin",
+    "JobAdmin",
+    "OccurrenceAdmin",
+    "WorkerHeartbeatAdmin",
+    "revision_diff",
+]

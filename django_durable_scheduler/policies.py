@@ -1,0 +1,608 @@
+"""Authority policies: what a principal may do and how much of it per window (SPEC section 7).
+
+A policy belongs to one principal (``principal_type``, ``principal_id``). Every change is
+compare-and-set on the policy's revision, bumps it, appends the new revision's full content
+to the policy history table, and -- in the same transaction -- rebinds the principal's jobs
+and pending occurrences that the new policy still covers to the new revision. The others
+keep their old binding: they are stale now, and the worker will deny them.
+
+Lock order (PostgreSQL, MySQL/MariaDB): policy row, then job rows, then occurrence rows.
+Reservations (``reservations.py``) lock the policy row before the occurrence row, and the
+kernel locks occurrences before reservations, so no two of these can wait on each other in
+a cycle. Readers that only need the current revision (``bind_to_current_policy``) read the
+policy row without locking it. SQLite has one writer at a time (``kernel._write``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connections, transaction
+
+from . import conf, kernel
+from .authority import (
+    DEFAULT_MAX_RUNS,
+    DEFAULT_MAX_UNITS,
+    DEFAULT_WINDOW_MS,
+    MAX_BUDGET,
+    MAX_WINDOW_MS,
+    MIN_WINDOW_MS,
+    bind,
+    bound_revision,
+    normalize_authority,
+    normalize_capabilities,
+    principal_key,
+)
+from .exceptions import AuthorityPolicyConflict, InvalidArgument
+from .identity import (
+    from_ms,
+    normalize_bool,
+    normalize_identifier,
+    normalize_int,
+    to_duration_ms,
+    to_ms,
+)
+from .models import (
+    PENDING_STATUSES,
+    AuthorityPolicy,
+    AuthorityPolicyRevision,
+    AuthorityUsage,
+    Job,
+    Occurrence,
+)
+
+# Rows read (and locked) per batch while rebinding: memory stays bounded by this.
+REBIND_BATCH = 500
+MAX_HISTORY_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class PolicyChange:
+    """What one ``set_policy`` did: the policy as saved, and how many of the principal's
+    jobs and pending (queued/retry_wait) occurrences were rebound to the new revision
+    versus left stale (no longer covered, or the policy is disabled)."""
+
+    policy: AuthorityPolicy
+    previous_revision: int  # 0: the policy was created
+    rebound_jobs: int
+    stale_jobs: int
+    rebound_occurrences: int
+    stale_occurrences: int
+
+    @property
+    def created(self) -> bool:
+        return self.previous_revision == 0
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "rebound_jobs": self.rebound_jobs,
+            "stale_jobs": self.stale_jobs,
+            "rebound_occurrences": self.rebound_occurrences,
+            "stale_occurrences": self.stale_occurrences,
+        }
+
+
+@dataclass(frozen=True)
+class WindowUsage:
+    """A policy's usage in the window that contains ``now``."""
+
+    principal_type: str
+    principal_id: str
+    policy_revision: int
+    window_started_at: datetime
+    window_ends_at: datetime
+    runs: int
+    units: int
+    max_runs: int
+    max_units: int
+
+    @property
+    def remaining_runs(self) -> int:
+        return max(0, self.max_runs - self.runs)
+
+    @property
+    def remaining_units(self) -> int:
+        return max(0, self.max_units - self.units)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _principal(principal_type: Any, principal_id: Any) -> tuple[str, str]:
+    return (
+        normalize_identifier(principal_type, "principal_type", max_length=64),
+        normalize_identifier(principal_id, "principal_id"),
+    )
+
+
+def _window_ms(window: Any, field: str = "window") -> int:
+    return to_duration_ms(window, field, minimum_ms=MIN_WINDOW_MS, maximum_ms=MAX_WINDOW_MS)
+
+
+def _budget(value: Any, field: str) -> int:
+    return normalize_int(value, field, minimum=1, maximum=MAX_BUDGET)
+
+
+def _alias(using: str | None) -> str:
+    if using is not None and not isinstance(using, str):
+        raise InvalidArgument("using", "must be a database alias or None")
+    return using or DEFAULT_DB_ALIAS
+
+
+def covers(enabled: bool, capabilities: Iterable[str], authority: dict[str, Any]) -> bool:
+    """True when an enabled policy with ``capabilities`` grants everything ``authority`` asks for."""
+    granted = set(capabilities)
+    return enabled and all(c in granted for c in authority.get("requestedCapabilities") or [])
+
+
+def window_bounds(window_ms: int, now: datetime) -> tuple[datetime, datetime]:
+    """The epoch-aligned window containing ``now``: ``floor(now / window) * window``."""
+    start_ms = to_ms(now, "now") // window_ms * window_ms
+    return from_ms(start_ms), from_ms(start_ms + window_ms)
+
+
+def policy_content(policy: AuthorityPolicy) -> dict[str, Any]:
+    """A revision's full content, as the history table stores it."""
+    return {
+        "principal": {"type": policy.principal_type, "id": policy.principal_id},
+        "revision": policy.revision,
+        "enabled": policy.enabled,
+        "capabilities": list(policy.capabilities),
+        "window_ms": policy.window_ms,
+        "max_runs": policy.max_runs,
+        "max_units": policy.max_units,
+    }
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def get_policy(principal_type: str, principal_id: str, *, using: str | None = None) -> AuthorityPolicy | None:
+    """The principal's policy, or None. A backfilled policy with no capabilities reads fine."""
+    ptype, pid = _principal(principal_type, principal_id)
+    return AuthorityPolicy.objects.using(_alias(using)).filter(principal_type=ptype, principal_id=pid).first()
+
+
+def policy_history(
+    principal_type: str, principal_id: str, limit: int = 50, *, using: str | None = None
+) -> list[AuthorityPolicyRevision]:
+    """The principal's policy revisions, newest first."""
+    ptype, pid = _principal(principal_type, principal_id)
+    limit = normalize_int(limit, "limit", minimum=1, maximum=MAX_HISTORY_LIMIT)
+    return list(
+        AuthorityPolicyRevision.objects.using(_alias(using))
+        .filter(principal_type=ptype, principal_id=pid)
+        .order_by("-revision")[:limit]
+    )
+
+
+def current_usage(
+    policy: AuthorityPolicy, now: datetime | None = None, *, using: str | None = None
+) -> WindowUsage:
+    """Runs and units reserved under the policy's current revision in the window holding ``now``."""
+    if not isinstance(policy, AuthorityPolicy):
+        raise InvalidArgument("policy", "must be an AuthorityPolicy")
+    at = conf.now() if now is None else from_ms(to_ms(now, "now"))
+    start, end = window_bounds(policy.window_ms, at)
+    row = (
+        AuthorityUsage.objects.using(_alias(using))
+        .filter(
+            principal_type=policy.principal_type,
+            principal_id=policy.principal_id,
+            policy_revision=policy.revision,
+            window_started_at=start,
+        )
+        .values_list("runs", "units")
+        .first()
+    )
+    runs, units = row if row is not None else (0, 0)
+    return WindowUsage(
+        principal_type=policy.principal_type,
+        principal_id=policy.principal_id,
+        policy_revision=policy.revision,
+        window_started_at=start,
+        window_ends_at=end,
+        runs=runs,
+        units=units,
+        max_runs=policy.max_runs,
+        max_units=policy.max_units,
+    )
+
+
+# --------------------------------------------------------------------------- rebinding
+
+
+def _principal_of(authority: Any) -> tuple[Any, Any] | None:
+    principal = authority.get("principal") if isinstance(authority, dict) else None
+    if not isinstance(principal, dict):
+        return None
+    return principal.get("type"), principal.get("id")
+
+
+def _job_batches(ptype: str, pid: str, alias: str, *, lock: bool) -> Iterator[list[Job]]:
+    # Jobs have no principal column: a JSON key lookup narrows the scan, and the principal
+    # is re-checked in Python. Keyset pages keep memory bounded.
+    base = (
+        Job.objects.using(alias)
+        .filter(authority__principal__type=ptype, authority__principal__id=pid)
+        .only("job_id", "authority")
+        .order_by("job_id")
+    )
+    last: str | None = None
+    while True:
+        page = base if last is None else base.filter(job_id__gt=last)
+        if lock:
+            page = page.select_for_update()
+        rows = list(page[:REBIND_BATCH])
+        if not rows:
+            return
+        yield [row for row in rows if _principal_of(row.authority) == (ptype, pid)]
+        last = rows[-1].job_id
+
+
+def _occurrence_batches(ptype: str, pid: str, alias: str, *, lock: bool) -> Iterator[list[Occurrence]]:
+    key = principal_key({"principal": {"type": ptype, "id": pid}})
+    base = (
+        Occurrence.objects.using(alias)
+        .filter(principal_key=key, status__in=PENDING_STATUSES)
+        .only("occurrence_id", "authority", "status")
+        .order_by("occurrence_id")
+    )
+    last: str | None = None
+    while True:
+        page = base if last is None else base.filter(occurrence_id__gt=last)
+        if lock:
+            page = page.select_for_update()
+        rows = list(page[:REBIND_BATCH])
+        if not rows:
+            return
+        # Re-checked under the lock: a claim may have taken a row since it was listed.
+        yield [
+            row
+            for row in rows
+            if row.status in PENDING_STATUSES and _principal_of(row.authority) == (ptype, pid)
+        ]
+        last = rows[-1].occurrence_id
+
+
+def _classify(
+    ptype: str,
+    pid: str,
+    *,
+    enabled: bool,
+    capabilities: list[str],
+    alias: str,
+    rebind_to: int | None,
+) -> dict[str, int]:
+    """Count (and with ``rebind_to``, rebind) the principal's covered jobs and pending
+    occurrences. Without ``rebind_to`` nothing is locked or written (a preview)."""
+    counts = {"rebound_jobs": 0, "stale_jobs": 0, "rebound_occurrences": 0, "stale_occurrences": 0}
+    lock = rebind_to is not None
+    sources: list[tuple[str, Iterator[list[Any]]]] = [
+        ("jobs", _job_batches(ptype, pid, alias, lock=lock)),
+        ("occurrences", _occurrence_batches(ptype, pid, alias, lock=lock)),
+    ]
+    for label, batches in sources:
+        for rows in batches:
+            changed = []
+            for row in rows:
+                if not covers(enabled, capabilities, row.authority):
+                    counts[f"stale_{label}"] += 1
+                    continue
+                counts[f"rebound_{label}"] += 1
+                if rebind_to is not None and bound_revision(row.authority) != rebind_to:
+                    row.authority = bind(row.authority, rebind_to)
+                    changed.append(row)
+            if changed:
+                type(changed[0]).objects.using(alias).bulk_update(changed, ["authority"])
+    return counts
+
+
+def preview_policy_change(
+    principal_type: str,
+    principal_id: str,
+    *,
+    capabilities: Any,
+    enabled: bool = True,
+    using: str | None = None,
+) -> dict[str, int]:
+    """Read-only: how many of the principal's jobs and pending occurrences a change to
+    ``capabilities``/``enabled`` would rebind, and how many it would leave stale."""
+    ptype, pid = _principal(principal_type, principal_id)
+    caps = normalize_capabilities(capabilities, "capabilities")
+    active = normalize_bool(enabled, "enabled")
+    return _classify(ptype, pid, enabled=active, capabilities=caps, alias=_alias(using), rebind_to=None)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _lock_policy(ptype: str, pid: str, alias: str) -> AuthorityPolicy | None:
+    return (
+        AuthorityPolicy.objects.using(alias)
+        .select_for_update()
+        .filter(principal_type=ptype, principal_id=pid)
+        .first()
+    )
+
+
+def _conflict(ptype: str, pid: str, expected: int, actual: int) -> AuthorityPolicyConflict:
+    return AuthorityPolicyConflict(
+        f"authority policy {ptype}:{pid} is at revision {actual}, not {expected}",
+        {
+            "principal_type": ptype,
+            "principal_id": pid,
+            "expected_revision": expected,
+            "actual_revision": actual,
+        },
+    )
+
+
+def _is_deadlock(exc: OperationalError) -> bool:
+    cause = exc.__cause__
+    code = exc.args[0] if exc.args else None
+    # MySQL/MariaDB: 1213 deadlock; PostgreSQL: SQLSTATE 40P01 deadlock_detected.
+    return code == 1213 or getattr(cause, "sqlstate", getattr(cause, "pgcode", None)) == "40P01"
+
+
+def change_policy(
+    principal_type: str,
+    principal_id: str,
+    *,
+    capabilities: Any,
+    window: float | timedelta,
+    max_runs: int,
+    max_units: int,
+    enabled: bool = True,
+    expected_revision: int | None = None,
+    changed_by: str | None = None,
+    using: str | None = None,
+) -> PolicyChange:
+    """:func:`set_policy`, returning what the change did (:class:`PolicyChange`)."""
+    alias = _alias(using)
+    # A deadlock aborts the whole transaction; retry only when this call owns it.
+    retries = 0 if connections[alias].in_atomic_block else 3
+    while True:
+        try:
+            return _change_policy(
+                principal_type,
+                principal_id,
+                capabilities=capabilities,
+                window=window,
+                max_runs=max_runs,
+                max_units=max_units,
+                enabled=enabled,
+                expected_revision=expected_revision,
+                changed_by=changed_by,
+                alias=alias,
+            )
+        except OperationalError as exc:
+            if retries <= 0 or not _is_deadlock(exc):
+                raise
+            retries -= 1
+
+
+def _change_policy(
+    principal_type: Any,
+    principal_id: Any,
+    *,
+    capabilities: Any,
+    window: Any,
+    max_runs: Any,
+    max_units: Any,
+    enabled: Any,
+    expected_revision: Any,
+    changed_by: Any,
+    alias: str,
+) -> PolicyChange:
+    ptype, pid = _principal(principal_type, principal_id)
+    caps = normalize_capabilities(capabilities, "capabilities")
+    window_ms = _window_ms(window)
+    runs = _budget(max_runs, "max_runs")
+    units = _budget(max_units, "max_units")
+    active = normalize_bool(enabled, "enabled")
+    expected = (
+        None
+        if expected_revision is None
+        else normalize_int(expected_revision, "expected_revision", minimum=0)
+    )
+    actor = None if changed_by is None else normalize_identifier(changed_by, "changed_by")
+    now = conf.now()
+    with kernel._write(alias):
+        policy = _lock_policy(ptype, pid, alias)
+        previous = 0 if policy is None else policy.revision
+        if expected is not None and expected != previous:
+            raise _conflict(ptype, pid, expected, previous)
+        if policy is None:
+            policy = AuthorityPolicy(
+                principal_type=ptype,
+                principal_id=pid,
+                revision=1,
+                enabled=active,
+                capabilities=caps,
+                window_ms=window_ms,
+                max_runs=runs,
+                max_units=units,
+                created_at=now,
+                updated_at=now,
+            )
+            try:
+                with transaction.atomic(using=alias):
+                    policy.save(using=alias, force_insert=True)
+            except IntegrityError:
+                # Another transaction created it first (PostgreSQL/MySQL wait for it to
+                # commit, then report the duplicate). A compare-and-set lost: read the
+                # winner's revision without locking it -- on MySQL every loser of the insert
+                # holds a shared lock on the new row until it ends, so two losers asking for
+                # the exclusive lock would deadlock.
+                if expected is not None:
+                    raced = (
+                        AuthorityPolicy.objects.using(alias)
+                        .filter(principal_type=ptype, principal_id=pid)
+                        .values_list("revision", flat=True)
+                        .first()
+                    )
+                    raise _conflict(ptype, pid, expected, raced or 0) from None
+                # An unconditional change applies on top of the winner's (a MySQL deadlock
+                # between two such losers is retried by ``change_policy``).
+                locked = _lock_policy(ptype, pid, alias)
+                if locked is None:
+                    raise
+                policy, previous = locked, locked.revision
+        if previous:
+            if (
+                not AuthorityPolicyRevision.objects.using(alias)
+                .filter(principal_type=ptype, principal_id=pid, revision=previous)
+                .exists()
+            ):
+                # A revision written without history (the v2 backfill): keep it, so the
+                # history can show what this change changed.
+                AuthorityPolicyRevision.objects.using(alias).create(
+                    principal_type=ptype,
+                    principal_id=pid,
+                    revision=previous,
+                    content=policy_content(policy),
+                    changed_by=None,
+                    changed_at=policy.updated_at,
+                )
+            policy.revision = previous + 1
+            policy.enabled = active
+            policy.capabilities = caps
+            policy.window_ms = window_ms
+            policy.max_runs = runs
+            policy.max_units = units
+            policy.updated_at = now
+            policy.save(
+                using=alias,
+                update_fields=[
+                    "revision",
+                    "enabled",
+                    "capabilities",
+                    "window_ms",
+                    "max_runs",
+                    "max_units",
+                    "updated_at",
+                ],
+            )
+        AuthorityPolicyRevision.objects.using(alias).create(
+            principal_type=ptype,
+            principal_id=pid,
+            revision=policy.revision,
+            content=policy_content(policy),
+            changed_by=actor,
+            changed_at=now,
+        )
+        counts = _classify(
+            ptype, pid, enabled=active, capabilities=caps, alias=alias, rebind_to=policy.revision
+        )
+    return PolicyChange(
+        policy=policy,
+        previous_revision=previous,
+        rebound_jobs=counts["rebound_jobs"],
+        stale_jobs=counts["stale_jobs"],
+        rebound_occurrences=counts["rebound_occurrences"],
+        stale_occurrences=counts["stale_occurrences"],
+    )
+
+
+def set_policy(
+    principal_type: str,
+    principal_id: str,
+    *,
+    capabilities: Any,
+    window: float | timedelta,
+    max_runs: int,
+    max_units: int,
+    enabled: bool = True,
+    expected_revision: int | None = None,
+    changed_by: str | None = None,
+    using: str | None = None,
+) -> AuthorityPolicy:
+    """Create or replace the principal's policy (SPEC sections 7 and 8).
+
+    ``expected_revision`` makes it compare-and-set (0: the policy must not exist yet);
+    a mismatch raises ``SCHEDULER_AUTHORITY_POLICY_CONFLICT`` with ``expected_revision``
+    and ``actual_revision``. The returned policy carries ``.change``, the
+    :class:`PolicyChange` (rebound/stale counts); :func:`change_policy` returns it directly.
+    """
+    change = change_policy(
+        principal_type,
+        principal_id,
+        capabilities=capabilities,
+        window=window,
+        max_runs=max_runs,
+        max_units=max_units,
+        enabled=enabled,
+        expected_revision=expected_revision,
+        changed_by=changed_by,
+        using=using,
+    )
+    policy = change.policy
+    policy.change = change  # type: ignore[attr-defined]
+    return policy
+
+
+def ensure_policy(
+    authority: dict[str, Any],
+    *,
+    window: float | timedelta = timedelta(milliseconds=DEFAULT_WINDOW_MS),
+    max_runs: int = DEFAULT_MAX_RUNS,
+    max_units: int = DEFAULT_MAX_UNITS,
+    changed_by: str | None = None,
+    using: str | None = None,
+) -> AuthorityPolicy:
+    """The envelope principal's policy; when it has none, create one granting exactly the
+    envelope's requested capabilities. An existing policy is returned unchanged (never
+    widened). An envelope that requests no capability cannot create a policy (a policy
+    lists 1..256 capabilities): ``authority.requestedCapabilities`` is refused."""
+    envelope = normalize_authority(authority, "authority")
+    window_ms = _window_ms(window)
+    runs = _budget(max_runs, "max_runs")
+    units = _budget(max_units, "max_units")
+    actor = None if changed_by is None else normalize_identifier(changed_by, "changed_by")
+    ptype, pid = envelope["principal"]["type"], envelope["principal"]["id"]
+    existing = get_policy(ptype, pid, using=using)
+    if existing is not None:
+        return existing
+    if not envelope["requestedCapabilities"]:
+        raise InvalidArgument(
+            "authority.requestedCapabilities",
+            "must request at least one capability to create a default policy (use set_policy)",
+        )
+    try:
+        return set_policy(
+            ptype,
+            pid,
+            capabilities=envelope["requestedCapabilities"],
+            window=timedelta(milliseconds=window_ms),
+            max_runs=runs,
+            max_units=units,
+            expected_revision=0,
+            changed_by=actor,
+            using=using,
+        )
+    except AuthorityPolicyConflict:
+        raced = get_policy(ptype, pid, using=using)
+        if raced is None:
+            raise
+        return raced
+
+
+def bind_to_current_policy(authority: dict[str, Any], using: str | None = None) -> dict[str, Any]:
+    """Bind a normalized envelope to its principal's current policy revision when that
+    policy is enabled and covers every requested capability; otherwise return it as given
+    (the worker's checks deny it: policy_required, policy_unbound, policy_stale or
+    permission_denied). For ``create_job``/``update_job``, inside their transaction.
+
+    The policy row is read without a lock: ``set_policy`` locks the policy before the job
+    rows, so locking it here, after the job row, could deadlock. A concurrent ``set_policy``
+    waits for the job row lock and then rebinds the job itself.
+    """
+    authority = normalize_authority(authority, "authority")
+    policy = get_policy(authority["principal"]["type"], authority["principal"]["id"], using=using)
+    if policy is None or not covers(policy.enabled, policy.capabilities, authority):
+        return authority
+    return bind(authority, policy.revision)

@@ -1,0 +1,362 @@
+"""Authority reservations: charging a run against its principal's budget (SPEC section 7).
+
+``reserve_authority`` is the seed's reservation primitive. ``authorize`` is what the worker
+runs after claiming an occurrence and before calling its handler: the policy checks in the
+SPEC's order, then a reservation (or the reuse of the one a previous attempt made). Denials
+dead-letter the occurrence without retry (``kernel.deny``); an exhausted budget puts it
+back to wait for the next window without using an attempt (``kernel.defer``).
+
+Concurrency: every reservation of a principal locks that principal's policy row
+(``SELECT ... FOR UPDATE``) before it reads the usage row, so on PostgreSQL and
+MySQL/MariaDB reservations of one principal are serialized and two workers racing for the
+last unit of a budget cannot both get it. SQLite has one writer at a time (``kernel._write``
+takes the database write lock first). The policy row is locked before the occurrence row,
+the order ``set_policy`` uses too (see ``policies.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Count, Sum
+from django.db.models.functions import Coalesce
+
+from . import conf, kernel
+from .authority import MAX_BUDGET, bound_revision, policy_ref
+from .exceptions import (
+    AuthorityBudgetExhausted,
+    AuthorityBudgetStateInvalid,
+    AuthorityOccurrenceNotRunning,
+    AuthorityPermissionDenied,
+    AuthorityPolicyRequired,
+    AuthorityPolicyStale,
+    AuthorityPolicyUnbound,
+    AuthorityReservationMismatch,
+    InvalidArgument,
+    NotFound,
+    SchedulerError,
+)
+from .identity import iso_ms, normalize_identifier, normalize_int, to_ms
+from .models import (
+    AuthorityPolicy,
+    AuthorityReservation,
+    AuthorityUsage,
+    Occurrence,
+    OccurrenceStatus,
+    ReservationStatus,
+)
+from .policies import _alias, window_bounds
+
+RESERVED = "reserved"
+REUSED = "reused"
+DENIED = "denied"
+DEFERRED = "deferred"
+
+# Denial reasons (stored on the occurrence and in the ``authority_denied`` event).
+REASONS: dict[type[SchedulerError], str] = {
+    AuthorityPolicyRequired: "policy_required",
+    AuthorityPolicyUnbound: "policy_unbound",
+    AuthorityPolicyStale: "policy_stale",
+    AuthorityPermissionDenied: "permission_denied",
+    AuthorityBudgetStateInvalid: "budget_state_invalid",
+    AuthorityReservationMismatch: "reservation_mismatch",
+}
+_DENIALS = tuple(REASONS)
+
+Units = int | Callable[[Occurrence], int]
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def _units(value: Any, field: str = "units") -> int:
+    return normalize_int(value, field, minimum=1, maximum=MAX_BUDGET)
+
+
+def _principal_details(principal: dict[str, Any]) -> dict[str, Any]:
+    return {"principal": {"type": principal["type"], "id": principal["id"]}}
+
+
+def _read_occurrence(occurrence_id: str, alias: str) -> Occurrence:
+    # Unlocked: only the principal is needed before the policy row is locked, and an
+    # occurrence's principal never changes. The row is locked (and re-read) afterwards.
+    row = Occurrence.objects.using(alias).filter(pk=occurrence_id).only("pk", "authority").first()
+    if row is None:
+        raise NotFound(f"occurrence {occurrence_id!r} does not exist", {"occurrence_id": occurrence_id})
+    return row
+
+
+def _lock_policy(principal: dict[str, Any], alias: str) -> AuthorityPolicy | None:
+    # The lock that serializes one principal's reservations (module docstring).
+    return (
+        AuthorityPolicy.objects.using(alias)
+        .select_for_update()
+        .filter(principal_type=principal["type"], principal_id=principal["id"])
+        .first()
+    )
+
+
+def _require(policy: AuthorityPolicy | None, principal: dict[str, Any]) -> AuthorityPolicy:
+    if policy is None or not policy.enabled:
+        state = "missing" if policy is None else "disabled"
+        raise AuthorityPolicyRequired(
+            f"authority policy of {principal['type']}:{principal['id']} is {state}",
+            {**_principal_details(principal), "policy": state},
+        )
+    return policy
+
+
+def _check_revision(policy: AuthorityPolicy, expected: int, principal: dict[str, Any]) -> None:
+    if policy.revision != expected:
+        raise AuthorityPolicyStale(
+            f"authority policy of {principal['type']}:{principal['id']} is at revision "
+            f"{policy.revision}, not {expected}",
+            {
+                **_principal_details(principal),
+                "expected_revision": expected,
+                "actual_revision": policy.revision,
+            },
+        )
+
+
+def _check_capabilities(policy: AuthorityPolicy, authority: dict[str, Any]) -> None:
+    granted = set(policy.capabilities)
+    denied = [c for c in authority.get("requestedCapabilities") or [] if c not in granted]
+    if denied:
+        principal = authority["principal"]
+        raise AuthorityPermissionDenied(
+            f"authority policy of {principal['type']}:{principal['id']} does not grant " + ", ".join(denied),
+            {"denied": denied},
+        )
+
+
+def _existing(occurrence_id: str, alias: str) -> AuthorityReservation | None:
+    return AuthorityReservation.objects.using(alias).select_for_update().filter(pk=occurrence_id).first()
+
+
+def _same_owner(reservation: AuthorityReservation, occurrence: Occurrence) -> bool:
+    principal = occurrence.authority["principal"]
+    return (
+        reservation.job_id == occurrence.job_id
+        and reservation.principal_type == principal["type"]
+        and reservation.principal_id == principal["id"]
+    )
+
+
+def _mismatch(reservation: AuthorityReservation, occurrence_id: str) -> AuthorityReservationMismatch:
+    return AuthorityReservationMismatch(
+        f"the existing authority reservation of {occurrence_id!r} does not match",
+        {
+            "occurrence_id": occurrence_id,
+            "reservation": {
+                "job_id": reservation.job_id,
+                "principal": {"type": reservation.principal_type, "id": reservation.principal_id},
+                "policy_revision": reservation.policy_revision,
+                "units": reservation.units,
+            },
+        },
+    )
+
+
+def _charge(
+    occurrence: Occurrence, policy: AuthorityPolicy, units: int, now: datetime, alias: str
+) -> AuthorityReservation:
+    """Check the window's usage against its reservations and the budget, then write both.
+    Called with the policy row locked."""
+    principal = occurrence.authority["principal"]
+    start, end = window_bounds(policy.window_ms, now)
+    key = {
+        "principal_type": policy.principal_type,
+        "principal_id": policy.principal_id,
+        "policy_revision": policy.revision,
+        "window_started_at": start,
+    }
+    usage = AuthorityUsage.objects.using(alias).select_for_update().filter(**key).first()
+    used_runs, used_units = (0, 0) if usage is None else (usage.runs, usage.units)
+    counted = (
+        AuthorityReservation.objects.using(alias)
+        .filter(**key)
+        .aggregate(runs=Count("pk"), units=Coalesce(Sum("units"), 0))
+    )
+    if (counted["runs"], counted["units"]) != (used_runs, used_units):
+        raise AuthorityBudgetStateInvalid(
+            f"authority usage of {principal['type']}:{principal['id']} does not match its reservations",
+            {
+                **_principal_details(principal),
+                "policy_revision": policy.revision,
+                "windowStartedAt": iso_ms(start),
+                "usage": {"runs": used_runs, "units": used_units},
+                "reservations": {"runs": int(counted["runs"]), "units": int(counted["units"])},
+            },
+        )
+    if used_runs + 1 > policy.max_runs or used_units + units > policy.max_units:
+        raise AuthorityBudgetExhausted(
+            f"authority budget of {principal['type']}:{principal['id']} is spent until {iso_ms(end)}",
+            {
+                "windowStartedAt": iso_ms(start),
+                "windowEndsAt": iso_ms(end),
+                "usedRuns": used_runs,
+                "usedUnits": used_units,
+                "requestedUnits": units,
+                "maxRuns": policy.max_runs,
+                "maxUnits": policy.max_units,
+            },
+        )
+    if usage is None:
+        AuthorityUsage.objects.using(alias).create(**key, runs=1, units=units, updated_at=now)
+    else:
+        usage.runs += 1
+        usage.units += units
+        usage.updated_at = now
+        usage.save(using=alias, update_fields=["runs", "units", "updated_at"])
+    reservation = AuthorityReservation(
+        occurrence_id=occurrence.pk,
+        job_id=occurrence.job_id,
+        principal_type=policy.principal_type,
+        principal_id=policy.principal_id,
+        policy_revision=policy.revision,
+        window_started_at=start,
+        units=units,
+        status=ReservationStatus.RESERVED,
+        created_at=now,
+    )
+    reservation.save(using=alias, force_insert=True)
+    return reservation
+
+
+# --------------------------------------------------------------------------- public
+
+
+def get_reservation(occurrence_id: str, *, using: str | None = None) -> AuthorityReservation | None:
+    """The occurrence's reservation, or None."""
+    occurrence_id = normalize_identifier(occurrence_id, "occurrence_id")
+    return AuthorityReservation.objects.using(_alias(using)).filter(pk=occurrence_id).first()
+
+
+def reserve_authority(
+    occurrence_id: str, *, policy_revision: int, units: int = 1, using: str | None = None
+) -> AuthorityReservation:
+    """Reserve one run and ``units`` units of the running occurrence's principal budget,
+    under policy revision ``policy_revision`` (the seed's ``reserveAuthority``).
+
+    An existing reservation of the occurrence with the same job, principal, revision and
+    units is returned (``.deduplicated`` is True; no second charge); any other is
+    ``SCHEDULER_AUTHORITY_RESERVATION_MISMATCH``. Then, in order: policy missing or disabled
+    (``..._POLICY_REQUIRED``), another revision (``..._POLICY_STALE``), a requested capability
+    not granted (``..._PERMISSION_DENIED``, ``details["denied"]``), usage not matching the
+    window's reservations (``..._BUDGET_STATE_INVALID``), over a budget
+    (``..._BUDGET_EXHAUSTED``, with the window and the counts).
+    """
+    occurrence_id = normalize_identifier(occurrence_id, "occurrence_id")
+    revision = normalize_int(policy_revision, "policy_revision", minimum=1, maximum=2**53 - 1)
+    requested = _units(units)
+    alias = _alias(using)
+    now = conf.now()
+    with kernel._write(alias):
+        principal = _read_occurrence(occurrence_id, alias).authority["principal"]
+        policy = _lock_policy(principal, alias)
+        occurrence = Occurrence.objects.using(alias).select_for_update().filter(pk=occurrence_id).first()
+        if occurrence is None:
+            raise NotFound(f"occurrence {occurrence_id!r} does not exist", {"occurrence_id": occurrence_id})
+        if occurrence.status != OccurrenceStatus.RUNNING:
+            raise AuthorityOccurrenceNotRunning(
+                f"occurrence {occurrence_id!r} is {occurrence.status}; only a running one can reserve",
+                {"occurrence_id": occurrence_id, "status": occurrence.status},
+            )
+        existing = _existing(occurrence_id, alias)
+        if existing is not None:
+            if (
+                not _same_owner(existing, occurrence)
+                or existing.policy_revision != revision
+                or existing.units != requested
+            ):
+                raise _mismatch(existing, occurrence_id)
+            existing.deduplicated = True  # type: ignore[attr-defined]
+            return existing
+        policy = _require(policy, principal)
+        _check_revision(policy, revision, principal)
+        _check_capabilities(policy, occurrence.authority)
+        reservation = _charge(occurrence, policy, requested, now, alias)
+    reservation.deduplicated = False  # type: ignore[attr-defined]
+    return reservation
+
+
+def _resolve_units(units: Any, occurrence: Occurrence) -> int:
+    if callable(units):
+        try:
+            value = units(occurrence)
+        except Exception as exc:
+            raise InvalidArgument("units", f"the units function failed: {type(exc).__name__}: {exc}") from exc
+        return _units(value)
+    return _units(units)
+
+
+def _authorize_held(occurrence_id: str, owner: str, fence: int, units: int, now: datetime, alias: str) -> str:
+    principal = _read_occurrence(occurrence_id, alias).authority["principal"]
+    policy = _lock_policy(principal, alias)
+    held = kernel._take_held(occurrence_id, owner, fence, now, alias)  # LeaseLost unless held
+    authority = held.authority
+    # 1. policy, binding, revision
+    policy = _require(policy, principal)
+    bound = bound_revision(authority)
+    if bound is None:
+        raise AuthorityPolicyUnbound(
+            f"occurrence {occurrence_id!r} is not bound to a scheduler policy revision",
+            {**_principal_details(principal), "expected": policy_ref(policy.revision)},
+        )
+    _check_revision(policy, bound, principal)
+    # 2. capabilities
+    _check_capabilities(policy, authority)
+    # 3. reserve; a retry reuses the reservation its earlier attempt made (charged under the
+    # revision and window of that attempt): no second charge.
+    existing = _existing(occurrence_id, alias)
+    if existing is not None:
+        if not _same_owner(existing, held):
+            raise _mismatch(existing, occurrence_id)
+        return REUSED
+    _charge(held, policy, units, now, alias)
+    return RESERVED
+
+
+def authorize(occurrence: Occurrence, *, units: Units = 1, owner: str, using: str | None = None) -> str:
+    """Authorize a claimed occurrence before its handler runs (SPEC section 7).
+
+    Returns ``"reserved"`` (budget charged), ``"reused"`` (a retry keeps its reservation),
+    ``"denied"`` (dead-lettered without retry: ``policy_required``, ``policy_unbound``,
+    ``policy_stale``, ``permission_denied``, ``budget_state_invalid``) or ``"deferred"``
+    (budget exhausted: queued again until the window ends, no attempt used). Only in the
+    first two cases may the handler run. ``units`` is an int or a function of the
+    occurrence (the handler registration's ``units``). ``SCHEDULER_LEASE_LOST`` unless
+    ``owner`` holds the occurrence's lease at its claimed fence.
+    """
+    if not isinstance(occurrence, Occurrence):
+        raise InvalidArgument("occurrence", "must be a claimed Occurrence")
+    owner = normalize_identifier(owner, "owner")
+    fence = normalize_int(occurrence.fence, "occurrence.fence", minimum=1)
+    requested = _resolve_units(units, occurrence)
+    alias = _alias(using)
+    now = conf.now()
+    with kernel._write(alias):
+        try:
+            with transaction.atomic(using=alias):  # undone if refused; the refusal is then written
+                return _authorize_held(occurrence.pk, owner, fence, requested, now, alias)
+        except _DENIALS as exc:
+            kernel.deny(
+                occurrence.pk,
+                owner=owner,
+                fence=fence,
+                code=exc.code,
+                reason=REASONS[type(exc)],
+                details=exc.details,
+                using=alias,
+            )
+            return DENIED
+        except AuthorityBudgetExhausted as exc:
+            until = to_ms(datetime.fromisoformat(exc.details["windowEndsAt"]), "until")
+            kernel.defer(
+                occurrence.pk, owner=owner, fence=fence, until=until, details=exc.details, using=alias
+            )
+            return DEFERRED

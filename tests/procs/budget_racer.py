@@ -1,0 +1,56 @@
+"""A worker process for the budget race tests: claims occurrences in batches and, for each,
+either reserves authority directly (``reserve``) or runs the worker's authorization
+(``authorize``). Prints one ``<outcome> <occurrence id>`` line per occurrence decided.
+
+usage: python -m tests.procs.budget_racer OWNER reserve|authorize POLICY_REVISION BATCH
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import datetime
+
+import django
+
+
+def main() -> None:
+    django.setup()
+    from django_durable_scheduler import kernel, reservations
+    from django_durable_scheduler.exceptions import AuthorityBudgetExhausted
+
+    owner, mode, revision, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    start_at = float(os.environ.get("START_AT", "0"))
+    while time.time() < start_at:
+        time.sleep(0.005)
+    lines: list[str] = []
+    empty = 0
+    while empty < 3:
+        rows = kernel.claim_batch(owner=owner, lease=600, limit=batch)
+        if not rows:
+            empty += 1
+            time.sleep(0.05)
+            continue
+        empty = 0
+        for row in rows:
+            if mode == "reserve":
+                try:
+                    reservations.reserve_authority(row.pk, policy_revision=revision, units=1)
+                except AuthorityBudgetExhausted as exc:
+                    until = datetime.fromisoformat(exc.details["windowEndsAt"])
+                    kernel.defer(row.pk, owner=owner, fence=row.fence, until=until, details=exc.details)
+                    lines.append(f"exhausted {row.pk}")
+                else:
+                    lines.append(f"reserved {row.pk}")
+            else:
+                outcome = reservations.authorize(row, units=1, owner=owner)
+                if outcome in (reservations.RESERVED, reservations.REUSED):
+                    kernel.settle(row.pk, owner=owner, fence=row.fence, outcome="succeeded", result=None)
+                lines.append(f"{outcome} {row.pk}")
+    sys.stdout.write("".join(line + "\n" for line in lines))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

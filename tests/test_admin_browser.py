@@ -1,0 +1,272 @@
+"""The policy admin in a real browser: Playwright (sync API) driving Debian's chromium
+against pytest-django's live server.
+
+Needs the ``playwright`` package (the dev dependency group) and ``/usr/bin/chromium``
+(``apt-get install chromium``; ``.ci/run`` installs it). Never ``playwright install``:
+no browser is downloaded. Without either, the tests skip, except under CI (``CI=true``),
+where they must run and fail instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from django_durable_scheduler import kernel, policies
+from django_durable_scheduler.models import AuthorityPolicy
+
+from .conftest import authority_for
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCREENSHOT = Path("/tmp/admin-policy.png")
+TIMEOUT_MS = 20_000
+
+
+def _missing() -> str | None:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the playwright package is not installed (it is in the dev dependency group)"
+    if not (os.path.exists(CHROMIUM) or shutil.which("chromium")):
+        return f"{CHROMIUM} is missing (apt-get install chromium)"
+    return None
+
+
+MISSING = _missing()
+if MISSING and os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+    raise RuntimeError(f"browser tests must run in CI, but {MISSING}")
+
+pytestmark = [
+    pytest.mark.skipif(MISSING is not None, reason=f"browser tests skipped: {MISSING}"),
+    # The admin is the same on every database; one MariaDB leg less keeps CI shorter.
+    pytest.mark.skipif(connection.vendor == "mysql", reason="browser tests run on SQLite and PostgreSQL"),
+    pytest.mark.slow,
+]
+
+ADMIN_STATIC = Path(__import__("django.contrib.admin").contrib.admin.__file__).parent / "static"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with pytest.MonkeyPatch.context() as patch, sync_playwright() as p:
+        # Playwright's sync API keeps an asyncio loop on this thread while it runs; the
+        # tests' own ORM calls (set-up, checks, the database flush after each test) are
+        # still plain synchronous code between browser steps.
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
+            headless=True,
+            args=CHROMIUM_ARGS,
+        )
+        yield browser
+        browser.close()
+
+
+def _serve_static(route) -> None:
+    # The test settings have no staticfiles app; serve the admin's CSS/JS from Django itself
+    # so that pages (and the screenshot) look as they do in production.
+    path = route.request.url.split("/static/", 1)[1].split("?", 1)[0]
+    file = (ADMIN_STATIC / path).resolve()
+    if ADMIN_STATIC in file.parents and file.is_file():
+        route.fulfill(path=str(file))
+    else:
+        route.fulfill(status=404, body="")
+
+
+@pytest.fixture
+def new_context(browser, live_server):
+    contexts = []
+
+    def make():
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        context.set_default_timeout(TIMEOUT_MS)
+        context.route("**/static/**", _serve_static)
+        contexts.append(context)
+        return context
+
+    yield make
+    for context in contexts:
+        context.close()
+
+
+def login(context, live_server, username: str, password: str = "pw"):
+    page = context.new_page()
+    page.goto(f"{live_server.url}/admin/login/?next=/admin/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{live_server.url}/admin/")
+    return page
+
+
+@pytest.fixture
+def policy(transactional_db):
+    return policies.set_policy(
+        "user",
+        "alice",
+        capabilities=["reports.read", "reports.send"],
+        window=timedelta(hours=1),
+        max_runs=10,
+        max_units=20,
+        changed_by="setup",
+    )
+
+
+@pytest.fixture
+def admin_user(transactional_db, django_user_model):
+    return django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+
+
+def change_url(live_server, policy: AuthorityPolicy) -> str:
+    return f"{live_server.url}/admin/durable_scheduler/authoritypolicy/{policy.pk}/change/"
+
+
+def field_errors(page, name: str) -> str:
+    """The error list Django's admin shows for one field."""
+    return page.locator(f"#id_{name}_error").inner_text()
+
+
+def test_staff_edits_a_policy(new_context, live_server, policy, admin_user):
+    kernel.create_job("job-read", "reports.read", authority=authority_for("alice", "reports.read"))
+    page = login(new_context(), live_server, "root")
+    page.goto(change_url(live_server, policy))
+    assert page.locator("#id_capabilities").input_value() == "reports.read\nreports.send"
+    assert page.locator("#policy-usage").inner_text().count("0 of") == 2
+
+    page.fill("#id_capabilities", "reports.send\nreports.archive\n")
+    page.fill("#id_window_value", "2")
+    page.select_option("#id_window_unit", "days")
+    page.fill("#id_max_runs", "500")
+    # Preview first: nothing is saved, the page says what would go stale.
+    page.click("input[name=_preview]")
+    page.wait_for_load_state()
+    assert "1 job and" in page.locator("#policy-preview").inner_text()
+    assert "would be left stale" in page.locator("#policy-preview").inner_text()
+    assert page.locator("#id_max_runs").input_value() == "500"
+    assert AuthorityPolicy.objects.get(pk=policy.pk).revision == 1
+
+    page.click("input[name=_continue]")
+    page.wait_for_load_state()
+    assert "was changed successfully" in page.locator(".messagelist").inner_text()
+    saved = AuthorityPolicy.objects.get(pk=policy.pk)
+    assert saved.revision == 2
+    assert saved.capabilities == ["reports.archive", "reports.send"]
+    assert (saved.window_ms, saved.max_runs, saved.max_units) == (2 * 86_400_000, 500, 20)
+    assert policies.policy_history("user", "alice")[0].changed_by == "root"
+
+    history = page.locator("#policy-history").inner_text()
+    assert "reports.archive" in history and "reports.read" in history
+    assert "max runs: 10 → 500" in history
+    assert "window: 1 hour → 2 days" in history
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+
+def test_concurrent_edit_shows_a_conflict(new_context, live_server, policy, admin_user):
+    first = login(new_context(), live_server, "root")
+    second = login(new_context(), live_server, "root")
+    first.goto(change_url(live_server, policy))
+    second.goto(change_url(live_server, policy))
+
+    second.fill("#id_max_runs", "77")
+    second.click("input[name=_save]")
+    second.wait_for_url("**/authoritypolicy/")
+
+    first.fill("#id_capabilities", "reports.read")
+    first.click("input[name=_save]")
+    first.wait_for_load_state()
+    errors = first.locator(".errornote + ul.errorlist, ul.errorlist.nonfield").first.inner_text()
+    assert "This policy was changed by someone else (now revision 2) since you opened it" in errors
+    assert "reload to see their change" in errors
+    # The second user's change is intact; the first one's was not written.
+    saved = AuthorityPolicy.objects.get(pk=policy.pk)
+    assert (saved.revision, saved.max_runs) == (2, 77)
+    assert saved.capabilities == ["reports.read", "reports.send"]
+    # After a reload, the first user sees the new revision and can save.
+    first.goto(change_url(live_server, policy))
+    assert first.locator("#id_max_runs").input_value() == "77"
+    first.fill("#id_capabilities", "reports.read")
+    first.click("input[name=_save]")
+    first.wait_for_url("**/authoritypolicy/")
+    saved.refresh_from_db()
+    assert (saved.revision, saved.capabilities, saved.max_runs) == (3, ["reports.read"], 77)
+
+
+def test_invalid_input_shows_field_errors(new_context, live_server, policy, admin_user):
+    page = login(new_context(), live_server, "root")
+    url = change_url(live_server, policy)
+
+    page.goto(url)
+    page.fill("#id_capabilities", "reports.send\n*")
+    page.click("input[name=_save]")
+    page.wait_for_load_state()
+    assert "Line 2: '*' is not allowed" in field_errors(page, "capabilities")
+
+    page.goto(url)
+    page.fill("#id_capabilities", "")
+    page.click("input[name=_save]")
+    page.wait_for_load_state()
+    assert "Enter at least one capability" in field_errors(page, "capabilities")
+
+    page.goto(url)
+    # A control character cannot be typed; set it the way a script or a paste would.
+    page.eval_on_selector("#id_capabilities", "el => { el.value = 'reports.send\\nbad\\u0001cap'; }")
+    page.click("input[name=_save]")
+    page.wait_for_load_state()
+    assert "Line 2: must not contain control characters (found U+0001)" in field_errors(page, "capabilities")
+
+    page.goto(url)
+    page.fill("#id_max_runs", "0")
+    page.fill("#id_max_units", "1000001")
+    page.fill("#id_window_value", "32")
+    page.select_option("#id_window_unit", "days")
+    page.click("input[name=_save]")
+    page.wait_for_load_state()
+    assert "greater than or equal to 1" in field_errors(page, "max_runs")
+    assert "less than or equal to 1000000" in field_errors(page, "max_units")
+    assert "between 1 minute and 31 days" in field_errors(page, "window_value")
+    assert "Please correct the errors below." in page.locator(".errornote").inner_text()
+
+    saved = AuthorityPolicy.objects.get(pk=policy.pk)
+    assert (saved.revision, saved.max_runs, saved.capabilities) == (1, 10, ["reports.read", "reports.send"])
+
+
+def test_user_without_change_permission_cannot_edit(new_context, live_server, policy, django_user_model):
+    from django.contrib.auth.models import Permission
+
+    viewer = django_user_model.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_authoritypolicy"))
+    page = login(new_context(), live_server, "viewer")
+    page.goto(change_url(live_server, policy))
+    assert page.locator("h1").inner_text() == "View authority policy"
+    assert page.locator("textarea, input[name=_save], input[name=_preview]").count() == 0
+    assert "reports.send" in page.locator("#content-main").inner_text()
+    # A forged POST from this session is refused.
+    status = page.evaluate(
+        """async () => {
+            const body = new FormData();
+            body.append('csrfmiddlewaretoken', document.querySelector('[name=csrfmiddlewaretoken]').value);
+            body.append('capabilities', 'x'); body.append('window_value', '1');
+            body.append('window_unit', 'hours'); body.append('max_runs', '1');
+            body.append('max_units', '1'); body.append('loaded_revision', '1');
+            return (await fetch(location.href, {method: 'POST', body})).status;
+        }"""
+    )
+    assert status == 403
+    assert AuthorityPolicy.objects.get(pk=policy.pk).revision == 1
