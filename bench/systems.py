@@ -47,10 +47,8 @@ class Ours:
         self.run = 0
 
     def setup(self) -> None:
-        from django_durable_scheduler import kernel
+        from django_durable_scheduler import kernel, policies
         from django_durable_scheduler.models import Job
-
-        from django_durable_scheduler import policies
 
         # The worker authorizes every run: give the bench principal a budget that never binds.
         policies.ensure_policy(AUTHORITY, window=31 * 86400, max_runs=1_000_000, max_units=1_000_000)
