@@ -310,6 +310,14 @@ def update_job(job_id: str, *, expected_revision: int, using: str | None = None,
     return job
 
 
+def _settle_cancelled(ids: list[str], reason: str | None, now: datetime, alias: str) -> None:
+    """A cancelled retry_wait occurrence may hold the reservation of its earlier attempt:
+    it is terminal now, so the reservation settles (failed)."""
+    settle_reservations(
+        ids, OccurrenceStatus.CANCELLED, {"status": "cancelled", "reason": reason}, now, alias
+    )
+
+
 def _supersede_schedule(job: Job, now: datetime, alias: str) -> list[str]:
     pending = list(
         Occurrence.objects.using(alias)
@@ -325,6 +333,7 @@ def _supersede_schedule(job: Job, now: datetime, alias: str) -> list[str]:
             updated_at=now,
             last_error={"code": "SCHEDULER_CANCELLED", "message": SUPERSEDED},
         )
+        _settle_cancelled(ids, SUPERSEDED, now, alias)
         Event.objects.using(alias).bulk_create(
             [
                 _event(
@@ -725,6 +734,7 @@ def cancel(occurrence_id: str, *, reason: str | None = None, using: str | None =
         occurrence.updated_at = now
         occurrence.last_error = {"code": "SCHEDULER_CANCELLED", "message": reason}
         occurrence.save(using=alias, update_fields=["status", "settled_at", "updated_at", "last_error"])
+        _settle_cancelled([occurrence_id], reason, now, alias)
         _event(
             occurrence.job_id,
             OCCURRENCE_CANCELLED,

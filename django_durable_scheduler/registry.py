@@ -33,7 +33,7 @@ def handler(
     """Register the decorated function as the handler of ``kind``.
 
     ``units``: what one run costs against its principal's unit budget (an int in
-    1..1,000,000, or a callable taking the context). ``job``: optionally declare a job for
+    1..1,000,000, or a callable taking the claimed Occurrence). ``job``: optionally declare a job for
     this handler in code, created or updated by ``manage.py scheduler_sync``::
 
         @scheduler.handler("reports.send-daily", job={

@@ -314,11 +314,32 @@ class Worker:
 
     def _authorize(self, occurrence: Occurrence, ctx: ExecutionContext) -> str | None:
         """Check and reserve the principal's authority; None when the handler may run, else
-        what happened instead ("denied": dead-lettered, "deferred": waits for the window)."""
+        what happened instead ("denied": dead-lettered, "deferred": waits for the window,
+        "lease_lost", "failed": the registration's ``units`` function failed or gave a bad
+        value, a durable non-retryable failure; "unauthorized": the database kept failing,
+        the lease expires and the occurrence comes back)."""
         handler = registry.get_handler(ctx.kind)
         units = handler.units if handler is not None else 1
-        verdict = reservations.authorize(occurrence, units=units, owner=self.worker_id, using=self.using)
-        return verdict if verdict in (reservations.DENIED, reservations.DEFERRED) else None
+        for attempt in range(5):
+            try:
+                verdict = reservations.authorize(
+                    occurrence, units=units, owner=self.worker_id, using=self.using
+                )
+            except LeaseLost as exc:
+                ctx._lease_lost.set()
+                logger.warning("%s: lease lost before authorization: %s", occurrence.pk, exc)
+                return "lease_lost"
+            except InvalidArgument as exc:
+                error = {"type": "InvalidUnits", "message": str(exc)}
+                self._settle(occurrence, {"status": "failed", "error": error, "retryable": False})
+                return "failed"
+            except DatabaseError:
+                logger.exception("database error authorizing %s (try %d)", occurrence.pk, attempt + 1)
+                connections.close_all()
+                time.sleep(min(5.0, 0.2 * 2**attempt))
+                continue
+            return verdict if verdict in (reservations.DENIED, reservations.DEFERRED) else None
+        return "unauthorized"
 
     def _call_handler(self, ctx: ExecutionContext) -> dict[str, Any]:
         handler = registry.get_handler(ctx.kind)

@@ -14,6 +14,7 @@ import pytest
 from django.db import transaction
 
 import django_durable_scheduler as scheduler
+from django_durable_scheduler import kernel
 from django_durable_scheduler.authority import bind
 from django_durable_scheduler.models import (
     AuthorityPolicy,
@@ -792,3 +793,21 @@ def test_worker_defers_over_budget_and_charges_registered_units(clock, registere
         (11, "succeeded"),
     ]
     assert usage_rows() == [(1, 2, 21)]
+
+
+_CANCEL_SETTLES = hasattr(kernel, "_settle_cancelled")
+
+
+@pytest.mark.skipif(not _CANCEL_SETTLES, reason="kernel.cancel does not settle reservations yet")
+def test_cancelling_a_retry_settles_its_reservation_failed(clock):
+    setup()
+    occ = claimed(clock)
+    assert scheduler.authorize(occ, units=1, owner=OWNER) == "reserved"
+    scheduler.settle(
+        occ.pk, owner=OWNER, fence=1, outcome="failed", error="x", retry_at=clock() + timedelta(hours=1)
+    )
+    scheduler.cancel(occ.pk, reason="no longer needed")
+    res = AuthorityReservation.objects.get()
+    assert (res.status, res.settled_at) == ("failed", clock())
+    assert res.outcome == {"status": "cancelled", "reason": "no longer needed"}
+    assert usage_rows() == [(1, 1, 1)]  # the run stays counted in its window
