@@ -1110,6 +1110,23 @@ def settle(
     return current
 
 
+def _requeue_unattempted(occurrence_id: str, *, available: datetime, now: datetime, alias: str) -> None:
+    """Back to queued, due at ``available``, lease dropped, and the claim's attempt given
+    back (the fence stays: it only ever grows)."""
+    Occurrence.objects.using(alias).filter(pk=occurrence_id).update(
+        status=OccurrenceStatus.QUEUED,
+        attempt=Case(
+            When(attempt__gt=0, then=F("attempt") - 1),
+            default=F("attempt"),
+            output_field=PositiveSmallIntegerField(),
+        ),
+        lease_owner=None,
+        lease_expires_at=None,
+        available_at=available,
+        updated_at=now,
+    )
+
+
 def release(occurrence_id: str, *, owner: str, fence: int, using: str | None = None) -> Occurrence:
     """Give a held lease up without using an attempt, so another worker can take it at once
     (graceful shutdown). The occurrence goes back to queued, due now."""
@@ -1117,18 +1134,7 @@ def release(occurrence_id: str, *, owner: str, fence: int, using: str | None = N
     now = conf.now()
     with _write(using) as alias:
         current = _take_held(occurrence_id, owner, fence, now, alias)
-        Occurrence.objects.using(alias).filter(pk=occurrence_id).update(
-            status=OccurrenceStatus.QUEUED,
-            attempt=Case(
-                When(attempt__gt=0, then=F("attempt") - 1),
-                default=F("attempt"),
-                output_field=PositiveSmallIntegerField(),
-            ),
-            lease_owner=None,
-            lease_expires_at=None,
-            available_at=now,
-            updated_at=now,
-        )
+        _requeue_unattempted(occurrence_id, available=now, now=now, alias=alias)
         _event(
             current.job_id, OCCURRENCE_RELEASED, now, occurrence_id=occurrence_id, owner_id=owner, fence=fence
         ).save(using=alias)
@@ -1268,18 +1274,7 @@ def defer(
     with _write(using) as alias:
         current = _take_held(occurrence_id, owner, fence, now, alias)
         available = max(now, from_ms(until_ms))
-        Occurrence.objects.using(alias).filter(pk=occurrence_id).update(
-            status=OccurrenceStatus.QUEUED,
-            attempt=Case(
-                When(attempt__gt=0, then=F("attempt") - 1),
-                default=F("attempt"),
-                output_field=PositiveSmallIntegerField(),
-            ),
-            lease_owner=None,
-            lease_expires_at=None,
-            available_at=available,
-            updated_at=now,
-        )
+        _requeue_unattempted(occurrence_id, available=available, now=now, alias=alias)
         _event(
             current.job_id,
             AUTHORITY_DEFERRED,
