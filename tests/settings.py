@@ -49,7 +49,8 @@ TEMPLATES = [
 
 # A file, not :memory:, so that subprocess workers in the tests share the test database.
 _default_sqlite = f"sqlite:///{BASE_DIR / '.test-db.sqlite3'}"
-DATABASES = {"default": env.db("DATABASE_URL", default=_default_sqlite)}
+# An empty DATABASE_URL counts as unset.
+DATABASES = {"default": env.db_url_config(os.environ.get("DATABASE_URL") or _default_sqlite)}
 _db = DATABASES["default"]
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     # One writer at a time: take the write lock at BEGIN so no transaction ever has to

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import environ
@@ -49,7 +50,10 @@ TEMPLATES = [
     }
 ]
 
-DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+# An empty DATABASE_URL counts as unset.
+DATABASES = {
+    "default": env.db_url_config(os.environ.get("DATABASE_URL") or f"sqlite:///{BASE_DIR / 'db.sqlite3'}")
+}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # As in tests/settings.py: take the write lock at BEGIN so the scheduler and the admin never
     # fail on a read-to-write lock upgrade; WAL lets readers go on while one process writes.
