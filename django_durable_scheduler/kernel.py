@@ -362,6 +362,45 @@ def _enqueue_args(
     return job_id, scheduled_ms, key, available_ms
 
 
+def _new_occurrence(
+    job: Job, *, scheduled_ms: int, trigger_key: str, available_ms: int, payload: Any, now: datetime
+) -> Occurrence:
+    """A queued occurrence of ``job``'s current revision (not saved), with the seed's identity."""
+    identity = derive_occurrence_identity(job.job_id, job.revision, scheduled_ms, trigger_key)
+    return Occurrence(
+        occurrence_id=identity.occurrence_id,
+        job=job,
+        job_revision=job.revision,
+        idempotency_key=identity.idempotency_key,
+        trigger_key=trigger_key,
+        scheduled_for=from_ms(scheduled_ms),
+        available_at=from_ms(available_ms),
+        status=OccurrenceStatus.QUEUED,
+        attempt=0,
+        max_attempts=job.max_attempts,
+        fence=0,
+        authority=job.authority,
+        payload=payload,
+        principal_key=principal_key(job.authority),
+        created_at=now,
+        updated_at=now,
+    )
+
+
+def _enqueued_event(occurrence: Occurrence, now: datetime) -> Event:
+    return _event(
+        occurrence.job_id,
+        OCCURRENCE_ENQUEUED,
+        now,
+        occurrence_id=occurrence.occurrence_id,
+        data={
+            "jobRevision": occurrence.job_revision,
+            "scheduledFor": to_ms(occurrence.scheduled_for, "scheduled_for"),
+            "triggerKey": occurrence.trigger_key,
+        },
+    )
+
+
 def _insert_occurrence(
     job: Job,
     *,
@@ -374,30 +413,19 @@ def _insert_occurrence(
 ) -> tuple[Occurrence, bool]:
     if not job.enabled:
         raise JobDisabled(f"job {job.job_id!r} is disabled", {"job_id": job.job_id})
-    identity = derive_occurrence_identity(job.job_id, job.revision, scheduled_ms, trigger_key)
     payload_value = job.payload if payload is _UNSET else normalize_json(payload, "payload")
     payload_text = canonical_json(payload_value, "payload")
-    existing = Occurrence.objects.using(alias).filter(idempotency_key=identity.idempotency_key).first()
+    occurrence = _new_occurrence(
+        job,
+        scheduled_ms=scheduled_ms,
+        trigger_key=trigger_key,
+        available_ms=available_ms,
+        payload=payload_value,
+        now=now,
+    )
+    existing = Occurrence.objects.using(alias).filter(idempotency_key=occurrence.idempotency_key).first()
     created = False
     if existing is None:
-        occurrence = Occurrence(
-            occurrence_id=identity.occurrence_id,
-            job=job,
-            job_revision=job.revision,
-            idempotency_key=identity.idempotency_key,
-            trigger_key=trigger_key,
-            scheduled_for=from_ms(scheduled_ms),
-            available_at=from_ms(available_ms),
-            status=OccurrenceStatus.QUEUED,
-            attempt=0,
-            max_attempts=job.max_attempts,
-            fence=0,
-            authority=job.authority,
-            payload=payload_value,
-            principal_key=principal_key(job.authority),
-            created_at=now,
-            updated_at=now,
-        )
         try:
             # A savepoint so that losing an insert race does not abort the caller's transaction.
             with transaction.atomic(using=alias):
@@ -405,13 +433,13 @@ def _insert_occurrence(
             created = True
         except IntegrityError:
             existing = (
-                Occurrence.objects.using(alias).filter(idempotency_key=identity.idempotency_key).first()
+                Occurrence.objects.using(alias).filter(idempotency_key=occurrence.idempotency_key).first()
             )
             if existing is None:
                 raise
     if not created:
         assert existing is not None
-        if existing.occurrence_id != identity.occurrence_id:
+        if existing.occurrence_id != occurrence.occurrence_id:
             raise DataCorrupt("occurrence idempotency identity does not match stored data")
         if canonical_json(existing.payload) != payload_text:
             raise IdempotencyPayloadMismatch(
@@ -420,13 +448,7 @@ def _insert_occurrence(
             )
         return existing, True
     dialect.notify_new_work(alias)
-    _event(
-        job.job_id,
-        OCCURRENCE_ENQUEUED,
-        now,
-        occurrence_id=occurrence.occurrence_id,
-        data={"jobRevision": job.revision, "scheduledFor": scheduled_ms, "triggerKey": trigger_key},
-    ).save(using=alias)
+    _enqueued_event(occurrence, now).save(using=alias)
     return occurrence, False
 
 
@@ -492,28 +514,17 @@ def enqueue_many(
         job = get_job(job_id, using=alias)
         if not job.enabled:
             raise JobDisabled(f"job {job_id!r} is disabled", {"job_id": job_id})
-        pkey = principal_key(job.authority)
-        rows: list[Occurrence] = []
-        for scheduled_ms, key, available_ms, payload in parsed:
-            identity = derive_occurrence_identity(job_id, job.revision, scheduled_ms, key)
-            rows.append(
-                Occurrence(
-                    occurrence_id=identity.occurrence_id,
-                    job=job,
-                    job_revision=job.revision,
-                    idempotency_key=identity.idempotency_key,
-                    trigger_key=key,
-                    scheduled_for=from_ms(scheduled_ms),
-                    available_at=from_ms(available_ms),
-                    status=OccurrenceStatus.QUEUED,
-                    max_attempts=job.max_attempts,
-                    authority=job.authority,
-                    payload=job.payload if payload is _UNSET else payload,
-                    principal_key=pkey,
-                    created_at=now,
-                    updated_at=now,
-                )
+        rows = [
+            _new_occurrence(
+                job,
+                scheduled_ms=scheduled_ms,
+                trigger_key=key,
+                available_ms=available_ms,
+                payload=job.payload if payload is _UNSET else payload,
+                now=now,
             )
+            for scheduled_ms, key, available_ms, payload in parsed
+        ]
         ids = [row.pk for row in rows]
         existing: dict[str, Occurrence] = {}
         for start in range(0, len(ids), 500):
@@ -535,20 +546,7 @@ def enqueue_many(
         if fresh:
             Occurrence.objects.using(alias).bulk_create(list(fresh.values()), batch_size=500)
             Event.objects.using(alias).bulk_create(
-                [
-                    _event(
-                        job_id,
-                        OCCURRENCE_ENQUEUED,
-                        now,
-                        occurrence_id=row.pk,
-                        data={
-                            "jobRevision": job.revision,
-                            "scheduledFor": to_ms(row.scheduled_for, "scheduled_for"),
-                            "triggerKey": row.trigger_key,
-                        },
-                    )
-                    for row in fresh.values()
-                ],
+                [_enqueued_event(row, now) for row in fresh.values()],
                 batch_size=500,
             )
             dialect.notify_new_work(alias)

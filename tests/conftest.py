@@ -89,3 +89,27 @@ def run_python(code: str, **extra: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def snapshot() -> dict:
+    """Every scheduler table, row for row: to show that a refused call wrote nothing."""
+    from django_durable_scheduler.models import (
+        AuthorityPolicy,
+        AuthorityPolicyRevision,
+        AuthorityReservation,
+        AuthorityUsage,
+        Event,
+        Job,
+        Occurrence,
+    )
+
+    models = (
+        Job,
+        Occurrence,
+        Event,
+        AuthorityPolicy,
+        AuthorityPolicyRevision,
+        AuthorityUsage,
+        AuthorityReservation,
+    )
+    return {model.__name__: list(model.objects.order_by("pk").values()) for model in models}

@@ -31,18 +31,13 @@ import pytest
 import django_durable_scheduler as scheduler
 from django_durable_scheduler.models import (
     AuthorityPolicy,
-    AuthorityReservation,
-    AuthorityUsage,
     Event,
-    Job,
-    Occurrence,
 )
 
-from .conftest import AUTHORITY
+from .conftest import AUTHORITY, snapshot
 
 pytestmark = pytest.mark.django_db
 
-MODELS = (Job, Occurrence, Event, AuthorityPolicy, AuthorityUsage, AuthorityReservation)
 ONE_MIB = 1024 * 1024
 DAY = 24 * 60 * 60
 LONE_SURROGATE = "\ud800"
@@ -83,10 +78,6 @@ def world(job, clock) -> World:
     )
     clock.advance(2)  # job-b's final-attempt lease is now expired; job-a's is not
     return World(now=clock(), queued=queued.pk, running=running.pk)
-
-
-def snapshot() -> dict[str, list[dict[str, Any]]]:
-    return {model.__name__: list(model.objects.order_by("pk").values()) for model in MODELS}
 
 
 # --------------------------------------------------------------------------- calls

@@ -16,31 +16,15 @@ from django_durable_scheduler.authority import bound_revision
 from django_durable_scheduler.models import (
     AuthorityPolicy,
     AuthorityPolicyRevision,
-    AuthorityReservation,
-    AuthorityUsage,
-    Event,
     Job,
     Occurrence,
 )
 
-from .conftest import authority_for
+from .conftest import authority_for, snapshot
 
 pytestmark = pytest.mark.django_db
 
-MODELS = (
-    Job,
-    Occurrence,
-    Event,
-    AuthorityPolicy,
-    AuthorityPolicyRevision,
-    AuthorityUsage,
-    AuthorityReservation,
-)
 HOUR = 3600
-
-
-def snapshot() -> dict[str, list[dict[str, Any]]]:
-    return {model.__name__: list(model.objects.order_by("pk").values()) for model in MODELS}
 
 
 def policy(pid="alice", caps=("reports.send",), ptype="user", **kw):

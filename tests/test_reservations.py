@@ -18,7 +18,6 @@ from django_durable_scheduler import kernel
 from django_durable_scheduler.authority import bind
 from django_durable_scheduler.models import (
     AuthorityPolicy,
-    AuthorityPolicyRevision,
     AuthorityReservation,
     AuthorityUsage,
     Event,
@@ -27,25 +26,12 @@ from django_durable_scheduler.models import (
 )
 from django_durable_scheduler.worker import Worker
 
-from .conftest import ROOT, Clock, authority_for, subprocess_env
+from .conftest import ROOT, Clock, authority_for, snapshot, subprocess_env
 
 pytestmark = pytest.mark.django_db
 
-MODELS = (
-    Job,
-    Occurrence,
-    Event,
-    AuthorityPolicy,
-    AuthorityPolicyRevision,
-    AuthorityUsage,
-    AuthorityReservation,
-)
 HOUR = 3600
 OWNER = "w1"
-
-
-def snapshot() -> dict[str, list[dict[str, Any]]]:
-    return {model.__name__: list(model.objects.order_by("pk").values()) for model in MODELS}
 
 
 def setup(pid="alice", caps=("reports.send",), *, job_id="job-a", requested=None, **policy):
