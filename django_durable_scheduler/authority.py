@@ -162,11 +162,11 @@ def bind(authority: dict[str, Any], revision: int) -> dict[str, Any]:
 
 def settle_reservations(
     occurrence_ids: list[str], status: str, outcome: dict[str, Any], now: datetime, alias: str
-) -> list[dict[str, Any]]:
+) -> dict[str, dict[str, Any]]:
     """Settle the ``reserved`` reservations of occurrences that reached a terminal status.
 
-    Called by the kernel inside its transaction. Returns, per settled reservation, the
-    event data the seed adds (policy revision and units).
+    Called by the kernel inside its transaction. Returns, by occurrence id, the event data
+    the seed adds for each settled reservation (policy revision and units).
     """
     from .models import AuthorityReservation, OccurrenceStatus, ReservationStatus
 
@@ -176,7 +176,7 @@ def settle_reservations(
         .filter(occurrence_id__in=occurrence_ids, status=ReservationStatus.RESERVED)
     )
     if not reservations:
-        return []
+        return {}
     new_status = (
         ReservationStatus.SUCCEEDED if status == OccurrenceStatus.SUCCEEDED else ReservationStatus.FAILED
     )
@@ -187,4 +187,7 @@ def settle_reservations(
     )
     if updated != len(reservations):
         raise AuthoritySettlementConflict("authority reservation could not be settled")
-    return [{"authorityPolicyRevision": r.policy_revision, "authorityUnits": r.units} for r in reservations]
+    return {
+        r.occurrence_id: {"authorityPolicyRevision": r.policy_revision, "authorityUnits": r.units}
+        for r in reservations
+    }

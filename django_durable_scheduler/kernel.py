@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -980,7 +981,7 @@ def renew(
     return current
 
 
-def _normalize_error(error: Any) -> dict[str, Any] | None:
+def _normalize_error(error: Any, field: str = "error") -> dict[str, Any] | None:
     if error is None:
         return None
     if isinstance(error, BaseException):
@@ -988,7 +989,7 @@ def _normalize_error(error: Any) -> dict[str, Any] | None:
     elif isinstance(error, str):
         error = {"message": error}
     elif not isinstance(error, dict):
-        raise InvalidArgument("error", "must be a string, a dict or an exception")
+        raise InvalidArgument(field, "must be a string, a dict or an exception")
     error = dict(error)
     for key in ("message", "traceback"):
         value = error.get(key)
@@ -1002,7 +1003,7 @@ def _normalize_error(error: Any) -> dict[str, Any] | None:
                 cut = encoded[-limit:] if key == "traceback" else encoded[:limit]
                 error[key] = cut.decode("utf-8", "ignore")
                 error[f"{key}_truncated"] = True
-    return normalize_json(error, "error", max_bytes=MAX_RESULT_BYTES)  # type: ignore[no-any-return]
+    return normalize_json(error, field, max_bytes=MAX_RESULT_BYTES)  # type: ignore[no-any-return]
 
 
 def backoff_delay_ms(attempt: int, base_ms: int, max_ms: int, jitter: float | None = None) -> int:
@@ -1011,6 +1012,55 @@ def backoff_delay_ms(attempt: int, base_ms: int, max_ms: int, jitter: float | No
     raw = min(max_ms, base_ms * (2 ** max(0, min(attempt - 1, 40))))
     spread = raw * jitter
     return max(1, min(max_ms, int(raw + random.uniform(-spread, spread))))
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """One validated settle request."""
+
+    occurrence_id: str
+    fence: int
+    outcome: str
+    result: Any
+    error: dict[str, Any] | None
+    retryable: bool
+    retry_ms: int | None
+
+
+SETTLE_ITEM_KEYS = frozenset(
+    {"occurrence_id", "fence", "outcome", "result", "error", "retryable", "retry_at"}
+)
+
+
+def _settle_args(
+    occurrence_id: Any,
+    fence: Any,
+    outcome: Any,
+    result: Any,
+    error: Any,
+    retryable: Any,
+    retry_at: Any,
+    prefix: str = "",
+) -> _Outcome:
+    occurrence_id = normalize_identifier(occurrence_id, f"{prefix}occurrence_id")
+    fence = normalize_int(fence, f"{prefix}fence", minimum=1)
+    if outcome not in ("succeeded", "failed"):
+        raise InvalidArgument(f"{prefix}outcome", "must be 'succeeded' or 'failed'")
+    result_value = check_result(result, f"{prefix}result")
+    return _Outcome(
+        occurrence_id=occurrence_id,
+        fence=fence,
+        outcome=outcome,
+        result=result_value,
+        error=_normalize_error(error, f"{prefix}error"),
+        retryable=normalize_bool(retryable, f"{prefix}retryable"),
+        retry_ms=None if retry_at is None else to_ms(retry_at, f"{prefix}retry_at"),
+    )
+
+
+def check_result(result: Any, field: str = "result") -> Any:
+    """A handler result as it will be stored (JSON, at most 64 KiB), or ``InvalidArgument``."""
+    return normalize_json(result, field, max_bytes=MAX_RESULT_BYTES)
 
 
 def settle(
@@ -1031,81 +1081,152 @@ def settle(
     job's backoff) when ``retryable`` and attempts remain, else to dead_letter.
     ``SCHEDULER_LEASE_LOST`` unless the caller holds an unexpired lease with this fence.
     """
-    occurrence_id, owner, fence = _lease_args(occurrence_id, owner, fence)
-    if outcome not in ("succeeded", "failed"):
-        raise InvalidArgument("outcome", "must be 'succeeded' or 'failed'")
-    result_value = normalize_json(result, "result", max_bytes=MAX_RESULT_BYTES)
-    error_value = _normalize_error(error)
-    retryable = normalize_bool(retryable, "retryable")
-    retry_ms = None if retry_at is None else to_ms(retry_at, "retry_at")
+    spec = _settle_args(occurrence_id, fence, outcome, result, error, retryable, retry_at)
+    owner = _owner(owner)
     now = conf.now()
     with _write(using) as alias:
-        current = _take_held(occurrence_id, owner, fence, now, alias)
+        (settled,) = _settle_held([spec], owner, now, alias)
+    if isinstance(settled, LeaseLost):
+        raise settled
+    return settled
+
+
+def settle_many(
+    items: Iterable[dict[str, Any]], *, owner: str, using: str | None = None
+) -> list[Occurrence | LeaseLost]:
+    """Settle many held occurrences in one transaction (what the worker does with the
+    outcomes of a batch). Each item is a dict of :func:`settle`'s arguments
+    (``occurrence_id``, ``fence``, ``outcome`` and optionally ``result``, ``error``,
+    ``retryable``, ``retry_at``). Bad input raises ``InvalidArgument`` naming the item and
+    writes nothing. Returns, per item in order, the settled occurrence, or the
+    ``LeaseLost`` error of an item whose lease is no longer held (the others settle).
+    """
+    owner = _owner(owner)
+    if isinstance(items, dict | str) or not isinstance(items, Iterable):
+        raise InvalidArgument("items", "must be a list of dicts")
+    specs: list[_Outcome] = []
+    for index, item in enumerate(items):
+        prefix = f"items[{index}]."
+        if not isinstance(item, dict):
+            raise InvalidArgument(f"items[{index}]", "must be a dict")
+        unknown = set(item) - SETTLE_ITEM_KEYS
+        if unknown:
+            raise InvalidArgument(f"{prefix}{sorted(unknown)[0]}", "is not a settle argument")
+        specs.append(
+            _settle_args(
+                item.get("occurrence_id"),
+                item.get("fence"),
+                item.get("outcome"),
+                item.get("result"),
+                item.get("error"),
+                item.get("retryable", True),
+                item.get("retry_at"),
+                prefix,
+            )
+        )
+    seen: set[str] = set()
+    for index, spec in enumerate(specs):
+        if spec.occurrence_id in seen:
+            raise InvalidArgument(f"items[{index}].occurrence_id", "appears twice")
+        seen.add(spec.occurrence_id)
+    if not specs:
+        return []
+    now = conf.now()
+    with _write(using) as alias:
+        return _settle_held(specs, owner, now, alias)
+
+
+def _settle_held(
+    specs: Sequence[_Outcome], owner: str, now: datetime, alias: str
+) -> list[Occurrence | LeaseLost]:
+    """The body of settle/settle_many, inside the transaction: lock the rows, refuse those
+    whose lease is not held, then one UPDATE per group of rows that get the same values,
+    the reservations settled and one event per row, in bulk."""
+    locked = {
+        row.pk: row
+        for row in Occurrence.objects.using(alias)
+        .select_for_update()
+        .filter(pk__in=[spec.occurrence_id for spec in specs])
+        .order_by("pk")
+    }
+    needs_backoff = {
+        locked[spec.occurrence_id].job_id
+        for spec in specs
+        if spec.occurrence_id in locked
+        and spec.outcome == "failed"
+        and spec.retryable
+        and spec.retry_ms is None
+    }
+    # Read, not locked: locking the job row would serialize every settle of a job.
+    delays = {
+        job_id: (base_ms, max_ms)
+        for job_id, base_ms, max_ms in Job.objects.using(alias)
+        .filter(pk__in=needs_backoff)
+        .values_list("pk", "retry_base_delay_ms", "retry_max_delay_ms")
+    }
+    out: list[Occurrence | LeaseLost] = []
+    updates: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    terminal: dict[str, tuple[str, dict[str, Any], list[str]]] = {}
+    pending_events: list[tuple[Occurrence, str, dict[str, Any], int]] = []
+    for spec in specs:
+        current = locked.get(spec.occurrence_id)
+        if current is None or not _holds_lease(current, owner, spec.fence, now):
+            out.append(_lease_lost(spec.occurrence_id, current, owner, spec.fence, now))
+            continue
         data: dict[str, Any] = {"attempt": current.attempt, "maxAttempts": current.max_attempts}
-        current.lease_owner = None
-        current.lease_expires_at = None
-        current.updated_at = now
-        if outcome == "succeeded":
-            current.status = OccurrenceStatus.SUCCEEDED
-            current.result = result_value
-            current.settled_at = now
+        values: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None, "updated_at": now}
+        if spec.outcome == "succeeded":
+            values.update(status=OccurrenceStatus.SUCCEEDED, result=spec.result, settled_at=now)
             event_type = OCCURRENCE_SUCCEEDED
-        elif retryable and current.attempt < current.max_attempts:
-            if retry_ms is None:
-                # Read, not locked: locking the job row would serialize every settle of a job.
-                base_ms, max_ms = (
-                    Job.objects.using(alias)
-                    .filter(pk=current.job_id)
-                    .values_list("retry_base_delay_ms", "retry_max_delay_ms")
-                    .get()
-                )
-                delay = backoff_delay_ms(current.attempt, base_ms, max_ms)
-                available = now + timedelta(milliseconds=delay)
+        elif spec.retryable and current.attempt < current.max_attempts:
+            if spec.retry_ms is None:
+                base_ms, max_ms = delays[current.job_id]
+                available = now + timedelta(milliseconds=backoff_delay_ms(current.attempt, base_ms, max_ms))
             else:
-                available = max(now, from_ms(retry_ms))
-            current.status = OccurrenceStatus.RETRY_WAIT
-            current.available_at = available
-            current.last_error = error_value
+                available = max(now, from_ms(spec.retry_ms))
+            values.update(status=OccurrenceStatus.RETRY_WAIT, available_at=available, last_error=spec.error)
             event_type = OCCURRENCE_RETRY_SCHEDULED
             data["retryAt"] = iso_ms(available)
         else:
-            current.status = OccurrenceStatus.DEAD_LETTER
-            current.last_error = error_value
-            current.settled_at = now
+            values.update(status=OccurrenceStatus.DEAD_LETTER, last_error=spec.error, settled_at=now)
             event_type = OCCURRENCE_DEAD_LETTERED
-            data["reason"] = "max_attempts" if retryable else "not_retryable"
-        current.save(
-            using=alias,
-            update_fields=[
-                "status",
-                "lease_owner",
-                "lease_expires_at",
-                "updated_at",
-                "result",
-                "last_error",
-                "settled_at",
-                "available_at",
-            ],
+            data["reason"] = "max_attempts" if spec.retryable else "not_retryable"
+        for name, value in values.items():
+            setattr(current, name, value)
+        group = canonical_json(
+            {k: v.isoformat() if isinstance(v, datetime) else v for k, v in values.items()}
         )
+        updates.setdefault(group, (values, []))[1].append(current.pk)
         if current.status != OccurrenceStatus.RETRY_WAIT:
             outcome_data: dict[str, Any] = {"status": current.status}
             if current.status == OccurrenceStatus.SUCCEEDED:
-                outcome_data["result"] = result_value
+                outcome_data["result"] = spec.result
             else:
-                outcome_data["error"] = error_value
-            reservation = settle_reservations([occurrence_id], current.status, outcome_data, now, alias)
-            if reservation:
-                data.update(reservation[0])
-        _event(
-            current.job_id,
-            event_type,
-            now,
-            occurrence_id=occurrence_id,
-            owner_id=owner,
-            fence=fence,
-            data=data,
-        ).save(using=alias)
-    return current
+                outcome_data["error"] = spec.error
+            key = canonical_json(outcome_data)
+            terminal.setdefault(key, (current.status, outcome_data, []))[2].append(current.pk)
+        pending_events.append((current, event_type, data, spec.fence))
+        out.append(current)
+    for values, ids in updates.values():
+        Occurrence.objects.using(alias).filter(pk__in=ids).update(**values)
+    reserved: dict[str, dict[str, Any]] = {}
+    for status, outcome_data, ids in terminal.values():
+        reserved.update(settle_reservations(ids, status, outcome_data, now, alias))
+    Event.objects.using(alias).bulk_create(
+        [
+            _event(
+                current.job_id,
+                event_type,
+                now,
+                occurrence_id=current.pk,
+                owner_id=owner,
+                fence=fence,
+                data={**data, **reserved.get(current.pk, {})},
+            )
+            for current, event_type, data, fence in pending_events
+        ]
+    )
+    return out
 
 
 def _requeue_unattempted(occurrence_id: str, *, available: datetime, now: datetime, alias: str) -> None:
@@ -1240,8 +1361,7 @@ def deny(
             "details": detail_value,
             "attempt": current.attempt,
         }
-        if settled:
-            data.update(settled[0])
+        data.update(settled.get(occurrence_id, {}))
         _event(
             current.job_id,
             AUTHORITY_DENIED,

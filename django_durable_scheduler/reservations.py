@@ -20,8 +20,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 from django.db.models.functions import Coalesce
 
 from . import conf, kernel
@@ -36,6 +35,7 @@ from .exceptions import (
     AuthorityPolicyUnbound,
     AuthorityReservationMismatch,
     InvalidArgument,
+    LeaseLost,
     NotFound,
     SchedulerError,
 )
@@ -54,6 +54,7 @@ RESERVED = "reserved"
 REUSED = "reused"
 DENIED = "denied"
 DEFERRED = "deferred"
+LEASE_LOST = "lease_lost"
 
 # Denial reasons (stored on the occurrence and in the ``authority_denied`` event).
 REASONS: dict[type[SchedulerError], str] = {
@@ -161,12 +162,37 @@ def _mismatch(reservation: AuthorityReservation, occurrence_id: str) -> Authorit
     )
 
 
+def _exhausted(
+    principal: dict[str, Any],
+    policy: AuthorityPolicy,
+    window: tuple[datetime, datetime],
+    used: tuple[int, int],
+    units: int,
+) -> AuthorityBudgetExhausted:
+    start, end = window
+    return AuthorityBudgetExhausted(
+        f"authority budget of {principal['type']}:{principal['id']} is spent until {iso_ms(end)}",
+        {
+            "windowStartedAt": iso_ms(start),
+            "windowEndsAt": iso_ms(end),
+            "usedRuns": used[0],
+            "usedUnits": used[1],
+            "requestedUnits": units,
+            "maxRuns": policy.max_runs,
+            "maxUnits": policy.max_units,
+        },
+    )
+
+
 def _charge(
-    occurrence: Occurrence, policy: AuthorityPolicy, units: int, now: datetime, alias: str
-) -> AuthorityReservation:
-    """Check the window's usage against its reservations and the budget, then write both.
-    Called with the policy row locked."""
-    principal = occurrence.authority["principal"]
+    charges: list[tuple[Occurrence, int]], policy: AuthorityPolicy, now: datetime, alias: str
+) -> list[AuthorityReservation | AuthorityBudgetExhausted]:
+    """Charge occurrences of one principal, in order, against the current window's budget:
+    check the window's usage against its reservations, then reserve each that still fits
+    and write the usage once and the reservations in bulk. Called with the policy row
+    locked; ``AuthorityBudgetStateInvalid`` (nothing written) if usage and reservations
+    disagree. Returns, per occurrence, its reservation or why the budget refused it."""
+    principal = {"type": policy.principal_type, "id": policy.principal_id}
     start, end = window_bounds(policy.window_ms, now)
     key = {
         "principal_type": policy.principal_type,
@@ -192,39 +218,36 @@ def _charge(
                 "reservations": {"runs": int(counted["runs"]), "units": int(counted["units"])},
             },
         )
-    if used_runs + 1 > policy.max_runs or used_units + units > policy.max_units:
-        raise AuthorityBudgetExhausted(
-            f"authority budget of {principal['type']}:{principal['id']} is spent until {iso_ms(end)}",
-            {
-                "windowStartedAt": iso_ms(start),
-                "windowEndsAt": iso_ms(end),
-                "usedRuns": used_runs,
-                "usedUnits": used_units,
-                "requestedUnits": units,
-                "maxRuns": policy.max_runs,
-                "maxUnits": policy.max_units,
-            },
+    out: list[AuthorityReservation | AuthorityBudgetExhausted] = []
+    fresh: list[AuthorityReservation] = []
+    for occurrence, units in charges:
+        if used_runs + 1 > policy.max_runs or used_units + units > policy.max_units:
+            out.append(_exhausted(principal, policy, (start, end), (used_runs, used_units), units))
+            continue
+        used_runs += 1
+        used_units += units
+        reservation = AuthorityReservation(
+            occurrence_id=occurrence.pk,
+            job_id=occurrence.job_id,
+            principal_type=policy.principal_type,
+            principal_id=policy.principal_id,
+            policy_revision=policy.revision,
+            window_started_at=start,
+            units=units,
+            status=ReservationStatus.RESERVED,
+            created_at=now,
         )
+        fresh.append(reservation)
+        out.append(reservation)
+    if not fresh:
+        return out
     if usage is None:
-        AuthorityUsage.objects.using(alias).create(**key, runs=1, units=units, updated_at=now)
+        AuthorityUsage.objects.using(alias).create(**key, runs=used_runs, units=used_units, updated_at=now)
     else:
-        usage.runs += 1
-        usage.units += units
-        usage.updated_at = now
+        usage.runs, usage.units, usage.updated_at = used_runs, used_units, now
         usage.save(using=alias, update_fields=["runs", "units", "updated_at"])
-    reservation = AuthorityReservation(
-        occurrence_id=occurrence.pk,
-        job_id=occurrence.job_id,
-        principal_type=policy.principal_type,
-        principal_id=policy.principal_id,
-        policy_revision=policy.revision,
-        window_started_at=start,
-        units=units,
-        status=ReservationStatus.RESERVED,
-        created_at=now,
-    )
-    reservation.save(using=alias, force_insert=True)
-    return reservation
+    AuthorityReservation.objects.using(alias).bulk_create(fresh)
+    return out
 
 
 # --------------------------------------------------------------------------- public
@@ -279,12 +302,18 @@ def reserve_authority(
         policy = _require(policy, principal)
         _check_revision(policy, revision, principal)
         _check_capabilities(policy, occurrence.authority)
-        reservation = _charge(occurrence, policy, requested, now, alias)
+        (charged,) = _charge([(occurrence, requested)], policy, now, alias)
+        if isinstance(charged, AuthorityBudgetExhausted):
+            raise charged
+        reservation = charged
     reservation.deduplicated = False  # type: ignore[attr-defined]
     return reservation
 
 
-def _resolve_units(units: Any, occurrence: Occurrence) -> int:
+def resolve_units(units: Units, occurrence: Occurrence) -> int:
+    """The units a run of ``occurrence`` costs: ``units`` itself, or what the handler
+    registration's function of the occurrence returns (``InvalidArgument`` if it fails or
+    gives something that is not a positive int)."""
     if callable(units):
         try:
             value = units(occurrence)
@@ -294,31 +323,113 @@ def _resolve_units(units: Any, occurrence: Occurrence) -> int:
     return _units(units)
 
 
-def _authorize_held(occurrence_id: str, owner: str, fence: int, units: int, now: datetime, alias: str) -> str:
-    principal = _read_occurrence(occurrence_id, alias).authority["principal"]
-    policy = _lock_policy(principal, alias)
-    held = kernel._take_held(occurrence_id, owner, fence, now, alias)  # LeaseLost unless held
+def _policy_key(authority: dict[str, Any]) -> tuple[str, str]:
+    principal = authority["principal"]
+    return principal["type"], principal["id"]
+
+
+def _check_held(held: Occurrence, policy: AuthorityPolicy | None) -> AuthorityPolicy:
+    """Checks 1 and 2 of SPEC section 7 on a held occurrence; raises the denial."""
     authority = held.authority
-    # 1. policy, binding, revision
+    principal = authority["principal"]
     policy = _require(policy, principal)
     bound = bound_revision(authority)
     if bound is None:
         raise AuthorityPolicyUnbound(
-            f"occurrence {occurrence_id!r} is not bound to a scheduler policy revision",
+            f"occurrence {held.pk!r} is not bound to a scheduler policy revision",
             {**_principal_details(principal), "expected": policy_ref(policy.revision)},
         )
     _check_revision(policy, bound, principal)
-    # 2. capabilities
     _check_capabilities(policy, authority)
-    # 3. reserve; a retry reuses the reservation its earlier attempt made (charged under the
-    # revision and window of that attempt): no second charge.
-    existing = _existing(occurrence_id, alias)
-    if existing is not None:
-        if not _same_owner(existing, held):
-            raise _mismatch(existing, occurrence_id)
-        return REUSED
-    _charge(held, policy, units, now, alias)
-    return RESERVED
+    return policy
+
+
+def _authorize_locked(
+    items: list[tuple[Occurrence, int]], owner: str, now: datetime, alias: str
+) -> list[str | LeaseLost]:
+    """Inside the transaction: lock the principals' policy rows (sorted, so concurrent
+    authorizers cannot deadlock, and before the occurrence rows, the order ``set_policy``
+    uses), then the occurrences, check each, charge what passes per principal, and write
+    the refusals through the kernel."""
+    keys = sorted({_policy_key(occurrence.authority) for occurrence, _ in items})
+    match = Q()
+    for principal_type, principal_id in keys:
+        match |= Q(principal_type=principal_type, principal_id=principal_id)
+    policies = {
+        (p.principal_type, p.principal_id): p
+        for p in AuthorityPolicy.objects.using(alias)
+        .select_for_update()
+        .filter(match)
+        .order_by("principal_type", "principal_id")
+    }
+    ids = [occurrence.pk for occurrence, _ in items]
+    locked = {
+        row.pk: row
+        for row in Occurrence.objects.using(alias).select_for_update().filter(pk__in=ids).order_by("pk")
+    }
+    existing = {
+        r.pk: r
+        for r in AuthorityReservation.objects.using(alias)
+        .select_for_update()
+        .filter(pk__in=ids)
+        .order_by("pk")
+    }
+    verdicts: list[str | LeaseLost] = [RESERVED] * len(items)
+    refused: list[tuple[int, Occurrence, SchedulerError]] = []
+    charges: dict[tuple[str, str], list[tuple[int, Occurrence, int]]] = {}
+    for index, (occurrence, units) in enumerate(items):
+        held = locked.get(occurrence.pk)
+        if held is None or not kernel._holds_lease(held, owner, occurrence.fence, now):
+            verdicts[index] = kernel._lease_lost(occurrence.pk, held, owner, occurrence.fence, now)
+            continue
+        key = _policy_key(held.authority)
+        try:
+            _check_held(held, policies.get(key))
+            # A retry reuses the reservation its earlier attempt made (charged under the
+            # revision and window of that attempt): no second charge.
+            reservation = existing.get(held.pk)
+            if reservation is not None:
+                if not _same_owner(reservation, held):
+                    raise _mismatch(reservation, held.pk)
+                verdicts[index] = REUSED
+                continue
+        except _DENIALS as exc:
+            refused.append((index, held, exc))
+            continue
+        charges.setdefault(key, []).append((index, held, units))
+    for key, group in charges.items():
+        try:
+            charged = _charge([(held, units) for _, held, units in group], policies[key], now, alias)
+        except AuthorityBudgetStateInvalid as invalid:
+            refused += [(index, held, invalid) for index, held, _ in group]
+            continue
+        for (index, held, _), result in zip(group, charged, strict=True):
+            if isinstance(result, AuthorityBudgetExhausted):
+                refused.append((index, held, result))
+    for index, held, why in sorted(refused, key=lambda item: item[0]):
+        fence = items[index][0].fence
+        if isinstance(why, AuthorityBudgetExhausted):
+            until = to_ms(datetime.fromisoformat(why.details["windowEndsAt"]), "until")
+            kernel.defer(held.pk, owner=owner, fence=fence, until=until, details=why.details, using=alias)
+            verdicts[index] = DEFERRED
+        else:
+            kernel.deny(
+                held.pk,
+                owner=owner,
+                fence=fence,
+                code=why.code,
+                reason=REASONS[type(why)],
+                details=why.details,
+                using=alias,
+            )
+            verdicts[index] = DENIED
+    return verdicts
+
+
+def _claimed(occurrence: Any, field: str) -> tuple[Occurrence, int]:
+    if not isinstance(occurrence, Occurrence):
+        raise InvalidArgument(field, "must be a claimed Occurrence")
+    return occurrence, normalize_int(occurrence.fence, f"{field}.fence", minimum=1)
 
 
 def authorize(occurrence: Occurrence, *, units: Units = 1, owner: str, using: str | None = None) -> str:
@@ -332,31 +443,37 @@ def authorize(occurrence: Occurrence, *, units: Units = 1, owner: str, using: st
     occurrence (the handler registration's ``units``). ``SCHEDULER_LEASE_LOST`` unless
     ``owner`` holds the occurrence's lease at its claimed fence.
     """
-    if not isinstance(occurrence, Occurrence):
-        raise InvalidArgument("occurrence", "must be a claimed Occurrence")
+    _claimed(occurrence, "occurrence")
     owner = normalize_identifier(owner, "owner")
-    fence = normalize_int(occurrence.fence, "occurrence.fence", minimum=1)
-    requested = _resolve_units(units, occurrence)
+    requested = resolve_units(units, occurrence)
     alias = _alias(using)
     now = conf.now()
     with kernel._write(alias):
-        try:
-            with transaction.atomic(using=alias):  # undone if refused; the refusal is then written
-                return _authorize_held(occurrence.pk, owner, fence, requested, now, alias)
-        except _DENIALS as exc:
-            kernel.deny(
-                occurrence.pk,
-                owner=owner,
-                fence=fence,
-                code=exc.code,
-                reason=REASONS[type(exc)],
-                details=exc.details,
-                using=alias,
-            )
-            return DENIED
-        except AuthorityBudgetExhausted as exc:
-            until = to_ms(datetime.fromisoformat(exc.details["windowEndsAt"]), "until")
-            kernel.defer(
-                occurrence.pk, owner=owner, fence=fence, until=until, details=exc.details, using=alias
-            )
-            return DEFERRED
+        (verdict,) = _authorize_locked([(occurrence, requested)], owner, now, alias)
+    if isinstance(verdict, LeaseLost):
+        raise verdict
+    return verdict
+
+
+def authorize_many(items: list[tuple[Occurrence, int]], *, owner: str, using: str | None = None) -> list[str]:
+    """:func:`authorize` for a claimed batch in one transaction: ``items`` are
+    ``(occurrence, units)`` pairs; returns a verdict per item, in order, where an
+    occurrence whose lease is no longer held gets ``"lease_lost"`` (and nothing written)."""
+    owner = normalize_identifier(owner, "owner")
+    if not isinstance(items, list | tuple):
+        raise InvalidArgument("items", "must be a list of (occurrence, units) pairs")
+    checked: list[tuple[Occurrence, int]] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise InvalidArgument(f"items[{index}]", "must be an (occurrence, units) pair")
+        occurrence, _ = _claimed(item[0], f"items[{index}][0]")
+        checked.append((occurrence, _units(item[1], f"items[{index}][1]")))
+    if len({occurrence.pk for occurrence, _ in checked}) != len(checked):
+        raise InvalidArgument("items", "an occurrence appears twice")
+    if not checked:
+        return []
+    alias = _alias(using)
+    now = conf.now()
+    with kernel._write(alias):
+        verdicts = _authorize_locked(checked, owner, now, alias)
+    return [LEASE_LOST if isinstance(v, LeaseLost) else v for v in verdicts]

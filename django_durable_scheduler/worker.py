@@ -1,8 +1,11 @@
 """The lease-and-dispatch loop behind ``manage.py runscheduler``.
 
-claim a batch up to free capacity -> run each handler in its own thread while a
-heartbeat renews the leases (every lease/3) -> settle. Handlers for kinds this process
-has not registered are never claimed.
+The loop thread does every kernel write of the hot path, in batches: settle the outcomes
+that finished since its last turn (one transaction), claim up to the free capacity (one
+transaction), authorize what it claimed (one transaction), and hand the runnable ones to
+``concurrency`` long-lived handler threads. A heartbeat thread renews the leases of
+everything held (every lease/3) until it is settled. Handlers for kinds this process has
+not registered are never claimed.
 """
 
 from __future__ import annotations
@@ -41,9 +44,13 @@ def default_worker_id() -> str:
 
 
 class _Running:
+    """A claimed occurrence, from its claim until it is settled (or given up)."""
+
     def __init__(self, occurrence: Occurrence, context: ExecutionContext) -> None:
         self.occurrence = occurrence
         self.context = context
+        self.started = time.monotonic()
+        self.outcome: dict[str, Any] = {}
         self.done = threading.Event()
 
 
@@ -92,6 +99,8 @@ class Worker:
         self._heartbeat_thread: threading.Thread | None = None
         self._principal_cursor: str | None = None
         self._queue: queue.Queue[_Running | None] = queue.Queue()
+        self._finished: list[_Running] = []  # handlers done, outcomes not yet settled
+        self._unauthorized: list[_Running] = []  # claimed, authorization not yet written
         self._next_materialize = 0.0
         self._next_sweep = 0.0
         self._listener: dialect.Listener | None = None
@@ -148,11 +157,12 @@ class Worker:
         while not self._stopping.is_set():
             claimed: list[Occurrence] = []
             attempted = drained = False
-            free = self.concurrency - len(self._running)
-            if self.max_occurrences is not None:
-                free = min(free, self.max_occurrences - self.processed - len(self._running))
             try:
                 _tidy_connections()
+                self._flush()
+                free = self.concurrency - len(self._running)
+                if self.max_occurrences is not None:
+                    free = min(free, self.max_occurrences - self.processed - len(self._running))
                 now = time.monotonic()
                 if now >= self._next_materialize:
                     self._next_materialize = now + MATERIALIZE_EVERY
@@ -160,6 +170,8 @@ class Worker:
                 if now >= self._next_sweep:
                     self._next_sweep = now + SWEEP_EVERY
                     kernel.dead_letter_expired(using=self.using)
+                if self._unauthorized:
+                    self._authorize([])
                 if free > 0 and kinds:
                     attempted = True
                     claimed = kernel.claim_batch(
@@ -174,7 +186,7 @@ class Worker:
                     if claimed:
                         # Round-robin: the next claim starts after the last principal served.
                         self._principal_cursor = claimed[-1].principal_key
-                    self._start(claimed)
+                    self._authorize(self._hold(claimed))
                     if self.burst and not claimed and not self._running:
                         # Empty may mean "locked by another claimer", not "nothing due".
                         drained = not kernel.has_due(kinds=kinds, using=self.using)
@@ -187,18 +199,20 @@ class Worker:
                 self._stopping.wait(delay)
                 continue
             if self.once:
-                self._wait_all(None)
+                self._drain(None)
                 break
             if (
                 self.max_occurrences is not None
                 and self.processed + len(self._running) >= self.max_occurrences
             ):
-                self._wait_all(None)
+                self._drain(None)
                 break
             if self.burst and attempted and not claimed and not self._running and drained:
                 break
             if claimed and len(self._running) < self.concurrency:
                 continue  # there may be more due work: claim again at once
+            if self._finished:
+                continue  # outcomes to settle: settling frees their slots
             self._wake.wait(self._idle_wait())
             self._wake.clear()
         self._shutdown()
@@ -214,20 +228,29 @@ class Worker:
             return self.poll_interval
         return max(0.0, min(self.poll_interval, (due - conf.now()).total_seconds()))
 
-    def _wait_all(self, timeout: float | None) -> None:
+    def _drain(self, timeout: float | None) -> None:
+        """Settle and authorize what is pending until nothing is held (or ``timeout``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            try:
+                self._flush()
+                if self._unauthorized:
+                    self._authorize([])
+            except DatabaseError:
+                logger.exception("database error while finishing the running occurrences; retrying")
+                connections.close_all()
+                time.sleep(0.5)
             with self._lock:
-                pending = [r.done for r in self._running.values()]
-            if not pending:
+                if not self._running:
+                    return
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
                 return
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            pending[0].wait(remaining)
-            if deadline is not None and time.monotonic() >= deadline:
-                return
+            self._wake.wait(0.5 if remaining is None else min(0.5, remaining))
+            self._wake.clear()
 
     def _shutdown(self) -> None:
-        self._wait_all(self.grace)
+        self._drain(self.grace)
         with self._lock:
             left = list(self._running.values())
         for running in left:
@@ -251,9 +274,9 @@ class Worker:
 
     # ------------------------------------------------------------------ execution
 
-    def _start(self, claimed: list[Occurrence]) -> None:
-        if not claimed:
-            return
+    def _hold(self, claimed: list[Occurrence]) -> list[_Running]:
+        """Register claimed occurrences as held (the heartbeat renews their leases)."""
+        held = []
         for occurrence in claimed:
             context = ExecutionContext(
                 occurrence_id=occurrence.pk,
@@ -271,37 +294,74 @@ class Worker:
             running = _Running(occurrence, context)
             with self._lock:
                 self._running[occurrence.pk] = running
-            self._queue.put(running)
+            held.append(running)
+        return held
+
+    def _forget(self, running: _Running) -> None:
+        with self._lock:
+            self._running.pop(running.occurrence.pk, None)
+            self.processed += 1
+        running.done.set()
+
+    def _authorize(self, claimed: list[_Running]) -> None:
+        """Check and reserve the principals' authority for the claimed occurrences in one
+        transaction, then hand the runnable ones to the handler threads. Denied ones are
+        dead-lettered, deferred ones wait for their window (both written by the kernel);
+        a failing units function is the occurrence's durable failure. On a database error
+        they stay held and pending, and the next turn tries again."""
+        pending = self._unauthorized + claimed
+        self._unauthorized = []
+        items: list[tuple[_Running, int]] = []
+        for running in pending:
+            handler = registry.get_handler(running.context.kind)
+            try:
+                units = reservations.resolve_units(
+                    handler.units if handler is not None else 1, running.occurrence
+                )
+            except InvalidArgument as exc:
+                error = {"type": "InvalidUnits", "message": str(exc)}
+                self._finish(running, {"status": "failed", "error": error, "retryable": False})
+                continue
+            items.append((running, units))
+        if not items:
+            return
+        try:
+            verdicts = reservations.authorize_many(
+                [(running.occurrence, units) for running, units in items],
+                owner=self.worker_id,
+                using=self.using,
+            )
+        except DatabaseError:
+            self._unauthorized = [running for running, _ in items]
+            raise
+        for (running, _), verdict in zip(items, verdicts, strict=True):
+            if verdict in (reservations.RESERVED, reservations.REUSED):
+                self._queue.put(running)
+                continue
+            ctx = running.context
+            if verdict == reservations.LEASE_LOST:
+                ctx._lease_lost.set()
+                logger.warning("%s: lease lost before authorization", running.occurrence.pk)
+            else:
+                logger.info(
+                    "%s %s job=%s kind=%s by authority", ctx.occurrence_id, verdict, ctx.job_id, ctx.kind
+                )
+            self._forget(running)
+
+    def _finish(self, running: _Running, outcome: dict[str, Any]) -> None:
+        """Hand an outcome to the loop thread, which settles it with the others."""
+        running.outcome = outcome
+        with self._lock:
+            self._finished.append(running)
+        self._wake.set()
 
     def _execute(self, running: _Running) -> None:
-        occurrence, ctx = running.occurrence, running.context
-        started = time.monotonic()
         try:
-            verdict = self._authorize(occurrence, ctx)
-            if verdict is not None:
-                logger.info("%s %s job=%s kind=%s by authority", occurrence.pk, verdict, ctx.job_id, ctx.kind)
-                return
-            outcome = self._call_handler(ctx)
-            self._settle(occurrence, outcome)
-            logger.info(
-                "%s %s job=%s kind=%s attempt=%d/%d in %.0f ms",
-                occurrence.pk,
-                outcome["status"],
-                ctx.job_id,
-                ctx.kind,
-                ctx.attempt,
-                ctx.max_attempts,
-                (time.monotonic() - started) * 1000,
-            )
-        except Exception:
-            logger.exception("unexpected error running %s", occurrence.pk)
-        finally:
-            with self._lock:
-                self._running.pop(occurrence.pk, None)
-                self.processed += 1
-            running.done.set()
-            _tidy_connections()
-            self._wake.set()
+            outcome = self._call_handler(running.context)
+        except Exception as exc:  # _call_handler catches the handler's; this is ours
+            logger.exception("unexpected error running %s", running.occurrence.pk)
+            outcome = {"status": "failed", "error": exc}
+        self._finish(running, outcome)
 
     def _pool_thread(self) -> None:
         """One of ``concurrency`` long-lived handler threads, each with its own connection."""
@@ -311,35 +371,76 @@ class Worker:
                 connections.close_all()
                 return
             self._execute(running)
+            _tidy_connections()
 
-    def _authorize(self, occurrence: Occurrence, ctx: ExecutionContext) -> str | None:
-        """Check and reserve the principal's authority; None when the handler may run, else
-        what happened instead ("denied": dead-lettered, "deferred": waits for the window,
-        "lease_lost", "failed": the registration's ``units`` function failed or gave a bad
-        value, a durable non-retryable failure; "unauthorized": the database kept failing,
-        the lease expires and the occurrence comes back)."""
-        handler = registry.get_handler(ctx.kind)
-        units = handler.units if handler is not None else 1
-        for attempt in range(5):
+    def _flush(self) -> None:
+        """Settle every finished outcome in one transaction. On a database error they stay
+        pending (their leases are still renewed) and the next turn tries again."""
+        with self._lock:
+            finished, self._finished = self._finished, []
+        if not finished:
+            return
+        try:
             try:
-                verdict = reservations.authorize(
-                    occurrence, units=units, owner=self.worker_id, using=self.using
+                results = kernel.settle_many(
+                    [self._settle_item(running) for running in finished],
+                    owner=self.worker_id,
+                    using=self.using,
                 )
-            except LeaseLost as exc:
+            except InvalidArgument:
+                # A result (or retry time) the kernel refuses: find which, one by one.
+                results = [self._settle_one(running) for running in finished]
+        except DatabaseError:
+            with self._lock:
+                self._finished = finished + self._finished
+            raise
+        for running, settled in zip(finished, results, strict=True):
+            ctx = running.context
+            if isinstance(settled, LeaseLost):
                 ctx._lease_lost.set()
-                logger.warning("%s: lease lost before authorization: %s", occurrence.pk, exc)
-                return "lease_lost"
+                logger.warning("%s: result not recorded: %s", ctx.occurrence_id, settled)
+            else:
+                logger.info(
+                    "%s %s job=%s kind=%s attempt=%d/%d in %.0f ms",
+                    ctx.occurrence_id,
+                    settled.status,
+                    ctx.job_id,
+                    ctx.kind,
+                    ctx.attempt,
+                    ctx.max_attempts,
+                    (time.monotonic() - running.started) * 1000,
+                )
+            self._forget(running)
+
+    def _settle_item(self, running: _Running) -> dict[str, Any]:
+        outcome = running.outcome
+        item: dict[str, Any] = {
+            "occurrence_id": running.occurrence.pk,
+            "fence": running.occurrence.fence,
+            "outcome": outcome["status"],
+        }
+        if outcome["status"] == "succeeded":
+            item["result"] = outcome["result"]
+        else:
+            item.update(
+                error=outcome["error"],
+                retryable=outcome.get("retryable", True),
+                retry_at=outcome.get("retry_at"),
+            )
+        return item
+
+    def _settle_one(self, running: _Running) -> Occurrence | LeaseLost:
+        item = self._settle_item(running)
+        try:
+            try:
+                return kernel.settle(owner=self.worker_id, using=self.using, **item)
             except InvalidArgument as exc:
-                error = {"type": "InvalidUnits", "message": str(exc)}
-                self._settle(occurrence, {"status": "failed", "error": error, "retryable": False})
-                return "failed"
-            except DatabaseError:
-                logger.exception("database error authorizing %s (try %d)", occurrence.pk, attempt + 1)
-                connections.close_all()
-                time.sleep(min(5.0, 0.2 * 2**attempt))
-                continue
-            return verdict if verdict in (reservations.DENIED, reservations.DEFERRED) else None
-        return "unauthorized"
+                # A result that is not JSON or too large is the handler's durable failure.
+                error = {"type": "InvalidResult", "message": str(exc)}
+                running.outcome = {"status": "failed", "error": error, "retryable": False}
+                return kernel.settle(owner=self.worker_id, using=self.using, **self._settle_item(running))
+        except LeaseLost as exc:
+            return exc
 
     def _call_handler(self, ctx: ExecutionContext) -> dict[str, Any]:
         handler = registry.get_handler(ctx.kind)
@@ -368,44 +469,6 @@ class Worker:
             }
             return {"status": "failed", "error": error}
         return {"status": "succeeded", "result": result}
-
-    def _settle(self, occurrence: Occurrence, outcome: dict[str, Any]) -> None:
-        kwargs: dict[str, Any] = {"owner": self.worker_id, "fence": occurrence.fence, "using": self.using}
-        # Keep trying through a database outage for as long as the lease could still hold:
-        # giving up earlier would make finished work run again after the lease expires.
-        deadline = time.monotonic() + self.lease
-        attempt = 0
-        while time.monotonic() < deadline:
-            attempt += 1
-            try:
-                try:
-                    if outcome["status"] == "succeeded":
-                        kernel.settle(occurrence.pk, outcome="succeeded", result=outcome["result"], **kwargs)
-                    else:
-                        kernel.settle(
-                            occurrence.pk,
-                            outcome="failed",
-                            error=outcome["error"],
-                            retryable=outcome.get("retryable", True),
-                            retry_at=outcome.get("retry_at"),
-                            **kwargs,
-                        )
-                except InvalidArgument as exc:
-                    # A result that is not JSON or too large is the handler's durable failure.
-                    outcome.update(status="failed", error={"type": "InvalidResult", "message": str(exc)})
-                    kernel.settle(
-                        occurrence.pk, outcome="failed", error=outcome["error"], retryable=False, **kwargs
-                    )
-                return
-            except LeaseLost as exc:
-                outcome["status"] = "lease_lost"
-                logger.warning("%s: result not recorded: %s", occurrence.pk, exc)
-                return
-            except DatabaseError:
-                logger.exception("database error settling %s (try %d)", occurrence.pk, attempt)
-                connections.close_all()
-                time.sleep(min(5.0, 0.2 * 2 ** min(attempt, 5), max(0.0, deadline - time.monotonic())))
-        outcome["status"] = "unsettled"
 
     # ------------------------------------------------------------------ heartbeat
 

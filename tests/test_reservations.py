@@ -14,7 +14,6 @@ import pytest
 from django.db import transaction
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import kernel
 from django_durable_scheduler.authority import bind
 from django_durable_scheduler.models import (
     AuthorityPolicy,
@@ -712,11 +711,6 @@ def test_racing_workers_authorize_within_budget(settings):
 
 # --------------------------------------------------------------------------- the worker
 
-worker_authorizes = pytest.mark.skipif(
-    not hasattr(Worker, "_authorize"), reason="Worker._execute does not authorize yet"
-)
-
-
 @pytest.fixture
 def registered():
     from django_durable_scheduler import registry
@@ -743,7 +737,6 @@ def _burst() -> int:
     return Worker(worker_id="w-authz", concurrency=1, poll_interval=0.05, burst=True).run()
 
 
-@worker_authorizes
 @pytest.mark.django_db(transaction=True)
 def test_worker_denies_without_running_the_handler(clock, registered):
     calls = registered("authz.none")
@@ -755,7 +748,6 @@ def test_worker_denies_without_running_the_handler(clock, registered):
     assert calls == []
 
 
-@worker_authorizes
 @pytest.mark.django_db(transaction=True)
 def test_worker_defers_over_budget_and_charges_registered_units(clock, registered):
     calls = registered("authz.cost", units=lambda occ: occ.payload["cost"])
@@ -781,10 +773,6 @@ def test_worker_defers_over_budget_and_charges_registered_units(clock, registere
     assert usage_rows() == [(1, 2, 21)]
 
 
-_CANCEL_SETTLES = hasattr(kernel, "_settle_cancelled")
-
-
-@pytest.mark.skipif(not _CANCEL_SETTLES, reason="kernel.cancel does not settle reservations yet")
 def test_cancelling_a_retry_settles_its_reservation_failed(clock):
     setup()
     occ = claimed(clock)
