@@ -12,14 +12,14 @@
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from typing import Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Case, F, IntegerField, Q, QuerySet, When, Window
-from django.db.models.functions import RowNumber
+from django.db.models import F, Q, QuerySet
 
-from .models import Occurrence, OccurrenceStatus
+from .models import PENDING_STATUSES, Occurrence, OccurrenceStatus
 
 # PostgreSQL channel on which enqueues announce new work (LISTEN/NOTIFY wake-ups).
 CHANNEL = "durable_scheduler"
@@ -58,83 +58,115 @@ def lock_rows(qs: QuerySet[Any], alias: str) -> QuerySet[Any]:
     return qs.select_for_update()
 
 
-def _due_at() -> Case:
-    # A reclaim is due when its lease expired; anything else when it becomes available.
-    return Case(When(status=OccurrenceStatus.RUNNING, then=F("lease_expires_at")), default=F("available_at"))
+def pending_due(now: datetime) -> Q:
+    """Queued or waiting for a retry, and its time has come."""
+    return Q(status__in=PENDING_STATUSES, available_at__lte=now)
+
+
+def reclaim_due(now: datetime) -> Q:
+    """Running, but its lease expired with attempts left: another claimer may take it."""
+    return Q(status=OccurrenceStatus.RUNNING, lease_expires_at__lte=now, attempt__lt=F("max_attempts"))
+
+
+CLAIM_FIELDS = (
+    "occurrence_id",
+    "job_id",
+    "status",
+    "attempt",
+    "max_attempts",
+    "fence",
+    "lease_owner",
+    "scheduled_for",
+    "available_at",
+    "authority",
+    "payload",
+    "trigger_key",
+    "job_revision",
+    "idempotency_key",
+    "created_at",
+    "principal_key",
+)
+
+# (occurrence_id, kind, principal_key, due_at, scheduled_for) of one candidate.
+Candidate = tuple[str, str, str, datetime, datetime]
+
+
+def _union(alias: str, querysets: list[QuerySet[Any]]) -> list[Any]:
+    """All rows of several sliced querysets: one UNION ALL round trip where the database
+    allows LIMIT inside a compound statement, else one query each (SQLite, in-process)."""
+    if len(querysets) > 1 and connections[alias].features.supports_slicing_ordering_in_compound:
+        return list(querysets[0].union(*querysets[1:], all=True))
+    return [row for qs in querysets for row in qs]
 
 
 def claim_candidates(
-    alias: str, due: Q, job_filter: Q, limit: int, after_principal: str | None = None
+    alias: str, now: datetime, job_filter: Q, limit: int, after_principal: str | None = None
 ) -> list[Occurrence]:
     """Lock and return up to ``limit`` claimable occurrences, fair across principals.
 
-    Fairness: within the due set, rank each principal's occurrences by due time and take
-    rank 1 of every principal before rank 2 of any, so one principal's backlog cannot
-    starve another's. Among principals of equal rank, those after ``after_principal`` (the
-    last one this claimer served) come first: a claimer taking one at a time goes round
-    the principals instead of serving the earliest-due backlog again and again.
+    Fairness: rank each principal's due occurrences by due time and take rank 1 of every
+    principal before rank 2 of any, so one principal's backlog cannot starve another's.
+    Among principals of equal rank, those after ``after_principal`` (the last one this
+    claimer served) come first: a claimer taking one at a time goes round the principals
+    instead of serving the earliest-due backlog again and again.
 
-    Window functions cannot be combined with FOR UPDATE, so the ranked pool is read first,
-    then locked in rank order, ``limit`` rows at a time, re-checking the due state under
-    the lock: only rows that are returned stay locked, so a concurrent claimer is never
-    kept from rows this one does not take.
+    The cost does not grow with one principal's backlog: one query lists the principals
+    with due work (``dsch_occurrences_claim``), then each principal's first few due rows
+    are read through ``dsch_occurrences_fair`` (principal, status, due time) with a LIMIT,
+    queued and retry_wait arms apart so that each is one index range in due order, plus
+    the expired leases (a reclaim) of everyone; one UNION ALL round trip on PostgreSQL
+    and MySQL. The pool is then locked in rank order, ``limit`` rows at a time, re-checking
+    the due state under the lock: only rows that are returned stay locked, so a
+    concurrent claimer is never kept from rows this one does not take.
     """
     base = Occurrence.objects.using(alias)
-    rotation: list[Any] = []
+    want = limit * CANDIDATE_FACTOR
+    due = pending_due(now) | reclaim_due(now)
+    principals = sorted(base.filter(due).order_by().values_list("principal_key", flat=True).distinct())
+    if not principals:
+        return []
     if after_principal is not None:
-        rotation = [
-            Case(When(principal_key__gt=after_principal, then=0), default=1, output_field=IntegerField())
-        ]
-    pool = list(
-        base.filter(due & job_filter)
-        .annotate(
-            due_at=_due_at(),
-            fair_rank=Window(
-                RowNumber(),
-                partition_by=[F("principal_key")],
-                order_by=[_due_at().asc(), F("scheduled_for").asc(), F("occurrence_id").asc()],
-            ),
-        )
-        .order_by(
-            "fair_rank",
-            *rotation,
-            *(["principal_key"] if rotation else []),
-            "due_at",
-            "scheduled_for",
-            "occurrence_id",
-        )
-        .values_list("occurrence_id", "job__kind")[: limit * CANDIDATE_FACTOR]
+        cut = sum(1 for key in principals if key <= after_principal)
+        principals = principals[cut:] + principals[:cut]
+    principals = principals[:want]
+    per_principal = -(-want // len(principals))
+    columns = ("occurrence_id", "job__kind", "principal_key")
+    arms: list[QuerySet[Any]] = []
+    for key in principals:
+        for status in PENDING_STATUSES:
+            arms.append(
+                base.filter(job_filter, principal_key=key, status=status, available_at__lte=now)
+                .order_by("available_at", "scheduled_for", "occurrence_id")
+                .values_list(*columns, "available_at", "scheduled_for")[:per_principal]
+            )
+    arms.append(
+        base.filter(job_filter, reclaim_due(now))
+        .order_by("lease_expires_at", "scheduled_for", "occurrence_id")
+        .values_list(*columns, "lease_expires_at", "scheduled_for")[:want]
     )
-    kinds = dict(pool)
-    rank = {pk: index for index, (pk, _) in enumerate(pool)}
-    fields = (
-        "occurrence_id",
-        "job_id",
-        "status",
-        "attempt",
-        "max_attempts",
-        "fence",
-        "lease_owner",
-        "scheduled_for",
-        "available_at",
-        "authority",
-        "payload",
-        "trigger_key",
-        "job_revision",
-        "idempotency_key",
-        "created_at",
-        "principal_key",
-    )
+    by_principal: dict[str, list[Candidate]] = {}
+    for row in _union(alias, arms):
+        by_principal.setdefault(row[2], []).append(row)
+    order = {key: index for index, key in enumerate(principals)}
+    ranked: list[tuple[int, int, Candidate]] = []
+    for key, rows in by_principal.items():
+        rows.sort(key=lambda row: (row[3], row[4], row[0]))
+        position = order.get(key, len(order))
+        ranked += [(rank, position, row) for rank, row in enumerate(rows[:per_principal])]
+    ranked.sort(key=lambda item: (item[0], item[1], item[2][3], item[2][4], item[2][0]))
+    pool = [row for _, _, row in ranked[:want]]
+    kinds = {row[0]: row[1] for row in pool}
+    rank = {row[0]: index for index, row in enumerate(pool)}
     # ``job_filter`` joins jobs (enabled, kind). Re-checking it under FOR UPDATE would lock
     # job rows too on MySQL (no OF), making claimers skip each other's jobs; so the locking
     # query re-checks only the occurrence's own due state, which is what races.
     got: list[Occurrence] = []
     position = 0
-    ids = [pk for pk, _ in pool]
+    ids = [row[0] for row in pool]
     while len(got) < limit and position < len(ids):
         chunk = ids[position : position + limit - len(got)]
         position += len(chunk)
-        got += lock_rows(base.filter(due, pk__in=chunk).only(*fields), alias)
+        got += lock_rows(base.filter(due, pk__in=chunk).order_by().only(*CLAIM_FIELDS), alias)
     got.sort(key=lambda row: rank[row.pk])
     for row in got:
         row.claimed_kind = kinds[row.pk]

@@ -801,9 +801,7 @@ def dead_letter_expired(*, limit: int = 500, using: str | None = None) -> int:
 
 
 def _due(now: datetime) -> Q:
-    return Q(status__in=PENDING_STATUSES, available_at__lte=now) | Q(
-        status=OccurrenceStatus.RUNNING, lease_expires_at__lte=now, attempt__lt=F("max_attempts")
-    )
+    return dialect.pending_due(now) | dialect.reclaim_due(now)
 
 
 def _job_filter(kinds: list[str] | None) -> Q:
@@ -838,7 +836,7 @@ def claim_batch(
     now = conf.now()
     expires = now + timedelta(milliseconds=lease_ms)
     with _write(using) as alias:
-        rows = dialect.claim_candidates(alias, _due(now), _job_filter(kind_list), limit, after_principal)
+        rows = dialect.claim_candidates(alias, now, _job_filter(kind_list), limit, after_principal)
         if not rows:
             return []
         ids = [row.pk for row in rows]

@@ -106,6 +106,14 @@ class Occurrence(models.Model):
                 fields=["status", "available_at", "lease_expires_at", "scheduled_for", "occurrence_id"],
                 name="dsch_occurrences_claim",
             ),
+            # Each principal's waiting occurrences in due order (the fair claim). Partial:
+            # only waiting rows, so it stays small however many terminal rows the table
+            # holds. MySQL/MariaDB have no partial indexes; there the claim index serves.
+            models.Index(
+                fields=["principal_key", "status", "available_at", "scheduled_for", "occurrence_id"],
+                name="dsch_occurrences_fair",
+                condition=Q(status=OccurrenceStatus.QUEUED) | Q(status=OccurrenceStatus.RETRY_WAIT),
+            ),
             models.Index(fields=["job", "trigger_key"], name="dsch_occurrences_job_trigger"),
             models.Index(fields=["status", "settled_at"], name="dsch_occurrences_settled"),
         ]

@@ -8,15 +8,19 @@ changed (no ``enable_seqscan = off``): the test checks the plan the database rea
 
 Every statement that ``kernel.claim_batch`` sends to the occurrences table is captured with
 ``CaptureQueriesContext`` and explained (``EXPLAIN`` on PostgreSQL, ``EXPLAIN QUERY PLAN`` on
-SQLite): the fair-ordered candidate pool and the dead-letter sweep must be index searches on
-``status``: ``dsch_occurrences_claim`` or the other index that starts with ``status``,
-``dsch_occurrences_settled`` (status, settled_at). Both planners pick the latter for some arms:
-PostgreSQL 15 reads the pool through a BitmapOr of ``status`` conditions on the smaller
-``dsch_occurrences_settled`` and filters ``available_at`` afterwards; SQLite uses the claim index
-for the queued arm and the settled index for the running (reclaim) arm. The locking query and
-the update (by primary key) the claim index or
-the primary key; none may scan the occurrences table. MariaDB/MySQL are skipped: their optimizer
-picks scans for small tables whatever the statistics say.
+SQLite). None may scan the occurrences table, and each must use the index made for it:
+
+- the list of principals with due work, the expired leases (reclaims) and the dead-letter
+  sweep: an index that starts with
+  ``status``: ``dsch_occurrences_claim`` or ``dsch_occurrences_settled`` (status, settled_at),
+  which PostgreSQL 15 prefers for some arms (a BitmapOr of ``status`` conditions, filtering
+  ``available_at`` afterwards);
+- the fair pool (each principal's first due rows): ``dsch_occurrences_fair`` (principal,
+  status, due time), one index range per arm, in due order;
+- the locking query and the update: the claim index or the primary key.
+
+MariaDB/MySQL are skipped: their optimizer picks scans for small tables whatever the
+statistics say.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ pytestmark = pytest.mark.django_db
 TABLE = "durable_scheduler_occurrences"
 CLAIM_INDEX = "dsch_occurrences_claim"
 STATUS_INDEX = "dsch_occurrences_settled"  # (status, settled_at)
+FAIR_INDEX = "dsch_occurrences_fair"  # (principal_key, status, available_at, ...)
 TERMINAL = 4000
 QUEUED = 40  # due now
 WAITING = 400  # queued or retry_wait, due later (future enqueues, retry back-off)
@@ -109,23 +114,31 @@ def _pk_index(plan: str) -> bool:
 
 
 def _claim_statements(captured):
-    """(kind, sql) of each statement on the occurrences table: pool, lock, sweep or update."""
+    """(kind, sql) of each statement on the occurrences table: principals, pool, reclaims,
+    sweep, lock or update."""
     out = []
     for query in captured:
         sql = query["sql"]
         head = sql.lstrip().upper()
         if f'"{TABLE}"' not in sql and f" {TABLE} " not in sql:
             continue
+        upper = sql.upper()
         if head.startswith("UPDATE"):
             out.append(("update", sql))
-        elif head.startswith(("SELECT", "WITH")):
-            upper = sql.upper()
-            if "ROW_NUMBER" in upper:
-                out.append(("pool", sql))
-            elif "MAX_ATTEMPTS" in upper and ">=" in sql and " IN (" not in upper:
-                out.append(("sweep", sql))
-            else:
-                out.append(("lock", sql))
+        elif not head.startswith(("SELECT", "WITH", "(")):
+            continue
+        elif "DISTINCT" in upper:
+            out.append(("principals", sql))
+        elif '"OCCURRENCE_ID" IN (' in upper:
+            out.append(("lock", sql))
+        elif '"PRINCIPAL_KEY" =' in upper:
+            out.append(("pool", sql))
+        elif "MAX_ATTEMPTS" in upper and ">=" in sql:
+            out.append(("sweep", sql))
+        elif "'RUNNING'" in upper and "LIMIT" in upper:
+            out.append(("reclaims", sql))
+        else:
+            out.append(("lock", sql))
     return out
 
 
@@ -156,17 +169,19 @@ def test_claim_uses_the_claim_index(job, clock):
 
     statements = _claim_statements(ctx.captured_queries)
     kinds = [kind for kind, _ in statements]
-    assert "pool" in kinds or "lock" in kinds, f"no claim query on {TABLE} captured: {kinds}"
+    assert {"principals", "pool", "lock", "update"} <= set(kinds), f"claim queries on {TABLE}: {kinds}"
     report = []
     for kind, sql in statements:
         plan = _explain(sql)
         report.append(f"[{kind}] {sql}\n{plan}")
         assert not _scans_occurrences(plan), f"{kind} query scans {TABLE}:\n{sql}\n{plan}"
-        if kind in ("pool", "sweep"):
+        if kind in ("principals", "reclaims", "sweep"):
             # Either index that starts with status serves (see the module docstring).
             assert CLAIM_INDEX in plan or STATUS_INDEX in plan, (
                 f"{kind} query uses no index on status:\n{sql}\n{plan}"
             )
+        elif kind == "pool":
+            assert FAIR_INDEX in plan, f"pool query does not use {FAIR_INDEX}:\n{sql}\n{plan}"
         else:
             assert CLAIM_INDEX in plan or _pk_index(plan), (
                 f"{kind} query uses neither {CLAIM_INDEX} nor the primary key:\n{sql}\n{plan}"
