@@ -225,6 +225,8 @@ def wait_done(system: Any, n: int, procs: Any, timeout: float) -> tuple[float | 
         done = system.done()
         if done >= n:
             return time.perf_counter(), done
+        if done + system.failed() >= n:
+            return None, done  # some ended otherwise (failed, dead-lettered): it will not finish
         if procs is not None and procs.all_exited():
             done = system.done()
             return (time.perf_counter(), done) if done >= n else (None, done)
@@ -369,8 +371,6 @@ def run_w3(res: Results, systems: list[Any], sizes: dict[str, Any], reps: int) -
         label = "default poll" if poll is None else f"poll {poll:g} s"
         for rep in range(reps):
             for system in systems:
-                if system.name == "ours-procs":
-                    continue
                 system.clear()
                 system.new_run()
                 stamp = Path(tempfile.mkstemp(prefix="dschbench-stamp-")[1])
@@ -811,7 +811,7 @@ def run_pgbench(res: Results, url: str, sizes: dict[str, Any], reps: int) -> Non
 # --------------------------------------------------------------------------- profile
 
 
-def run_profile(res: Results, ours: Any, sizes: dict[str, Any], level: int = 1) -> None:
+def run_profile(res: Results, ours: Any, sizes: dict[str, Any]) -> None:
     """py-spy over a drain of our runscheduler (all threads; wall clock with --idle, and CPU)."""
     pyspy = Path(sys.executable).parent / "py-spy"
     if not pyspy.exists():
@@ -828,7 +828,6 @@ def run_profile(res: Results, ours: Any, sizes: dict[str, Any], level: int = 1) 
         if mode == "wall":
             argv.append("--idle")
         cmd = [*argv, "--", sys.executable, "-m", "django", "runscheduler", "--burst"]
-        cmd += ["--concurrency", str(level)]
         env = dict(os.environ, PYTHONPATH=str(ROOT), DJANGO_SETTINGS_MODULE="bench.settings")
         start = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)

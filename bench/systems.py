@@ -97,38 +97,23 @@ class Ours:
             [
                 "durable_scheduler_events",
                 "durable_scheduler_authority_reservations",
+                "durable_scheduler_authority_usage",
                 "durable_scheduler_occurrences",
                 "durable_scheduler_workers",
             ]
         )
 
     def drain_workers(self, level: int) -> WorkerSpec:
-        if level == 1:
-            cmd = [*MANAGE, "runscheduler", "--burst", "--concurrency", "1"]
-            return WorkerSpec([(cmd, {})], True, "1 x runscheduler --burst --concurrency 1")
-        # Not --burst above concurrency 1: the loop can skip the claim because every slot is busy,
-        # see the slots empty a moment later and take that for "nothing due" (bench/README.md).
-        cmd = [*MANAGE, "runscheduler", "--concurrency", str(level)]
-        return WorkerSpec([(cmd, {})], False, f"1 x runscheduler --concurrency {level}, stopped when done")
+        # Its natural settings: the default --concurrency (8 handler threads); --burst exits
+        # once nothing is due.
+        cmd = [*MANAGE, "runscheduler", "--burst"]
+        return WorkerSpec([(cmd, {})] * level, True, f"{level} x runscheduler --burst (concurrency 8)")
 
     def idle_worker(self, poll: float | None) -> WorkerSpec:
         cmd = [*MANAGE, "runscheduler"]
         if poll is not None:
             cmd += ["--poll-interval", str(poll)]
         return WorkerSpec([(cmd, {})], False, " ".join(cmd[3:]), {"poll": poll or 1.0})
-
-
-class OursProcs(Ours):
-    """This package with N runscheduler processes at the default --concurrency (4) each."""
-
-    name = "ours-procs"
-
-    def drain_workers(self, level: int) -> WorkerSpec:
-        # Not --burst: with several processes a burst worker exits as soon as one claim comes back
-        # empty because the other process holds the candidate rows locked (see bench/README.md).
-        cmd = [*MANAGE, "runscheduler"]
-        description = f"{level} x runscheduler (concurrency 4), stopped when done"
-        return WorkerSpec([(cmd, {})] * level, False, description)
 
 
 class DjangoTasks:
@@ -265,7 +250,7 @@ class Procrastinate:
 
 
 def systems_for(vendor: str) -> list[object]:
-    found: list[object] = [Ours(), OursProcs(), DjangoTasks(), DjangoQ2()]
+    found: list[object] = [Ours(), DjangoTasks(), DjangoQ2()]
     if vendor == "postgresql":
         found.append(Procrastinate())
     return found

@@ -17,7 +17,9 @@ from typing import Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import F, Q, QuerySet
+from django.db.models import F, Model, Q, QuerySet
+from django.db.models.constants import OnConflict
+from django.db.models.sql import InsertQuery
 
 from .models import PENDING_STATUSES, Occurrence, OccurrenceStatus
 
@@ -171,6 +173,29 @@ def claim_candidates(
     for row in got:
         row.claimed_kind = kinds[row.pk]
     return got
+
+
+def insert_unless_present(alias: str, obj: Model) -> bool | None:
+    """Insert ``obj`` unless a row with one of its unique keys exists, in one statement
+    and without a savepoint: True if inserted, False if a row was there. PostgreSQL
+    ``INSERT ... ON CONFLICT DO NOTHING``, SQLite ``INSERT OR IGNORE``. None where there is
+    no such statement that ignores only duplicates (MySQL's ``INSERT IGNORE`` also turns
+    other errors into warnings): the caller inserts in a savepoint and catches the error."""
+    connection = connections[alias]
+    if connection.vendor not in ("postgresql", "sqlite"):
+        return None
+    meta = obj._meta
+    query = InsertQuery(obj.__class__, on_conflict=OnConflict.IGNORE)
+    query.insert_values([f for f in meta.local_concrete_fields if not f.generated], [obj])
+    inserted = 0
+    with connection.cursor() as cursor:
+        for sql, params in query.get_compiler(using=alias).as_sql():
+            cursor.execute(sql, params)
+            inserted += max(cursor.rowcount, 0)
+    if inserted:
+        obj._state.adding = False
+        obj._state.db = alias
+    return inserted > 0
 
 
 def notify_new_work(alias: str) -> None:

@@ -424,22 +424,19 @@ def _insert_occurrence(
         payload=payload_value,
         now=now,
     )
-    existing = Occurrence.objects.using(alias).filter(idempotency_key=occurrence.idempotency_key).first()
-    created = False
-    if existing is None:
+    created = dialect.insert_unless_present(alias, occurrence)
+    if created is None:
         try:
             # A savepoint so that losing an insert race does not abort the caller's transaction.
             with transaction.atomic(using=alias):
                 occurrence.save(using=alias, force_insert=True)
             created = True
         except IntegrityError:
-            existing = (
-                Occurrence.objects.using(alias).filter(idempotency_key=occurrence.idempotency_key).first()
-            )
-            if existing is None:
-                raise
+            created = False
     if not created:
-        assert existing is not None
+        existing = Occurrence.objects.using(alias).filter(idempotency_key=occurrence.idempotency_key).first()
+        if existing is None:
+            raise IntegrityError(f"occurrence {occurrence.occurrence_id!r} was neither inserted nor found")
         if existing.occurrence_id != occurrence.occurrence_id:
             raise DataCorrupt("occurrence idempotency identity does not match stored data")
         if canonical_json(existing.payload) != payload_text:

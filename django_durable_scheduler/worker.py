@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 import traceback
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import FrameType
 from typing import Any
 
@@ -69,7 +69,7 @@ class Worker:
         self,
         *,
         worker_id: str | None = None,
-        concurrency: int = 4,
+        concurrency: int = 8,
         lease: float = 30.0,
         poll_interval: float = 1.0,
         kinds: list[str] | None = None,
@@ -103,6 +103,7 @@ class Worker:
         self._unauthorized: list[_Running] = []  # claimed, authorization not yet written
         self._next_materialize = 0.0
         self._next_sweep = 0.0
+        self._next_due: tuple[float, datetime | None] | None = None  # (read at, value)
         self._listener: dialect.Listener | None = None
         self._listener_thread: threading.Thread | None = None
 
@@ -219,11 +220,16 @@ class Worker:
         return 0
 
     def _idle_wait(self) -> float:
-        """Sleep until the next poll, or sooner when a job's next slot comes first."""
-        try:
-            due = kernel.next_due_at(using=self.using)
-        except DatabaseError:
-            return self.poll_interval
+        """Sleep until the next poll, or sooner when a job's next slot comes first. The
+        earliest next fire time is read at most every MATERIALIZE_EVERY: a busy loop waits
+        often, and a slot learnt of that much later is materialized that much later."""
+        now = time.monotonic()
+        if self._next_due is None or now - self._next_due[0] >= MATERIALIZE_EVERY:
+            try:
+                self._next_due = (now, kernel.next_due_at(using=self.using))
+            except DatabaseError:
+                return self.poll_interval
+        due = self._next_due[1]
         if due is None:
             return self.poll_interval
         return max(0.0, min(self.poll_interval, (due - conf.now()).total_seconds()))

@@ -51,7 +51,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--worker-id", default=None, help="lease owner name (default host:pid)")
-        parser.add_argument("--concurrency", type=_positive_int, default=4, help="handlers run at once")
+        parser.add_argument("--concurrency", type=_positive_int, default=8, help="handlers run at once (8)")
         parser.add_argument("--lease", type=_seconds(1, 86400), default=30.0, help="lease seconds")
         parser.add_argument(
             "--poll-interval", type=_seconds(0.01, 3600), default=1.0, help="idle poll seconds"
