@@ -365,7 +365,11 @@ def _authorize_locked(
     ids = [occurrence.pk for occurrence, _ in items]
     locked = {
         row.pk: row
-        for row in Occurrence.objects.using(alias).select_for_update().filter(pk__in=ids).order_by("pk")
+        for row in Occurrence.objects.using(alias)
+        .select_for_update()
+        .filter(pk__in=ids)
+        .order_by("pk")
+        .only("pk", "job_id", "status", "lease_owner", "lease_expires_at", "fence", "authority")
     }
     existing = {
         r.pk: r
