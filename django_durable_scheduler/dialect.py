@@ -101,6 +101,46 @@ def _union(alias: str, querysets: list[QuerySet[Any]]) -> list[Any]:
     return [row for qs in querysets for row in qs]
 
 
+# At most this many principals are considered per claim (rotation reaches the others).
+MAX_PRINCIPALS = 1000
+
+
+def waiting_principals(alias: str, now: datetime) -> list[str]:
+    """The principals with claimable work, sorted (those of due waiting rows, and of
+    expired leases with attempts left).
+
+    On PostgreSQL and SQLite a loose index scan over the partial ``dsch_occurrences_fair``
+    index (waiting rows only, principal first): a recursive query that jumps from one
+    principal to the next, so the cost grows with the number of principals, not with the
+    backlog. Principals whose waiting rows are all in the future are listed too (their
+    arms of the pool come back empty). Elsewhere (no partial indexes) a DISTINCT over the
+    due rows through the claim index, the portable fallback.
+    """
+    connection = connections[alias]
+    base = Occurrence.objects.using(alias)
+    running = base.filter(reclaim_due(now)).order_by().values_list("principal_key", flat=True).distinct()
+    if connection.vendor not in ("postgresql", "sqlite"):
+        due = pending_due(now) | reclaim_due(now)
+        return sorted(base.filter(due).order_by().values_list("principal_key", flat=True).distinct())
+    quote = connection.ops.quote_name
+    table, key, status = quote(Occurrence._meta.db_table), quote("principal_key"), quote("status")
+    # Written as the index predicate is (an OR, not IN): SQLite matches partial indexes by terms.
+    waiting = f"({status} = %s OR {status} = %s)"
+    sql = (
+        f"WITH RECURSIVE p(k) AS ("
+        f" SELECT (SELECT MIN({key}) FROM {table} WHERE {waiting})"
+        f" UNION ALL"
+        f" SELECT (SELECT MIN({key}) FROM {table} WHERE {waiting} AND {key} > p.k)"
+        f" FROM p WHERE p.k IS NOT NULL"
+        f") SELECT k FROM p WHERE k IS NOT NULL LIMIT %s"
+    )
+    statuses = [OccurrenceStatus.QUEUED.value, OccurrenceStatus.RETRY_WAIT.value]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*statuses, *statuses, MAX_PRINCIPALS])
+        found = {row[0] for row in cursor.fetchall()}
+    return sorted(found.union(running))
+
+
 def claim_candidates(
     alias: str, now: datetime, job_filter: Q, limit: int, after_principal: str | None = None
 ) -> list[Occurrence]:
@@ -112,8 +152,8 @@ def claim_candidates(
     claimer served) come first: a claimer taking one at a time goes round the principals
     instead of serving the earliest-due backlog again and again.
 
-    The cost does not grow with one principal's backlog: one query lists the principals
-    with due work (``dsch_occurrences_claim``), then each principal's first few due rows
+    The cost does not grow with one principal's backlog: the principals with work are
+    listed by :func:`waiting_principals`, then each principal's first few due rows
     are read through ``dsch_occurrences_fair`` (principal, status, due time) with a LIMIT,
     queued and retry_wait arms apart so that each is one index range in due order, plus
     the expired leases (a reclaim) of everyone; one UNION ALL round trip on PostgreSQL
@@ -124,7 +164,7 @@ def claim_candidates(
     base = Occurrence.objects.using(alias)
     want = limit * CANDIDATE_FACTOR
     due = pending_due(now) | reclaim_due(now)
-    principals = sorted(base.filter(due).order_by().values_list("principal_key", flat=True).distinct())
+    principals = waiting_principals(alias, now)
     if not principals:
         return []
     if after_principal is not None:

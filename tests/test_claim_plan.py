@@ -10,8 +10,10 @@ Every statement that ``kernel.claim_batch`` sends to the occurrences table is ca
 ``CaptureQueriesContext`` and explained (``EXPLAIN`` on PostgreSQL, ``EXPLAIN QUERY PLAN`` on
 SQLite). None may scan the occurrences table, and each must use the index made for it:
 
-- the list of principals with due work, the expired leases (reclaims) and the dead-letter
-  sweep: an index that starts with
+- the list of principals with work: a loose index scan over ``dsch_occurrences_fair`` (a
+  recursive query jumping from one principal to the next), and the principals of expired
+  leases through an index on ``status``;
+- the expired leases (reclaims) and the dead-letter sweep: an index that starts with
   ``status``: ``dsch_occurrences_claim`` or ``dsch_occurrences_settled`` (status, settled_at),
   which PostgreSQL 15 prefers for some arms (a BitmapOr of ``status`` conditions, filtering
   ``available_at`` afterwards);
@@ -127,7 +129,7 @@ def _claim_statements(captured):
             out.append(("update", sql))
         elif not head.startswith(("SELECT", "WITH", "(")):
             continue
-        elif "DISTINCT" in upper:
+        elif "DISTINCT" in upper or "RECURSIVE" in upper:
             out.append(("principals", sql))
         elif '"OCCURRENCE_ID" IN (' in upper:
             out.append(("lock", sql))
@@ -175,7 +177,13 @@ def test_claim_uses_the_claim_index(job, clock):
         plan = _explain(sql)
         report.append(f"[{kind}] {sql}\n{plan}")
         assert not _scans_occurrences(plan), f"{kind} query scans {TABLE}:\n{sql}\n{plan}"
-        if kind in ("principals", "reclaims", "sweep"):
+        if kind == "principals" and "RECURSIVE" in sql.upper():
+            assert FAIR_INDEX in plan, f"the loose index scan does not use {FAIR_INDEX}:\n{sql}\n{plan}"
+        elif kind == "principals":
+            assert CLAIM_INDEX in plan or STATUS_INDEX in plan, (
+                f"principals query uses no index on status:\n{sql}\n{plan}"
+            )
+        elif kind in ("reclaims", "sweep"):
             # Either index that starts with status serves (see the module docstring).
             assert CLAIM_INDEX in plan or STATUS_INDEX in plan, (
                 f"{kind} query uses no index on status:\n{sql}\n{plan}"

@@ -711,6 +711,7 @@ def test_racing_workers_authorize_within_budget(settings):
 
 # --------------------------------------------------------------------------- the worker
 
+
 @pytest.fixture
 def registered():
     from django_durable_scheduler import registry

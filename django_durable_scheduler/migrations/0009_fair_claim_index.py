@@ -4,14 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('durable_scheduler', '0008_execution_records_policy_history_workers'),
+        ("durable_scheduler", "0008_execution_records_policy_history_workers"),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='occurrence',
-            index=models.Index(condition=models.Q(('status', 'queued'), ('status', 'retry_wait'), _connector='OR'), fields=['principal_key', 'status', 'available_at', 'scheduled_for', 'occurrence_id'], name='dsch_occurrences_fair'),
+            model_name="occurrence",
+            index=models.Index(
+                condition=models.Q(("status", "queued"), ("status", "retry_wait"), _connector="OR"),
+                fields=["principal_key", "status", "available_at", "scheduled_for", "occurrence_id"],
+                name="dsch_occurrences_fair",
+            ),
         ),
     ]
