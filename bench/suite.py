@@ -134,6 +134,16 @@ class Procs:
                     )
                 )
 
+    peak_rss_kb = 0
+
+    def sample_rss(self) -> None:
+        """Keep the largest resident set (VmRSS) seen of any process this harness started."""
+        for p in self.procs:
+            with contextlib.suppress(OSError, ValueError):
+                for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        self.peak_rss_kb = max(self.peak_rss_kb, int(line.split()[1]))
+
     def all_exited(self) -> bool:
         return all(p.poll() is not None for p in self.procs)
 
@@ -222,6 +232,8 @@ def wait_done(system: Any, n: int, procs: Any, timeout: float) -> tuple[float | 
     deadline = start + timeout
     done = 0
     while time.perf_counter() < deadline:
+        if procs is not None:
+            procs.sample_rss()
         done = system.done()
         if done >= n:
             return time.perf_counter(), done
@@ -303,7 +315,14 @@ def run_w1_w2(res: Results, systems: list[Any], sizes: dict[str, Any], reps: int
                     procs.stop()
                 after = pg_counters()
                 failed = system.failed()
-                detail: dict[str, Any] = {"done": done, "failed": failed, "load1": os.getloadavg()[0]}
+                once = system.exactly_once(n2)
+                detail: dict[str, Any] = {
+                    "done": done,
+                    "failed": failed,
+                    "load1": os.getloadavg()[0],
+                    "exactly_once": once,
+                    "peak_rss_mb": procs.peak_rss_kb / 1024,
+                }
                 if before:
                     detail.update({k: (after[k] - before[k]) / n2 for k in before})
                 if end is None:
@@ -328,14 +347,25 @@ def run_w1_w2(res: Results, systems: list[Any], sizes: dict[str, Any], reps: int
                     config=spec.description,
                     detail=detail,
                 )
-                per = ", ".join(
-                    f"{k} {v:.2f}" for k, v in detail.items() if k not in ("done", "failed", "load1")
-                )
+                if procs.peak_rss_kb:
+                    res.add(
+                        f"W2 x{level} peak RSS per process",
+                        system.name,
+                        procs.peak_rss_kb / 1024,
+                        unit="MB",
+                        better="lower",
+                        config=spec.description,
+                    )
+                if not once:
+                    res.notes.append(f"W2 x{level} rep {rep + 1} {system.name}: NOT exactly once")
+                skip = ("done", "failed", "load1", "exactly_once", "peak_rss_mb")
+                per = ", ".join(f"{k} {v:.2f}" for k, v in detail.items() if k not in skip)
                 say(
                     f"W2 x{level} rep {rep + 1} {system.name}: enqueue {n2 / seconds:,.0f}/s, "
                     f"drain {end - start:.2f} s = {rate:,.0f}/s, load {detail['load1']:.1f}"
                     + (f" (per occurrence: {per})" if per else "")
                     + (f", {failed} failed" if failed else "")
+                    + f"; peak RSS {procs.peak_rss_kb / 1024:.0f} MB; exactly once: {'yes' if once else 'NO'}"
                 )
                 system.clear()
 

@@ -87,6 +87,18 @@ class Ours:
 
         return Occurrence.objects.filter(status="succeeded").count()
 
+    def exactly_once(self, n: int) -> bool:
+        """Each of the n ran once: succeeded at attempt 1, one claim each, no reclaim."""
+        from django_durable_scheduler.models import Event, Occurrence
+
+        claims = Event.objects.filter(event_type="occurrence_claimed")
+        return (
+            Occurrence.objects.filter(status="succeeded", attempt=1, fence=1).count() == n
+            and claims.count() == n
+            and claims.values("occurrence_id").distinct().count() == n
+            and not Event.objects.filter(event_type="occurrence_reclaimed").exists()
+        )
+
     def failed(self) -> int:
         from django_durable_scheduler.models import Occurrence
 
@@ -135,6 +147,9 @@ class DjangoTasks:
 
         dt_stamp.enqueue(token)
 
+    def exactly_once(self, n: int) -> bool:
+        return self.done() == n  # finished once each: no more, no fewer
+
     def done(self) -> int:
         from django_tasks_db.models import DBTaskResult
 
@@ -179,6 +194,9 @@ class DjangoQ2:
         from django_q.tasks import async_task
 
         async_task("bench.benchapp.tasks.q_stamp", token)
+
+    def exactly_once(self, n: int) -> bool:
+        return self.done() == n  # finished once each: no more, no fewer
 
     def done(self) -> int:
         from django_q.models import Success
@@ -228,6 +246,9 @@ class Procrastinate:
         with connection.cursor() as cursor:
             cursor.execute("SELECT count(*) FROM procrastinate_jobs WHERE status = %s", [status])
             return int(cursor.fetchone()[0])
+
+    def exactly_once(self, n: int) -> bool:
+        return self.done() == n  # finished once each: no more, no fewer
 
     def done(self) -> int:
         return self._count("succeeded")

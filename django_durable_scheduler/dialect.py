@@ -12,14 +12,15 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import F, Model, Q, QuerySet
+from django.db.models import F, Min, Model, Q, QuerySet
 from django.db.models.constants import OnConflict
 from django.db.models.sql import InsertQuery
+from django.utils.dateparse import parse_datetime
 
 from .models import PENDING_STATUSES, Occurrence, OccurrenceStatus
 
@@ -101,44 +102,75 @@ def _union(alias: str, querysets: list[QuerySet[Any]]) -> list[Any]:
     return [row for qs in querysets for row in qs]
 
 
-# At most this many principals are considered per claim (rotation reaches the others).
+# At most this many principals are listed per claim (rotation reaches the others).
 MAX_PRINCIPALS = 1000
+# A claim without ``after_principal`` reads the first rows of up to this many principals.
+STATELESS_PRINCIPALS = 64
 
 
-def waiting_principals(alias: str, now: datetime) -> list[str]:
-    """The principals with claimable work, sorted (those of due waiting rows, and of
-    expired leases with attempts left).
+def _as_datetime(value: Any) -> datetime:
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    parsed = parse_datetime(str(value))  # SQLite hands raw queries text
+    if parsed is None:
+        raise ValueError(f"not a datetime: {value!r}")
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def waiting_principals(alias: str, now: datetime) -> dict[str, datetime]:
+    """The principals with claimable work and, for each, when its earliest claimable
+    occurrence became due (due waiting rows, and expired leases with attempts left).
 
     On PostgreSQL and SQLite a loose index scan over the partial ``dsch_occurrences_fair``
     index (waiting rows only, principal first): a recursive query that jumps from one
-    principal to the next, so the cost grows with the number of principals, not with the
-    backlog. Principals whose waiting rows are all in the future are listed too (their
-    arms of the pool come back empty). Elsewhere (no partial indexes) a DISTINCT over the
-    due rows through the claim index, the portable fallback.
+    principal to the next and reads each one's earliest queued and retry_wait row, so the
+    cost grows with the number of principals, not with the backlog. Elsewhere (no partial
+    indexes) one GROUP BY over the due rows through the claim index, the portable fallback.
     """
     connection = connections[alias]
     base = Occurrence.objects.using(alias)
-    running = base.filter(reclaim_due(now)).order_by().values_list("principal_key", flat=True).distinct()
-    if connection.vendor not in ("postgresql", "sqlite"):
-        due = pending_due(now) | reclaim_due(now)
-        return sorted(base.filter(due).order_by().values_list("principal_key", flat=True).distinct())
-    quote = connection.ops.quote_name
-    table, key, status = quote(Occurrence._meta.db_table), quote("principal_key"), quote("status")
-    # Written as the index predicate is (an OR, not IN): SQLite matches partial indexes by terms.
-    waiting = f"({status} = %s OR {status} = %s)"
-    sql = (
-        f"WITH RECURSIVE p(k) AS ("
-        f" SELECT (SELECT MIN({key}) FROM {table} WHERE {waiting})"
-        f" UNION ALL"
-        f" SELECT (SELECT MIN({key}) FROM {table} WHERE {waiting} AND {key} > p.k)"
-        f" FROM p WHERE p.k IS NOT NULL"
-        f") SELECT k FROM p WHERE k IS NOT NULL LIMIT %s"
+    found: dict[str, datetime] = {}
+    if connection.vendor in ("postgresql", "sqlite"):
+        quote = connection.ops.quote_name
+        table, key = quote(Occurrence._meta.db_table), quote("principal_key")
+        status, available = quote("status"), quote("available_at")
+        # Written as the index predicate is (an OR, not IN): SQLite matches partial indexes
+        # by their terms.
+        waiting = f"({status} = %s OR {status} = %s)"
+        first = f"(SELECT MIN({available}) FROM {table} WHERE {key} = p.k AND {status} = %s)"
+        sql = (
+            f"WITH RECURSIVE p(k) AS ("
+            f" SELECT (SELECT MIN({key}) FROM {table} WHERE {waiting})"
+            f" UNION ALL"
+            f" SELECT (SELECT MIN({key}) FROM {table} WHERE {waiting} AND {key} > p.k)"
+            f" FROM p WHERE p.k IS NOT NULL"
+            f") SELECT k, {first}, {first} FROM p WHERE k IS NOT NULL LIMIT %s"
+        )
+        queued, retry = OccurrenceStatus.QUEUED.value, OccurrenceStatus.RETRY_WAIT.value
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [queued, retry, queued, retry, queued, retry, MAX_PRINCIPALS])
+            for principal, *firsts in cursor.fetchall():
+                due = [_as_datetime(v) for v in firsts if v is not None]
+                if due and min(due) <= now:
+                    found[principal] = min(due)
+    else:
+        rows = (
+            base.filter(pending_due(now))
+            .order_by()
+            .values("principal_key")
+            .annotate(first=Min("available_at"))
+        )
+        found = {row["principal_key"]: row["first"] for row in rows}
+    expired = (
+        base.filter(reclaim_due(now))
+        .order_by()
+        .values("principal_key")
+        .annotate(first=Min("lease_expires_at"))
     )
-    statuses = [OccurrenceStatus.QUEUED.value, OccurrenceStatus.RETRY_WAIT.value]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*statuses, *statuses, MAX_PRINCIPALS])
-        found = {row[0] for row in cursor.fetchall()}
-    return sorted(found.union(running))
+    for row in expired:
+        principal = row["principal_key"]
+        found[principal] = min(row["first"], found.get(principal, row["first"]))
+    return found
 
 
 def claim_candidates(
@@ -150,7 +182,8 @@ def claim_candidates(
     principal before rank 2 of any, so one principal's backlog cannot starve another's.
     Among principals of equal rank, those after ``after_principal`` (the last one this
     claimer served) come first: a claimer taking one at a time goes round the principals
-    instead of serving the earliest-due backlog again and again.
+    instead of serving the earliest-due backlog again and again; without one, principals
+    come in the order their earliest occurrence became due.
 
     The cost does not grow with one principal's backlog: the principals with work are
     listed by :func:`waiting_principals`, then each principal's first few due rows
@@ -164,13 +197,18 @@ def claim_candidates(
     base = Occurrence.objects.using(alias)
     want = limit * CANDIDATE_FACTOR
     due = pending_due(now) | reclaim_due(now)
-    principals = waiting_principals(alias, now)
-    if not principals:
+    waiting = waiting_principals(alias, now)
+    if not waiting:
         return []
-    if after_principal is not None:
+    if after_principal is None:
+        # No claimer history: rank 1 of the principals whose earliest occurrence is due
+        # first, ordered by due time like the rest (up to STATELESS_PRINCIPALS of them, so
+        # that ties between principals go by the occurrences, not by the principals' names).
+        principals = sorted(waiting, key=lambda key: (waiting[key], key))[: max(want, STATELESS_PRINCIPALS)]
+    else:
+        principals = sorted(waiting)
         cut = sum(1 for key in principals if key <= after_principal)
-        principals = principals[cut:] + principals[:cut]
-    principals = principals[:want]
+        principals = (principals[cut:] + principals[:cut])[:want]
     per_principal = -(-want // len(principals))
     columns = ("occurrence_id", "job__kind", "principal_key")
     arms: list[QuerySet[Any]] = []
@@ -195,7 +233,10 @@ def claim_candidates(
         rows.sort(key=lambda row: (row[3], row[4], row[0]))
         position = order.get(key, len(order))
         ranked += [(rank, position, row) for rank, row in enumerate(rows[:per_principal])]
-    ranked.sort(key=lambda item: (item[0], item[1], item[2][3], item[2][4], item[2][0]))
+    if after_principal is None:
+        ranked.sort(key=lambda item: (item[0], item[2][3], item[2][4], item[2][0]))
+    else:
+        ranked.sort(key=lambda item: (item[0], item[1], item[2][3], item[2][4], item[2][0]))
     pool = [row for _, _, row in ranked[:want]]
     kinds = {row[0]: row[1] for row in pool}
     rank = {row[0]: index for index, row in enumerate(pool)}

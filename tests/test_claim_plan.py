@@ -129,7 +129,7 @@ def _claim_statements(captured):
             out.append(("update", sql))
         elif not head.startswith(("SELECT", "WITH", "(")):
             continue
-        elif "DISTINCT" in upper or "RECURSIVE" in upper:
+        elif "DISTINCT" in upper or "RECURSIVE" in upper or "GROUP BY" in upper:
             out.append(("principals", sql))
         elif '"OCCURRENCE_ID" IN (' in upper:
             out.append(("lock", sql))
