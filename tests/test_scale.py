@@ -100,16 +100,20 @@ def test_a_backlog_does_not_starve_another_principal(workers):
     )
     assert proc.wait(120) == 0, proc.output()
 
-    order = list(
-        Event.objects.filter(event_type="occurrence_succeeded")
-        .order_by("event_id")
-        .values_list("occurrence_id", flat=True)
-    )
-    assert len(order) == FIRST
-    positions = [i for i, pk in enumerate(order) if pk in late_ids]
-    print(f"\n[fairness] B's occurrences finished at positions {positions} of the first {FIRST}")
+    def order(event_type):
+        return list(
+            Event.objects.filter(event_type=event_type)
+            .order_by("event_id")
+            .values_list("occurrence_id", flat=True)
+        )
+
+    assert len(order("occurrence_succeeded")) == FIRST
+    # Claims alternate between the principals while both have work: B's are all claimed
+    # early. (The claim order is the scheduler's decision; the order in which handler
+    # threads finish is the operating system's.)
+    positions = [i for i, pk in enumerate(order("occurrence_claimed")) if pk in late_ids]
+    print(f"\n[fairness] B's occurrences were claimed at positions {positions} of the first {FIRST}")
     assert len(positions) == LATECOMER, "B was starved behind A's backlog"
-    # Claims alternate between the principals while both have work: B's are all done early.
     assert max(positions) < 3 * LATECOMER
     assert Occurrence.objects.filter(pk__in=late_ids, status="succeeded").count() == LATECOMER
 
