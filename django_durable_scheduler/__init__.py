@@ -25,6 +25,7 @@ _EXPORTS = {
     "claim_batch": "kernel",
     "renew": "kernel",
     "settle": "kernel",
+    "settle_many": "kernel",
     "release": "kernel",
     "history": "kernel",
     "get_job": "kernel",
@@ -47,6 +48,7 @@ _EXPORTS = {
     "WindowUsage": "policies",
     "reserve_authority": "reservations",
     "authorize": "reservations",
+    "authorize_many": "reservations",
     "get_reservation": "reservations",
     # handlers and the worker
     "handler": "registry",
