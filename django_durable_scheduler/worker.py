@@ -287,17 +287,21 @@ class Worker:
             self._wake.clear()
 
     def _shutdown(self) -> None:
+        # Claimed ahead but not started: no handler thread may start them now. They go back
+        # at once, so that another worker can run them without waiting for the grace period.
+        unstarted: list[_Running] = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                unstarted.append(item)
+        self._release(unstarted, "not started before the stop")
         self._drain(self.grace)
         with self._lock:
             left = list(self._running.values())
-        for running in left:
-            occurrence = running.occurrence
-            try:
-                kernel.release(occurrence.pk, owner=self.worker_id, fence=occurrence.fence, using=self.using)
-                logger.warning("gave up the lease on %s after the grace period", occurrence.pk)
-            except SchedulerError as exc:
-                logger.warning("could not give up the lease on %s: %s", occurrence.pk, exc)
-            running.context._lease_lost.set()
+        self._release(left, "after the grace period")
         for _ in range(self.concurrency):
             self._queue.put(None)
         if self._listener is not None and self._listener_thread is not None:
@@ -308,6 +312,17 @@ class Worker:
             self._heartbeat_thread.join(timeout=30)
         self._beat(stopped=True)
         connections.close_all()
+
+    def _release(self, held: list[_Running], why: str) -> None:
+        for running in held:
+            occurrence = running.occurrence
+            try:
+                kernel.release(occurrence.pk, owner=self.worker_id, fence=occurrence.fence, using=self.using)
+                logger.warning("gave up the lease on %s %s", occurrence.pk, why)
+            except (SchedulerError, DatabaseError) as exc:
+                logger.warning("could not give up the lease on %s: %s", occurrence.pk, exc)
+            running.context._lease_lost.set()
+            self._forget(running)
 
     # ------------------------------------------------------------------ execution
 
