@@ -287,18 +287,14 @@ class Worker:
             self._wake.clear()
 
     def _shutdown(self) -> None:
-        # Claimed ahead but not started: no handler thread may start them now. They go back
-        # at once, so that another worker can run them without waiting for the grace period.
-        unstarted: list[_Running] = []
+        self._drain(self.grace)
+        # Past the grace period: what no handler thread has started yet must never start
+        # (its lease is given back below, and another worker may run it).
         while True:
             try:
-                item = self._queue.get_nowait()
+                self._queue.get_nowait()
             except queue.Empty:
                 break
-            if item is not None:
-                unstarted.append(item)
-        self._release(unstarted, "not started before the stop")
-        self._drain(self.grace)
         with self._lock:
             left = list(self._running.values())
         self._release(left, "after the grace period")
