@@ -202,31 +202,44 @@ def claim_candidates(
         return []
     if after_principal is None:
         # No claimer history: rank 1 of the principals whose earliest occurrence is due
-        # first, ordered by due time like the rest (up to STATELESS_PRINCIPALS of them, so
-        # that ties between principals go by the occurrences, not by the principals' names).
-        principals = sorted(waiting, key=lambda key: (waiting[key], key))[: max(want, STATELESS_PRINCIPALS)]
+        # first, ordered by due time like the rest (STATELESS_PRINCIPALS at a time, so that
+        # ties between principals go by the occurrences, not by the principals' names).
+        principals = sorted(waiting, key=lambda key: (waiting[key], key))
+        step = max(want, STATELESS_PRINCIPALS)
     else:
         principals = sorted(waiting)
         cut = sum(1 for key in principals if key <= after_principal)
-        principals = (principals[cut:] + principals[:cut])[:want]
-    per_principal = -(-want // len(principals))
+        principals = principals[cut:] + principals[:cut]
+        step = want
     columns = ("occurrence_id", "job__kind", "principal_key")
-    arms: list[QuerySet[Any]] = []
-    for key in principals:
-        for status in PENDING_STATUSES:
-            arms.append(
-                base.filter(job_filter, principal_key=key, status=status, available_at__lte=now)
-                .order_by("available_at", "scheduled_for", "occurrence_id")
-                .values_list(*columns, "available_at", "scheduled_for")[:per_principal]
-            )
-    arms.append(
-        base.filter(job_filter, reclaim_due(now))
-        .order_by("lease_expires_at", "scheduled_for", "occurrence_id")
-        .values_list(*columns, "lease_expires_at", "scheduled_for")[:want]
-    )
     by_principal: dict[str, list[Candidate]] = {}
-    for row in _union(alias, arms):
-        by_principal.setdefault(row[2], []).append(row)
+    # Rounds of ``step`` principals, in order, until the pool is full: principals whose
+    # waiting work is all of kinds this claimer does not run (or of disabled jobs) give no
+    # rows, and must not hide the principals after them.
+    found = 0
+    per_principal = 1
+    for start in range(0, len(principals), step):
+        chunk = principals[start : start + step]
+        per_principal = max(per_principal, -(-want // len(chunk)))
+        arms: list[QuerySet[Any]] = []
+        for key in chunk:
+            for status in PENDING_STATUSES:
+                arms.append(
+                    base.filter(job_filter, principal_key=key, status=status, available_at__lte=now)
+                    .order_by("available_at", "scheduled_for", "occurrence_id")
+                    .values_list(*columns, "available_at", "scheduled_for")[: -(-want // len(chunk))]
+                )
+        if start == 0:
+            arms.append(
+                base.filter(job_filter, reclaim_due(now))
+                .order_by("lease_expires_at", "scheduled_for", "occurrence_id")
+                .values_list(*columns, "lease_expires_at", "scheduled_for")[:want]
+            )
+        for row in _union(alias, arms):
+            by_principal.setdefault(row[2], []).append(row)
+            found += 1
+        if found >= want:
+            break
     order = {key: index for index, key in enumerate(principals)}
     ranked: list[tuple[int, int, Candidate]] = []
     for key, rows in by_principal.items():

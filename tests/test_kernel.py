@@ -361,3 +361,17 @@ def test_enqueue_many_is_all_or_nothing(job, clock):
         scheduler.enqueue_many("job-a", [{"scheduled_for": clock(), "trigger_key": "x", "when": 1}])
     assert info.value.details["field"] == "items[0].when"
     assert Occurrence.objects.count() == 1
+
+
+def test_claim_reaches_principals_behind_many_with_other_kinds_only(clock):
+    # Seven principals whose work is of a kind this claimer does not run come first in the
+    # rotation; a claim of one must still find the eighth principal's occurrence.
+    for i in range(7):
+        scheduler.create_job(f"other-{i}", "kind.b", authority=authority_for(f"a{i}", "reports.send"))
+        scheduler.enqueue(f"other-{i}", scheduled_for=clock(), trigger_key="t")
+    scheduler.create_job("mine", "kind.a", authority=authority_for("zz", "reports.send"))
+    (wanted, _) = scheduler.enqueue("mine", scheduled_for=clock(), trigger_key="t")
+    # A worker's claim (with a round-robin cursor) reads the principals a few at a time.
+    got = scheduler.claim_batch(owner="w", lease=30, limit=1, kinds=["kind.a"], after_principal="")
+    assert [row.pk for row in got] == [wanted.pk]
+    assert Occurrence.objects.filter(status="queued").count() == 7
