@@ -220,14 +220,15 @@ def claim_candidates(
     per_principal = 1
     for start in range(0, len(principals), step):
         chunk = principals[start : start + step]
-        per_principal = max(per_principal, -(-want // len(chunk)))
+        quota = -(-want // len(chunk))  # rows per principal of this round
+        per_principal = max(per_principal, quota)
         arms: list[QuerySet[Any]] = []
         for key in chunk:
             for status in PENDING_STATUSES:
                 arms.append(
                     base.filter(job_filter, principal_key=key, status=status, available_at__lte=now)
                     .order_by("available_at", "scheduled_for", "occurrence_id")
-                    .values_list(*columns, "available_at", "scheduled_for")[: -(-want // len(chunk))]
+                    .values_list(*columns, "available_at", "scheduled_for")[:quota]
                 )
         if start == 0:
             arms.append(
