@@ -94,12 +94,75 @@ CLAIM_FIELDS = (
 Candidate = tuple[str, str, str, datetime, datetime]
 
 
-def _union(alias: str, querysets: list[QuerySet[Any]]) -> list[Any]:
-    """All rows of several sliced querysets: one UNION ALL round trip where the database
-    allows LIMIT inside a compound statement, else one query each (SQLite, in-process)."""
-    if len(querysets) > 1 and connections[alias].features.supports_slicing_ordering_in_compound:
-        return list(querysets[0].union(*querysets[1:], all=True))
-    return [row for qs in querysets for row in qs]
+class _Arms:
+    """The claim's candidate reads as plain SQL, prepared once per claim: one arm per
+    (principal, waiting status), each an index range in due order with a LIMIT, plus the
+    expired leases of everyone, sent as one ``UNION ALL`` of derived tables (a form that
+    PostgreSQL, SQLite and MySQL/MariaDB all accept), so a round of any number of
+    principals is one round trip and no ORM compilation."""
+
+    def __init__(self, alias: str, now: datetime, kinds: list[str] | None) -> None:
+        connection = connections[alias]
+        quote = connection.ops.quote_name
+        o = {name: "o." + quote(name) for name in _OCCURRENCE_COLUMNS}
+        self.now = connection.ops.adapt_datetimefield_value(now)
+        jobs = quote(Occurrence._meta.get_field("job").related_model._meta.db_table)
+        tail = f" AND j.{quote('enabled')} = %s"
+        self.tail_params: list[Any] = [True]
+        if kinds is not None:
+            tail += f" AND j.{quote('kind')} IN ({', '.join(['%s'] * len(kinds))})" if kinds else " AND 1 = 0"
+            self.tail_params += kinds
+        select = (
+            f"SELECT {o['occurrence_id']}, j.{quote('kind')}, {o['principal_key']},"
+            f" {{due}}, {o['scheduled_for']}"
+            f" FROM {quote(Occurrence._meta.db_table)} o"
+            f" INNER JOIN {jobs} j ON j.{quote('job_id')} = {o['job_id']}"
+        )
+        self.pending = (
+            select.format(due=o["available_at"])
+            + f" WHERE {o['principal_key']} = %s AND {o['status']} = %s AND {o['available_at']} <= %s"
+            + tail
+            + f" ORDER BY {o['available_at']}, {o['scheduled_for']}, {o['occurrence_id']} LIMIT %s"
+        )
+        self.reclaim = (
+            select.format(due=o["lease_expires_at"])
+            + f" WHERE {o['status']} = %s AND {o['lease_expires_at']} <= %s"
+            + f" AND {o['attempt']} < {o['max_attempts']}"
+            + tail
+            + f" ORDER BY {o['lease_expires_at']}, {o['scheduled_for']}, {o['occurrence_id']} LIMIT %s"
+        )
+        self.connection = connection
+        self.parts: list[str] = []
+        self.params: list[Any] = []
+
+    def add_pending(self, principal: str, status: str, limit: int) -> None:
+        self.parts.append(self.pending)
+        self.params += [principal, status, self.now, *self.tail_params, limit]
+
+    def add_reclaims(self, limit: int) -> None:
+        self.parts.append(self.reclaim)
+        self.params += [OccurrenceStatus.RUNNING.value, self.now, *self.tail_params, limit]
+
+    def fetch(self) -> list[Candidate]:
+        sql = " UNION ALL ".join(f"SELECT * FROM ({part}) a{n}" for n, part in enumerate(self.parts))
+        with self.connection.cursor() as cursor:
+            cursor.execute(sql, self.params)
+            rows = cursor.fetchall()
+        self.parts, self.params = [], []
+        return [(pk, kind, key, _as_datetime(due), _as_datetime(at)) for pk, kind, key, due, at in rows]
+
+
+_OCCURRENCE_COLUMNS = (
+    "occurrence_id",
+    "job_id",
+    "principal_key",
+    "status",
+    "available_at",
+    "scheduled_for",
+    "lease_expires_at",
+    "attempt",
+    "max_attempts",
+)
 
 
 # At most this many principals are listed per claim (rotation reaches the others).
@@ -174,7 +237,7 @@ def waiting_principals(alias: str, now: datetime) -> dict[str, datetime]:
 
 
 def claim_candidates(
-    alias: str, now: datetime, job_filter: Q, limit: int, after_principal: str | None = None
+    alias: str, now: datetime, kinds: list[str] | None, limit: int, after_principal: str | None = None
 ) -> list[Occurrence]:
     """Lock and return up to ``limit`` claimable occurrences, fair across principals.
 
@@ -211,7 +274,7 @@ def claim_candidates(
         cut = sum(1 for key in principals if key <= after_principal)
         principals = principals[cut:] + principals[:cut]
         step = want
-    columns = ("occurrence_id", "job__kind", "principal_key")
+    arms = _Arms(alias, now, kinds)
     by_principal: dict[str, list[Candidate]] = {}
     # Rounds of ``step`` principals, in order, until the pool is full: principals whose
     # waiting work is all of kinds this claimer does not run (or of disabled jobs) give no
@@ -222,21 +285,12 @@ def claim_candidates(
         chunk = principals[start : start + step]
         quota = -(-want // len(chunk))  # rows per principal of this round
         per_principal = max(per_principal, quota)
-        arms: list[QuerySet[Any]] = []
         for key in chunk:
             for status in PENDING_STATUSES:
-                arms.append(
-                    base.filter(job_filter, principal_key=key, status=status, available_at__lte=now)
-                    .order_by("available_at", "scheduled_for", "occurrence_id")
-                    .values_list(*columns, "available_at", "scheduled_for")[:quota]
-                )
+                arms.add_pending(key, status, quota)
         if start == 0:
-            arms.append(
-                base.filter(job_filter, reclaim_due(now))
-                .order_by("lease_expires_at", "scheduled_for", "occurrence_id")
-                .values_list(*columns, "lease_expires_at", "scheduled_for")[:want]
-            )
-        for row in _union(alias, arms):
+            arms.add_reclaims(want)
+        for row in arms.fetch():
             by_principal.setdefault(row[2], []).append(row)
             found += 1
         if found >= want:
@@ -252,9 +306,9 @@ def claim_candidates(
     else:
         ranked.sort(key=lambda item: (item[0], item[1], item[2][3], item[2][4], item[2][0]))
     pool = [row for _, _, row in ranked[:want]]
-    kinds = {row[0]: row[1] for row in pool}
+    kind_of = {row[0]: row[1] for row in pool}
     rank = {row[0]: index for index, row in enumerate(pool)}
-    # ``job_filter`` joins jobs (enabled, kind). Re-checking it under FOR UPDATE would lock
+    # The candidate reads join jobs (enabled, kind). Re-checking that under FOR UPDATE would lock
     # job rows too on MySQL (no OF), making claimers skip each other's jobs; so the locking
     # query re-checks only the occurrence's own due state, which is what races.
     got: list[Occurrence] = []
@@ -265,8 +319,8 @@ def claim_candidates(
         position += len(chunk)
         got += lock_rows(base.filter(due, pk__in=chunk).order_by().only(*CLAIM_FIELDS), alias)
     got.sort(key=lambda row: rank[row.pk])
-    for row in got:
-        row.claimed_kind = kinds[row.pk]
+    for occurrence in got:
+        occurrence.claimed_kind = kind_of[occurrence.pk]
     return got
 
 
@@ -291,6 +345,33 @@ def insert_unless_present(alias: str, obj: Model) -> bool | None:
         obj._state.adding = False
         obj._state.db = alias
     return inserted > 0
+
+
+def update_rows(alias: str, objs: list[Model], fields: list[str]) -> None:
+    """Write ``fields`` of each of ``objs`` to its row (by primary key) with one prepared
+    ``UPDATE`` run for all of them (``executemany``; pipelined by psycopg). Portable, and
+    much cheaper than ``bulk_update``'s ``CASE WHEN`` statement, which Django compiles anew
+    for every batch."""
+    if not objs:
+        return
+    connection = connections[alias]
+    meta = objs[0]._meta
+    concrete = {field.name: field for field in meta.concrete_fields}
+    columns = [concrete[name] for name in fields]
+    pk = concrete[meta.pk.name]
+    quote = connection.ops.quote_name
+    sql = "UPDATE {} SET {} WHERE {} = %s".format(
+        quote(meta.db_table),
+        ", ".join(f"{quote(str(field.column))} = %s" for field in columns),
+        quote(str(pk.column)),
+    )
+    rows = [
+        [field.get_db_prep_save(getattr(obj, field.attname), connection) for field in columns]
+        + [pk.get_db_prep_save(obj.pk, connection)]
+        for obj in objs
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, rows)
 
 
 def notify_new_work(alias: str) -> None:

@@ -833,7 +833,7 @@ def claim_batch(
     now = conf.now()
     expires = now + timedelta(milliseconds=lease_ms)
     with _write(using) as alias:
-        rows = dialect.claim_candidates(alias, now, _job_filter(kind_list), limit, after_principal)
+        rows = dialect.claim_candidates(alias, now, kind_list, limit, after_principal)
         if not rows:
             return []
         ids = [row.pk for row in rows]

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Q, Sum
-from django.db.models.functions import Coalesce
+from django.db import connections
+from django.db.models import Model, Q
 
-from . import conf, kernel
+from . import conf, dialect, kernel
 from .authority import MAX_BUDGET, bound_revision, policy_ref
 from .exceptions import (
     AuthorityBudgetExhausted,
@@ -184,70 +184,134 @@ def _exhausted(
     )
 
 
+def _window_key(policy: AuthorityPolicy, now: datetime) -> tuple[str, str, int, datetime]:
+    start, _ = window_bounds(policy.window_ms, now)
+    return policy.principal_type, policy.principal_id, policy.revision, start
+
+
+_KEY_FIELDS = ("principal_type", "principal_id", "policy_revision", "window_started_at")
+
+
+def _window_state(
+    keys: list[tuple[str, str, int, datetime]], alias: str
+) -> tuple[dict[tuple[str, str], AuthorityUsage], dict[tuple[str, str], tuple[int, int]]]:
+    """For each (principal, revision, window) of ``keys``: its usage row, locked, and the
+    count and units of its reservations, keyed by principal (one window each). Two plain
+    statements however many principals there are."""
+    connection = connections[alias]
+    quote = connection.ops.quote_name
+    one = " AND ".join(f"{quote(field)} = %s" for field in _KEY_FIELDS)
+    match = " OR ".join([f"({one})"] * len(keys))
+    params: list[Any] = []
+    for principal_type, principal_id, revision, start in keys:
+        params += [principal_type, principal_id, revision, connection.ops.adapt_datetimefield_value(start)]
+    principal = f"{quote('principal_type')}, {quote('principal_id')}"
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    usage_pk = quote(str(AuthorityUsage._meta.pk.column))
+    usages: dict[tuple[str, str], AuthorityUsage] = {}
+    counted: dict[tuple[str, str], tuple[int, int]] = {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {usage_pk}, {principal}, {quote('runs')}, {quote('units')}"
+            f" FROM {quote(AuthorityUsage._meta.db_table)} WHERE {match} ORDER BY {principal}{lock}",
+            params,
+        )
+        for pk, principal_type, principal_id, runs, units in cursor.fetchall():
+            usages[principal_type, principal_id] = AuthorityUsage(pk=pk, runs=runs, units=units)
+        cursor.execute(
+            f"SELECT {principal}, COUNT(*), COALESCE(SUM({quote('units')}), 0)"
+            f" FROM {quote(AuthorityReservation._meta.db_table)} WHERE {match} GROUP BY {principal}",
+            params,
+        )
+        for principal_type, principal_id, runs, units in cursor.fetchall():
+            counted[principal_type, principal_id] = (int(runs), int(units))
+    return usages, counted
+
+
+Charged = list[AuthorityReservation | AuthorityBudgetExhausted] | AuthorityBudgetStateInvalid
+
+
 def _charge(
-    charges: list[tuple[Occurrence, int]], policy: AuthorityPolicy, now: datetime, alias: str
-) -> list[AuthorityReservation | AuthorityBudgetExhausted]:
-    """Charge occurrences of one principal, in order, against the current window's budget:
-    check the window's usage against its reservations, then reserve each that still fits
-    and write the usage once and the reservations in bulk. Called with the policy row
-    locked; ``AuthorityBudgetStateInvalid`` (nothing written) if usage and reservations
-    disagree. Returns, per occurrence, its reservation or why the budget refused it."""
-    principal = {"type": policy.principal_type, "id": policy.principal_id}
-    start, end = window_bounds(policy.window_ms, now)
-    key = {
-        "principal_type": policy.principal_type,
-        "principal_id": policy.principal_id,
-        "policy_revision": policy.revision,
-        "window_started_at": start,
-    }
-    usage = AuthorityUsage.objects.using(alias).select_for_update().filter(**key).first()
-    used_runs, used_units = (0, 0) if usage is None else (usage.runs, usage.units)
-    counted = (
-        AuthorityReservation.objects.using(alias)
-        .filter(**key)
-        .aggregate(runs=Count("pk"), units=Coalesce(Sum("units"), 0))
-    )
-    if (counted["runs"], counted["units"]) != (used_runs, used_units):
-        raise AuthorityBudgetStateInvalid(
-            f"authority usage of {principal['type']}:{principal['id']} does not match its reservations",
-            {
-                **_principal_details(principal),
-                "policy_revision": policy.revision,
-                "windowStartedAt": iso_ms(start),
-                "usage": {"runs": used_runs, "units": used_units},
-                "reservations": {"runs": int(counted["runs"]), "units": int(counted["units"])},
-            },
-        )
-    out: list[AuthorityReservation | AuthorityBudgetExhausted] = []
+    groups: list[tuple[AuthorityPolicy, list[tuple[Occurrence, int]]]], now: datetime, alias: str
+) -> list[Charged]:
+    """Charge occurrences against their principals' current-window budgets, each group one
+    principal's (its policy row locked by the caller), in order. For all groups at once:
+    read the windows' usage rows (locked) and their reservations' totals, which must agree
+    (else that group gets ``AuthorityBudgetStateInvalid`` and nothing is written for it);
+    reserve each occurrence that still fits; write the usage rows and the reservations in
+    bulk. The statements do not grow with the number of principals. Returns, per group,
+    per occurrence, its reservation or why the budget refused it."""
+    if not groups:
+        return []
+    keys = [_window_key(policy, now) for policy, _ in groups]
+    usages, counted = _window_state(keys, alias)
+    results: list[Charged] = []
     fresh: list[AuthorityReservation] = []
-    for occurrence, units in charges:
-        if used_runs + 1 > policy.max_runs or used_units + units > policy.max_units:
-            out.append(_exhausted(principal, policy, (start, end), (used_runs, used_units), units))
+    created: list[AuthorityUsage] = []
+    changed: list[Model] = []
+    for (policy, charges), key in zip(groups, keys, strict=True):
+        principal = {"type": policy.principal_type, "id": policy.principal_id}
+        start, end = window_bounds(policy.window_ms, now)
+        usage = usages.get(key[:2])
+        used_runs, used_units = (0, 0) if usage is None else (usage.runs, usage.units)
+        reserved = counted.get(key[:2], (0, 0))
+        if (int(reserved[0]), int(reserved[1])) != (used_runs, used_units):
+            results.append(
+                AuthorityBudgetStateInvalid(
+                    f"authority usage of {principal['type']}:{principal['id']} "
+                    "does not match its reservations",
+                    {
+                        **_principal_details(principal),
+                        "policy_revision": policy.revision,
+                        "windowStartedAt": iso_ms(start),
+                        "usage": {"runs": used_runs, "units": used_units},
+                        "reservations": {"runs": int(reserved[0]), "units": int(reserved[1])},
+                    },
+                )
+            )
             continue
-        used_runs += 1
-        used_units += units
-        reservation = AuthorityReservation(
-            occurrence_id=occurrence.pk,
-            job_id=occurrence.job_id,
-            principal_type=policy.principal_type,
-            principal_id=policy.principal_id,
-            policy_revision=policy.revision,
-            window_started_at=start,
-            units=units,
-            status=ReservationStatus.RESERVED,
-            created_at=now,
-        )
-        fresh.append(reservation)
-        out.append(reservation)
-    if not fresh:
-        return out
-    if usage is None:
-        AuthorityUsage.objects.using(alias).create(**key, runs=used_runs, units=used_units, updated_at=now)
-    else:
-        usage.runs, usage.units, usage.updated_at = used_runs, used_units, now
-        usage.save(using=alias, update_fields=["runs", "units", "updated_at"])
-    AuthorityReservation.objects.using(alias).bulk_create(fresh)
-    return out
+        out: list[AuthorityReservation | AuthorityBudgetExhausted] = []
+        before = len(fresh)
+        for occurrence, units in charges:
+            if used_runs + 1 > policy.max_runs or used_units + units > policy.max_units:
+                out.append(_exhausted(principal, policy, (start, end), (used_runs, used_units), units))
+                continue
+            used_runs += 1
+            used_units += units
+            reservation = AuthorityReservation(
+                occurrence_id=occurrence.pk,
+                job_id=occurrence.job_id,
+                principal_type=policy.principal_type,
+                principal_id=policy.principal_id,
+                policy_revision=policy.revision,
+                window_started_at=start,
+                units=units,
+                status=ReservationStatus.RESERVED,
+                created_at=now,
+            )
+            fresh.append(reservation)
+            out.append(reservation)
+        results.append(out)
+        if len(fresh) == before:
+            continue
+        if usage is None:
+            created.append(
+                AuthorityUsage(
+                    **dict(zip(_KEY_FIELDS, key, strict=True)),
+                    runs=used_runs,
+                    units=used_units,
+                    updated_at=now,
+                )
+            )
+        else:
+            usage.runs, usage.units, usage.updated_at = used_runs, used_units, now
+            changed.append(usage)
+    if created:
+        AuthorityUsage.objects.using(alias).bulk_create(created)
+    dialect.update_rows(alias, changed, ["runs", "units", "updated_at"])
+    if fresh:
+        AuthorityReservation.objects.using(alias).bulk_create(fresh)
+    return results
 
 
 # --------------------------------------------------------------------------- public
@@ -302,7 +366,10 @@ def reserve_authority(
         policy = _require(policy, principal)
         _check_revision(policy, revision, principal)
         _check_capabilities(policy, occurrence.authority)
-        (charged,) = _charge([(occurrence, requested)], policy, now, alias)
+        (group,) = _charge([(policy, [(occurrence, requested)])], now, alias)
+        if isinstance(group, AuthorityBudgetStateInvalid):
+            raise group
+        (charged,) = group
         if isinstance(charged, AuthorityBudgetExhausted):
             raise charged
         reservation = charged
@@ -401,13 +468,15 @@ def _authorize_locked(
             refused.append((index, held, exc))
             continue
         charges.setdefault(key, []).append((index, held, units))
-    for key, group in charges.items():
-        try:
-            charged = _charge([(held, units) for _, held, units in group], policies[key], now, alias)
-        except AuthorityBudgetStateInvalid as invalid:
-            refused += [(index, held, invalid) for index, held, _ in group]
+    groups = list(charges.items())
+    charged = _charge(
+        [(policies[key], [(held, units) for _, held, units in group]) for key, group in groups], now, alias
+    )
+    for (_, group), outcome in zip(groups, charged, strict=True):
+        if isinstance(outcome, AuthorityBudgetStateInvalid):
+            refused += [(index, held, outcome) for index, held, _ in group]
             continue
-        for (index, held, _), result in zip(group, charged, strict=True):
+        for (index, held, _), result in zip(group, outcome, strict=True):
             if isinstance(result, AuthorityBudgetExhausted):
                 refused.append((index, held, result))
     for index, held, why in sorted(refused, key=lambda item: item[0]):

@@ -38,10 +38,11 @@ MAX_TRACEBACK = 16 * 1024
 MATERIALIZE_EVERY = 0.2
 SWEEP_EVERY = 1.0
 # Handlers that take less than this on average (seconds) are "fast": the loop then claims
-# ahead, up to twice --concurrency held at once, so that each turn's settle, claim and
-# authorize transactions are shared by twice as many occurrences. Slow handlers get no
-# claim-ahead: rows waiting behind them would be rows other workers could run.
+# ahead, up to CLAIM_AHEAD times --concurrency held at once, so that each turn's settle,
+# claim and authorize transactions are shared by that many more occurrences. Slow handlers
+# get no claim-ahead: rows waiting behind them would be rows other workers could run.
 FAST_HANDLER = 0.05
+CLAIM_AHEAD = 4
 # How long a finished outcome may wait for others before the loop settles it (seconds).
 GATHER = 0.01
 
@@ -245,10 +246,11 @@ class Worker:
             self._wake.clear()
 
     def _capacity(self) -> int:
-        """How many occurrences to hold at once: --concurrency, twice that for fast handlers
-        (see FAST_HANDLER), never more than --max-occurrences allows (the caller checks)."""
+        """How many occurrences to hold at once: --concurrency, CLAIM_AHEAD times that for
+        fast handlers (see FAST_HANDLER), never more than --max-occurrences allows (the
+        caller checks)."""
         fast = self._handler_seconds < FAST_HANDLER and not self.once
-        return self.concurrency * 2 if fast else self.concurrency
+        return self.concurrency * CLAIM_AHEAD if fast else self.concurrency
 
     def _idle_wait(self) -> float:
         """Sleep until the next poll, or sooner when a job's next slot comes first. The

@@ -118,6 +118,51 @@ def test_authorize_many_charges_until_the_budget_is_spent_then_defers(clock):
     assert Event.objects.filter(event_type="authority_deferred").count() == 2
 
 
+def test_authorize_many_charges_several_principals_in_one_batch(clock):
+    """Three principals in one batch, two with usage rows from an earlier batch (updated in
+    place), one whose usage row was tampered with (all of its items refused with
+    budget_state_invalid, the others charged as usual, each against its own budget)."""
+    for name, runs in (("ann", 10), ("bea", 2), ("cid", 10)):
+        scheduler.set_policy(
+            "user", name, capabilities=["reports.send"], window=3600, max_runs=runs, max_units=100
+        )
+        scheduler.create_job(f"job-{name}", "reports.send", authority=authority_for(name, "reports.send"))
+
+    def claim(tag):
+        for name in ("ann", "bea", "cid"):
+            for i in range(2):
+                scheduler.enqueue(f"job-{name}", scheduled_for=clock(), trigger_key=f"{tag}{i}")
+        rows = scheduler.claim_batch(owner=OWNER, lease=60, limit=6)
+        assert len(rows) == 6
+        return rows
+
+    first = claim("a")
+    assert scheduler.authorize_many([(row, 1) for row in first], owner=OWNER) == ["reserved"] * 6
+    usage = dict(AuthorityUsage.objects.values_list("principal_id", "runs"))
+    assert usage == {"ann": 2, "bea": 2, "cid": 2}
+    AuthorityUsage.objects.filter(principal_id="cid").update(runs=5)  # tampered
+
+    second = claim("b")
+    by_principal = {}
+    verdicts = scheduler.authorize_many([(row, 2) for row in second], owner=OWNER)
+    for row, verdict in zip(second, verdicts, strict=True):
+        by_principal.setdefault(row.authority["principal"]["id"], []).append(verdict)
+    assert by_principal == {
+        "ann": ["reserved", "reserved"],
+        "bea": ["deferred", "deferred"],  # max_runs 2, spent by the first batch
+        "cid": ["denied", "denied"],
+    }
+    assert sorted(AuthorityUsage.objects.values_list("principal_id", "runs", "units")) == [
+        ("ann", 4, 6),
+        ("bea", 2, 2),
+        ("cid", 5, 2),
+    ]
+    reservations = AuthorityReservation.objects.filter(occurrence_id__in=[row.pk for row in second])
+    assert sorted(reservations.values_list("principal_id", "units")) == [("ann", 2), ("ann", 2)]
+    denied = Occurrence.objects.filter(authority__principal__id="cid", status="dead_letter")
+    assert {o.last_error["reason"] for o in denied} == {"budget_state_invalid"} and denied.count() == 2
+
+
 def test_authorize_many_denies_per_item(clock):
     scheduler.set_policy("user", "bob", capabilities=["reports.send"], window=3600, max_runs=10, max_units=10)
     ok = claimed_batch(clock, 1)
