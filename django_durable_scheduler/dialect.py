@@ -252,8 +252,8 @@ def claim_candidates(
     listed by :func:`waiting_principals`, then each principal's first few due rows
     are read through ``dsch_occurrences_fair`` (principal, status, due time) with a LIMIT,
     queued and retry_wait arms apart so that each is one index range in due order, plus
-    the expired leases (a reclaim) of everyone; one UNION ALL round trip on PostgreSQL
-    and MySQL. The pool is then locked in rank order, ``limit`` rows at a time, re-checking
+    the expired leases (a reclaim) of everyone; one UNION ALL round trip (``_Arms``).
+    The pool is then locked in rank order, ``limit`` rows at a time, re-checking
     the due state under the lock: only rows that are returned stay locked, so a
     concurrent claimer is never kept from rows this one does not take.
     """
