@@ -168,8 +168,20 @@ def settle_reservations(
     Called by the kernel inside its transaction. Returns, by occurrence id, the event data
     the seed adds for each settled reservation (policy revision and units).
     """
+    from . import dialect
     from .models import AuthorityReservation, OccurrenceStatus, ReservationStatus
 
+    if not occurrence_ids:
+        return {}
+    new_status = (
+        ReservationStatus.SUCCEEDED if status == OccurrenceStatus.SUCCEEDED else ReservationStatus.FAILED
+    )
+    returned = dialect.settle_reserved(alias, occurrence_ids, new_status.value, outcome, now)
+    if returned is not None:
+        return {
+            pk: {"authorityPolicyRevision": revision, "authorityUnits": units}
+            for pk, revision, units in returned
+        }
     reservations = list(
         AuthorityReservation.objects.using(alias)
         .select_for_update()
@@ -177,9 +189,6 @@ def settle_reservations(
     )
     if not reservations:
         return {}
-    new_status = (
-        ReservationStatus.SUCCEEDED if status == OccurrenceStatus.SUCCEEDED else ReservationStatus.FAILED
-    )
     updated = (
         AuthorityReservation.objects.using(alias)
         .filter(occurrence_id__in=[r.pk for r in reservations], status=ReservationStatus.RESERVED)

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,6 +20,7 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F, Min, Model, Q, QuerySet
 from django.db.models.constants import OnConflict
+from django.db.models.fields import AutoFieldMixin
 from django.db.models.sql import InsertQuery
 from django.utils.dateparse import parse_datetime
 
@@ -345,6 +347,71 @@ def insert_unless_present(alias: str, obj: Model) -> bool | None:
         obj._state.adding = False
         obj._state.db = alias
     return inserted > 0
+
+
+def settle_reserved(
+    alias: str, occurrence_ids: list[str], status: str, outcome: Any, now: datetime
+) -> list[tuple[str, int, int]] | None:
+    """Mark the ``reserved`` reservations of ``occurrence_ids`` settled (``status``, the
+    outcome, ``now``) with one ``UPDATE ... RETURNING`` and return (occurrence id, policy
+    revision, units) of each row it changed. None where ``UPDATE`` cannot return rows
+    (MySQL/MariaDB): the caller locks, reads and updates instead."""
+    connection = connections[alias]
+    if connection.vendor not in ("postgresql", "sqlite"):
+        return None
+    from .models import AuthorityReservation, ReservationStatus
+
+    meta = AuthorityReservation._meta
+    quote = connection.ops.quote_name
+    outcome_field = meta.get_field("outcome")
+    settled_field = meta.get_field("settled_at")
+    placeholders = ", ".join(["%s"] * len(occurrence_ids))
+    sql = (
+        f"UPDATE {quote(meta.db_table)} SET {quote('status')} = %s, {quote('outcome')} = %s,"
+        f" {quote('settled_at')} = %s"
+        f" WHERE {quote('status')} = %s AND {quote('occurrence_id')} IN ({placeholders})"
+        f" RETURNING {quote('occurrence_id')}, {quote('policy_revision')}, {quote('units')}"
+    )
+    params = [
+        status,
+        outcome_field.get_db_prep_save(outcome, connection),
+        settled_field.get_db_prep_save(now, connection),
+        ReservationStatus.RESERVED.value,
+        *occurrence_ids,
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [(pk, int(revision), int(units)) for pk, revision, units in cursor.fetchall()]
+
+
+def insert_rows(alias: str, objs: Sequence[Model]) -> None:
+    """Insert ``objs`` (all of one model) with one prepared ``INSERT`` run for all of them
+    (``executemany``: pipelined by psycopg, one multi-row statement by mysqlclient). For the
+    hot path's events and reservations, where nothing reads the new rows' keys back: an
+    auto-increment key is left to the database and not set on the objects."""
+    if not objs:
+        return
+    connection = connections[alias]
+    meta = objs[0]._meta
+    fields = [
+        field
+        for field in meta.local_concrete_fields
+        if not field.generated and not (field.primary_key and isinstance(field, AutoFieldMixin))
+    ]
+    quote = connection.ops.quote_name
+    sql = "INSERT INTO {} ({}) VALUES ({})".format(
+        quote(meta.db_table),
+        ", ".join(quote(str(field.column)) for field in fields),
+        ", ".join(["%s"] * len(fields)),
+    )
+    rows = [
+        [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields] for obj in objs
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, rows)
+    for obj in objs:
+        obj._state.adding = False
+        obj._state.db = alias
 
 
 def update_rows(alias: str, objs: list[Model], fields: list[str]) -> None:

@@ -446,7 +446,7 @@ def _insert_occurrence(
             )
         return existing, True
     dialect.notify_new_work(alias)
-    _enqueued_event(occurrence, now).save(using=alias)
+    dialect.insert_rows(alias, [_enqueued_event(occurrence, now)])
     return occurrence, False
 
 
@@ -872,7 +872,7 @@ def claim_batch(
             row.lease_owner = owner
             row.lease_expires_at = expires
             row.updated_at = now
-        Event.objects.using(alias).bulk_create(events)
+        dialect.insert_rows(alias, events)
     return list(rows)
 
 
@@ -1207,7 +1207,8 @@ def _settle_held(
     reserved: dict[str, dict[str, Any]] = {}
     for status, outcome_data, ids in terminal.values():
         reserved.update(settle_reservations(ids, status, outcome_data, now, alias))
-    Event.objects.using(alias).bulk_create(
+    dialect.insert_rows(
+        alias,
         [
             _event(
                 current.job_id,
@@ -1219,7 +1220,7 @@ def _settle_held(
                 data={**data, **reserved.get(current.pk, {})},
             )
             for current, event_type, data, fence in pending_events
-        ]
+        ],
     )
     return out
 

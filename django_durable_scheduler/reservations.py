@@ -310,7 +310,7 @@ def _charge(
         AuthorityUsage.objects.using(alias).bulk_create(created)
     dialect.update_rows(alias, changed, ["runs", "units", "updated_at"])
     if fresh:
-        AuthorityReservation.objects.using(alias).bulk_create(fresh)
+        dialect.insert_rows(alias, fresh)
     return results
 
 
