@@ -19,9 +19,7 @@ from typing import Any
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F, Min, Model, Q, QuerySet
-from django.db.models.constants import OnConflict
 from django.db.models.fields import AutoFieldMixin
-from django.db.models.sql import InsertQuery
 from django.utils.dateparse import parse_datetime
 
 from .models import PENDING_STATUSES, Occurrence, OccurrenceStatus
@@ -189,8 +187,10 @@ def waiting_principals(alias: str, now: datetime) -> dict[str, datetime]:
     On PostgreSQL and SQLite a loose index scan over the partial ``dsch_occurrences_fair``
     index (waiting rows only, principal first): a recursive query that jumps from one
     principal to the next and reads each one's earliest queued and retry_wait row, so the
-    cost grows with the number of principals, not with the backlog. Elsewhere (no partial
-    indexes) one GROUP BY over the due rows through the claim index, the portable fallback.
+    cost grows with the number of principals, not with the backlog; the expired leases
+    come from a GROUP BY in the same statement. Elsewhere (no partial indexes) one GROUP BY
+    over the due rows through the claim index, and one over the expired leases: the
+    portable fallback.
     """
     connection = connections[alias]
     base = Occurrence.objects.using(alias)
@@ -203,29 +203,34 @@ def waiting_principals(alias: str, now: datetime) -> dict[str, datetime]:
         # by their terms.
         waiting = f"({status} = %s OR {status} = %s)"
         first = f"(SELECT MIN({available}) FROM {table} WHERE {key} = p.k AND {status} = %s)"
+        expires, attempt = quote("lease_expires_at"), quote("attempt")
+        # The expired leases (reclaims) of everyone ride along in the same statement.
         sql = (
             f"WITH RECURSIVE p(k) AS ("
             f" SELECT (SELECT MIN({key}) FROM {table} WHERE {waiting})"
             f" UNION ALL"
             f" SELECT (SELECT MIN({key}) FROM {table} WHERE {waiting} AND {key} > p.k)"
             f" FROM p WHERE p.k IS NOT NULL"
-            f") SELECT k, {first}, {first} FROM p WHERE k IS NOT NULL LIMIT %s"
+            f") SELECT * FROM (SELECT k, {first}, {first} FROM p WHERE k IS NOT NULL LIMIT %s) w"
+            f" UNION ALL SELECT {key}, MIN({expires}), NULL FROM {table}"
+            f" WHERE {status} = %s AND {expires} <= %s AND {attempt} < {quote('max_attempts')}"
+            f" GROUP BY {key}"
         )
         queued, retry = OccurrenceStatus.QUEUED.value, OccurrenceStatus.RETRY_WAIT.value
+        params: list[Any] = [queued, retry, queued, retry, queued, retry, MAX_PRINCIPALS]
+        params += [OccurrenceStatus.RUNNING.value, connection.ops.adapt_datetimefield_value(now)]
         with connection.cursor() as cursor:
-            cursor.execute(sql, [queued, retry, queued, retry, queued, retry, MAX_PRINCIPALS])
+            cursor.execute(sql, params)
             for principal, *firsts in cursor.fetchall():
                 due = [_as_datetime(v) for v in firsts if v is not None]
                 if due and min(due) <= now:
-                    found[principal] = min(due)
-    else:
-        rows = (
-            base.filter(pending_due(now))
-            .order_by()
-            .values("principal_key")
-            .annotate(first=Min("available_at"))
-        )
-        found = {row["principal_key"]: row["first"] for row in rows}
+                    earliest = min(due)
+                    found[principal] = min(earliest, found.get(principal, earliest))
+        return found
+    rows = (
+        base.filter(pending_due(now)).order_by().values("principal_key").annotate(first=Min("available_at"))
+    )
+    found = {row["principal_key"]: row["first"] for row in rows}
     expired = (
         base.filter(reclaim_due(now))
         .order_by()
@@ -239,7 +244,12 @@ def waiting_principals(alias: str, now: datetime) -> dict[str, datetime]:
 
 
 def claim_candidates(
-    alias: str, now: datetime, kinds: list[str] | None, limit: int, after_principal: str | None = None
+    alias: str,
+    now: datetime,
+    kinds: list[str] | None,
+    limit: int,
+    after_principal: str | None = None,
+    waiting: dict[str, datetime] | None = None,
 ) -> list[Occurrence]:
     """Lock and return up to ``limit`` claimable occurrences, fair across principals.
 
@@ -257,12 +267,14 @@ def claim_candidates(
     the expired leases (a reclaim) of everyone; one UNION ALL round trip (``_Arms``).
     The pool is then locked in rank order, ``limit`` rows at a time, re-checking
     the due state under the lock: only rows that are returned stay locked, so a
-    concurrent claimer is never kept from rows this one does not take.
+    concurrent claimer is never kept from rows this one does not take. ``waiting``: the
+    principals, when the caller has listed them already (a hint: every row is re-checked).
     """
     base = Occurrence.objects.using(alias)
     want = limit * CANDIDATE_FACTOR
     due = pending_due(now) | reclaim_due(now)
-    waiting = waiting_principals(alias, now)
+    if waiting is None:
+        waiting = waiting_principals(alias, now)
     if not waiting:
         return []
     if after_principal is None:
@@ -326,27 +338,76 @@ def claim_candidates(
     return got
 
 
-def insert_unless_present(alias: str, obj: Model) -> bool | None:
-    """Insert ``obj`` unless a row with one of its unique keys exists, in one statement
-    and without a savepoint: True if inserted, False if a row was there. PostgreSQL
-    ``INSERT ... ON CONFLICT DO NOTHING``, SQLite ``INSERT OR IGNORE``. None where there is
-    no such statement that ignores only duplicates (MySQL's ``INSERT IGNORE`` also turns
-    other errors into warnings): the caller inserts in a savepoint and catches the error."""
+def _insert_parts(alias: str, objs: Sequence[Model]) -> tuple[str, str, list[list[Any]]]:
+    """(quoted table, "(columns)", one list of prepared values per object) for a plain
+    INSERT of ``objs``: every concrete column but a database-generated key."""
+    connection = connections[alias]
+    meta = objs[0]._meta
+    fields = [
+        field
+        for field in meta.local_concrete_fields
+        if not field.generated and not (field.primary_key and isinstance(field, AutoFieldMixin))
+    ]
+    quote = connection.ops.quote_name
+    columns = "(" + ", ".join(quote(str(field.column)) for field in fields) + ")"
+    rows = [
+        [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields] for obj in objs
+    ]
+    return quote(meta.db_table), columns, rows
+
+
+def _placeholders(row: list[Any]) -> str:
+    return "(" + ", ".join(["%s"] * len(row)) + ")"
+
+
+def _saved(objs: Sequence[Model], alias: str) -> None:
+    for obj in objs:
+        obj._state.adding = False
+        obj._state.db = alias
+
+
+def insert_unless_present(
+    alias: str, obj: Model, *, then: Sequence[Model] = (), notify: bool = False
+) -> bool | None:
+    """Insert ``obj`` unless a row with one of its unique keys exists, without a savepoint,
+    and only if it was inserted, the rows ``then`` (its events) and a wake-up of listening
+    workers (``notify``, PostgreSQL): True if inserted, False if a row was there.
+
+    PostgreSQL: all of it in one statement (``INSERT ... ON CONFLICT DO NOTHING RETURNING``
+    with the dependent inserts and ``pg_notify`` in the same ``WITH``), one round trip.
+    SQLite: ``INSERT OR IGNORE``, then the rest. None where there is no statement that
+    ignores only duplicates (MySQL's ``INSERT IGNORE`` also turns other errors into
+    warnings): nothing is written, and the caller inserts in a savepoint, catching the error."""
     connection = connections[alias]
     if connection.vendor not in ("postgresql", "sqlite"):
         return None
-    meta = obj._meta
-    query = InsertQuery(obj.__class__, on_conflict=OnConflict.IGNORE)
-    query.insert_values([f for f in meta.local_concrete_fields if not f.generated], [obj])
-    inserted = 0
+    table, columns, (row,) = _insert_parts(alias, [obj])
+    if connection.vendor == "sqlite":
+        with connection.cursor() as cursor:
+            cursor.execute(f"INSERT OR IGNORE INTO {table} {columns} VALUES {_placeholders(row)}", row)
+            inserted = bool(cursor.rowcount > 0)
+        if inserted:
+            _saved([obj], alias)
+            insert_rows(alias, then)
+        return inserted
+    parts = [
+        f"o AS (INSERT INTO {table} {columns} VALUES {_placeholders(row)} ON CONFLICT DO NOTHING RETURNING 1)"
+    ]
+    params = list(row)
+    if then:
+        then_table, then_columns, then_rows = _insert_parts(alias, then)
+        selects = " UNION ALL ".join(f"SELECT {_placeholders(r)[1:-1]} FROM o" for r in then_rows)
+        parts.append(f"t AS (INSERT INTO {then_table} {then_columns} {selects})")
+        params += [value for r in then_rows for value in r]
+    wake = "(SELECT COUNT(*) FROM (SELECT pg_notify(%s, '') FROM o) AS n)" if notify else "0"
+    if notify:
+        params.append(CHANNEL)
     with connection.cursor() as cursor:
-        for sql, params in query.get_compiler(using=alias).as_sql():
-            cursor.execute(sql, params)
-            inserted += max(cursor.rowcount, 0)
+        cursor.execute(f"WITH {', '.join(parts)} SELECT (SELECT COUNT(*) FROM o), {wake}", params)
+        inserted = bool(cursor.fetchone()[0] > 0)
     if inserted:
-        obj._state.adding = False
-        obj._state.db = alias
-    return inserted > 0
+        _saved([obj, *then], alias)
+    return inserted
 
 
 def settle_reserved(
@@ -391,27 +452,10 @@ def insert_rows(alias: str, objs: Sequence[Model]) -> None:
     auto-increment key is left to the database and not set on the objects."""
     if not objs:
         return
-    connection = connections[alias]
-    meta = objs[0]._meta
-    fields = [
-        field
-        for field in meta.local_concrete_fields
-        if not field.generated and not (field.primary_key and isinstance(field, AutoFieldMixin))
-    ]
-    quote = connection.ops.quote_name
-    sql = "INSERT INTO {} ({}) VALUES ({})".format(
-        quote(meta.db_table),
-        ", ".join(quote(str(field.column)) for field in fields),
-        ", ".join(["%s"] * len(fields)),
-    )
-    rows = [
-        [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields] for obj in objs
-    ]
-    with connection.cursor() as cursor:
-        cursor.executemany(sql, rows)
-    for obj in objs:
-        obj._state.adding = False
-        obj._state.db = alias
+    table, columns, rows = _insert_parts(alias, objs)
+    with connections[alias].cursor() as cursor:
+        cursor.executemany(f"INSERT INTO {table} {columns} VALUES {_placeholders(rows[0])}", rows)
+    _saved(objs, alias)
 
 
 def update_rows(alias: str, objs: list[Model], fields: list[str]) -> None:

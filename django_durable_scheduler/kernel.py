@@ -424,7 +424,8 @@ def _insert_occurrence(
         payload=payload_value,
         now=now,
     )
-    created = dialect.insert_unless_present(alias, occurrence)
+    event = _enqueued_event(occurrence, now)
+    created = dialect.insert_unless_present(alias, occurrence, then=[event], notify=True)
     if created is None:
         try:
             # A savepoint so that losing an insert race does not abort the caller's transaction.
@@ -433,6 +434,9 @@ def _insert_occurrence(
             created = True
         except IntegrityError:
             created = False
+        if created:
+            dialect.notify_new_work(alias)
+            dialect.insert_rows(alias, [event])
     if not created:
         existing = Occurrence.objects.using(alias).filter(idempotency_key=occurrence.idempotency_key).first()
         if existing is None:
@@ -445,8 +449,6 @@ def _insert_occurrence(
                 {"field": "payload", "job_id": job.job_id, "trigger_key": trigger_key},
             )
         return existing, True
-    dialect.notify_new_work(alias)
-    dialect.insert_rows(alias, [_enqueued_event(occurrence, now)])
     return occurrence, False
 
 
@@ -832,8 +834,14 @@ def claim_batch(
         dead_letter_expired(using=using)
     now = conf.now()
     expires = now + timedelta(milliseconds=lease_ms)
+    # Who has work is read before the transaction: when nobody has (an idle worker's every
+    # turn), the claim is one statement and no transaction. The rows are re-checked under
+    # the lock anyway.
+    waiting = dialect.waiting_principals(using or DEFAULT_DB_ALIAS, now)
+    if not waiting:
+        return []
     with _write(using) as alias:
-        rows = dialect.claim_candidates(alias, now, kind_list, limit, after_principal)
+        rows = dialect.claim_candidates(alias, now, kind_list, limit, after_principal, waiting)
         if not rows:
             return []
         ids = [row.pk for row in rows]
