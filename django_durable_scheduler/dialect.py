@@ -338,22 +338,37 @@ def claim_candidates(
     return got
 
 
+_COLUMNS: dict[tuple[str, type[Model]], tuple[str, str, list[Any]]] = {}
+
+
+def _insert_columns(alias: str, model: type[Model]) -> tuple[str, str, list[Any]]:
+    """(quoted table, "(columns)", fields) of a plain INSERT into ``model``'s table: every
+    concrete column but a database-generated key. Computed once per database and model."""
+    key = (alias, model)
+    known = _COLUMNS.get(key)
+    if known is None:
+        connection = connections[alias]
+        meta = model._meta
+        fields = [
+            field
+            for field in meta.local_concrete_fields
+            if not field.generated and not (field.primary_key and isinstance(field, AutoFieldMixin))
+        ]
+        quote = connection.ops.quote_name
+        columns = "(" + ", ".join(quote(str(field.column)) for field in fields) + ")"
+        known = _COLUMNS[key] = (quote(meta.db_table), columns, fields)
+    return known
+
+
 def _insert_parts(alias: str, objs: Sequence[Model]) -> tuple[str, str, list[list[Any]]]:
     """(quoted table, "(columns)", one list of prepared values per object) for a plain
-    INSERT of ``objs``: every concrete column but a database-generated key."""
+    INSERT of ``objs`` (all of one model; no field of ours computes its value on save)."""
     connection = connections[alias]
-    meta = objs[0]._meta
-    fields = [
-        field
-        for field in meta.local_concrete_fields
-        if not field.generated and not (field.primary_key and isinstance(field, AutoFieldMixin))
-    ]
-    quote = connection.ops.quote_name
-    columns = "(" + ", ".join(quote(str(field.column)) for field in fields) + ")"
+    table, columns, fields = _insert_columns(alias, type(objs[0]))
     rows = [
-        [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields] for obj in objs
+        [field.get_db_prep_save(getattr(obj, field.attname), connection) for field in fields] for obj in objs
     ]
-    return quote(meta.db_table), columns, rows
+    return table, columns, rows
 
 
 def _placeholders(row: list[Any]) -> str:
@@ -366,34 +381,96 @@ def _saved(objs: Sequence[Model], alias: str) -> None:
         obj._state.db = alias
 
 
+class GuardFailed(Exception):
+    """The guard row of :func:`insert_unless_present` no longer holds the expected values."""
+
+
+def supports_guarded_insert(alias: str) -> bool:
+    """Whether :func:`insert_unless_present` can take a ``guard`` on this database."""
+    return connections[alias].vendor in ("postgresql", "sqlite")
+
+
+def guard_for(alias: str, obj: Model, names: Sequence[str]) -> tuple[str, list[Any]]:
+    """The guard of :func:`insert_unless_present` for ``obj``'s row: ``SELECT 1 FROM <table>
+    WHERE pk = %s AND <field> = %s ...`` (null-safe) with ``obj``'s current values of
+    ``names``. Built once and reused while the caller trusts ``obj``."""
+    connection = connections[alias]
+    meta = obj._meta
+    quote = connection.ops.quote_name
+    same = "IS" if connection.vendor == "sqlite" else "IS NOT DISTINCT FROM"
+    conditions = [f"{quote(str(meta.pk.column))} = %s"]
+    params: list[Any] = [meta.pk.get_db_prep_value(obj.pk, connection)]
+    concrete = {field.name: field for field in meta.concrete_fields}
+    for name in names:
+        field = concrete[name]
+        conditions.append(f"{quote(str(field.column))} {same} %s")
+        params.append(field.get_db_prep_save(getattr(obj, field.attname), connection))
+    return f"SELECT 1 FROM {quote(meta.db_table)} WHERE {' AND '.join(conditions)}", params
+
+
 def insert_unless_present(
-    alias: str, obj: Model, *, then: Sequence[Model] = (), notify: bool = False
+    alias: str,
+    obj: Model,
+    *,
+    then: Sequence[Model] = (),
+    notify: bool = False,
+    guard: tuple[str, list[Any]] | None = None,
 ) -> bool | None:
     """Insert ``obj`` unless a row with one of its unique keys exists, without a savepoint,
     and only if it was inserted, the rows ``then`` (its events) and a wake-up of listening
     workers (``notify``, PostgreSQL): True if inserted, False if a row was there.
 
+    ``guard`` (from :func:`guard_for`): insert only while that row still holds those values,
+    else raise :class:`GuardFailed` having written nothing.
+    The enqueue fast path uses it to insert from a remembered job row without reading it.
+
     PostgreSQL: all of it in one statement (``INSERT ... ON CONFLICT DO NOTHING RETURNING``
-    with the dependent inserts and ``pg_notify`` in the same ``WITH``), one round trip.
-    SQLite: ``INSERT OR IGNORE``, then the rest. None where there is no statement that
-    ignores only duplicates (MySQL's ``INSERT IGNORE`` also turns other errors into
-    warnings): nothing is written, and the caller inserts in a savepoint, catching the error."""
+    with the guard, the dependent inserts and ``pg_notify`` in the same ``WITH``), one round
+    trip. SQLite: ``INSERT OR IGNORE ... SELECT ... WHERE EXISTS (guard)``, then the rest.
+    None where there is no statement that ignores only duplicates (MySQL's ``INSERT IGNORE``
+    also turns other errors into warnings): nothing is written, and the caller inserts in a
+    savepoint, catching the error (a guard is refused there)."""
     connection = connections[alias]
     if connection.vendor not in ("postgresql", "sqlite"):
+        if guard is not None:
+            raise ValueError(f"no guarded insert on {connection.vendor}")
         return None
     table, columns, (row,) = _insert_parts(alias, [obj])
+    guard_sql, guard_params = guard if guard is not None else ("", [])
     if connection.vendor == "sqlite":
         with connection.cursor() as cursor:
-            cursor.execute(f"INSERT OR IGNORE INTO {table} {columns} VALUES {_placeholders(row)}", row)
+            if guard is None:
+                cursor.execute(f"INSERT OR IGNORE INTO {table} {columns} VALUES {_placeholders(row)}", row)
+            else:
+                cursor.execute(
+                    f"INSERT OR IGNORE INTO {table} {columns} SELECT {_placeholders(row)[1:-1]} "
+                    f"WHERE EXISTS ({guard_sql})",
+                    [*row, *guard_params],
+                )
             inserted = bool(cursor.rowcount > 0)
+            if not inserted and guard is not None:
+                cursor.execute(guard_sql, guard_params)
+                if cursor.fetchone() is None:
+                    raise GuardFailed
         if inserted:
             _saved([obj], alias)
             insert_rows(alias, then)
         return inserted
-    parts = [
-        f"o AS (INSERT INTO {table} {columns} VALUES {_placeholders(row)} ON CONFLICT DO NOTHING RETURNING 1)"
-    ]
-    params = list(row)
+    parts: list[str] = []
+    params: list[Any] = []
+    if guard is not None:
+        parts.append(f"g AS ({guard_sql})")
+        params += guard_params
+        parts.append(
+            f"o AS (INSERT INTO {table} {columns} SELECT {_placeholders(row)[1:-1]} FROM g "
+            "ON CONFLICT DO NOTHING RETURNING 1)"
+        )
+    else:
+        values = _placeholders(row)
+        parts.append(
+            f"o AS (INSERT INTO {table} {columns} VALUES {values} ON CONFLICT DO NOTHING RETURNING 1)"
+        )
+    params += row
     if then:
         then_table, then_columns, then_rows = _insert_parts(alias, then)
         selects = " UNION ALL ".join(f"SELECT {_placeholders(r)[1:-1]} FROM o" for r in then_rows)
@@ -402,9 +479,13 @@ def insert_unless_present(
     wake = "(SELECT COUNT(*) FROM (SELECT pg_notify(%s, '') FROM o) AS n)" if notify else "0"
     if notify:
         params.append(CHANNEL)
+    held = "(SELECT COUNT(*) FROM g)" if guard is not None else "1"
     with connection.cursor() as cursor:
-        cursor.execute(f"WITH {', '.join(parts)} SELECT (SELECT COUNT(*) FROM o), {wake}", params)
-        inserted = bool(cursor.fetchone()[0] > 0)
+        cursor.execute(f"WITH {', '.join(parts)} SELECT (SELECT COUNT(*) FROM o), {wake}, {held}", params)
+        count, _, guard_held = cursor.fetchone()
+    if not guard_held:
+        raise GuardFailed
+    inserted = bool(count > 0)
     if inserted:
         _saved([obj, *then], alias)
     return inserted

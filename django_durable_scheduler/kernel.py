@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -411,7 +411,12 @@ def _insert_occurrence(
     payload: Any,
     now: datetime,
     alias: str,
+    guard: tuple[str, list[Any]] | None = None,
 ) -> tuple[Occurrence, bool]:
+    """Insert a queued occurrence of ``job`` with its event, or find the one with its
+    identity. ``guard``: ``job`` is a remembered row, not one read in this transaction;
+    insert only if the stored row still has every value the occurrence copies from it
+    (else :class:`dialect.GuardFailed`, nothing written)."""
     if not job.enabled:
         raise JobDisabled(f"job {job.job_id!r} is disabled", {"job_id": job.job_id})
     payload_value = job.payload if payload is _UNSET else normalize_json(payload, "payload")
@@ -425,7 +430,7 @@ def _insert_occurrence(
         now=now,
     )
     event = _enqueued_event(occurrence, now)
-    created = dialect.insert_unless_present(alias, occurrence, then=[event], notify=True)
+    created = dialect.insert_unless_present(alias, occurrence, then=[event], notify=True, guard=guard)
     if created is None:
         try:
             # A savepoint so that losing an insert race does not abort the caller's transaction.
@@ -437,6 +442,9 @@ def _insert_occurrence(
         if created:
             dialect.notify_new_work(alias)
             dialect.insert_rows(alias, [event])
+    if guard is not None:
+        # Not the remembered job object: it may be stale in columns the guard does not cover.
+        occurrence._state.fields_cache.pop("job", None)
     if not created:
         existing = Occurrence.objects.using(alias).filter(idempotency_key=occurrence.idempotency_key).first()
         if existing is None:
@@ -450,6 +458,40 @@ def _insert_occurrence(
             )
         return existing, True
     return occurrence, False
+
+
+# The job fields an enqueued occurrence copies (its identity comes from the revision): the
+# enqueue fast path inserts from a remembered job only while the stored row still has these
+# values, so it writes exactly what reading the job first would have written.
+_JOB_GUARD = ("revision", "enabled", "max_attempts", "authority")
+
+
+class _KnownJob:
+    """A job row this process read, and the guards (built once) that check it is unchanged."""
+
+    __slots__ = ("guards", "job")
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.guards: dict[bool, tuple[str, list[Any]]] = {}
+
+    def guard(self, alias: str, *, default_payload: bool) -> tuple[str, list[Any]]:
+        guard = self.guards.get(default_payload)
+        if guard is None:
+            names = (*_JOB_GUARD, "payload") if default_payload else _JOB_GUARD
+            guard = self.guards[default_payload] = dialect.guard_for(alias, self.job, names)
+        return guard
+
+
+_KNOWN_JOBS: dict[tuple[str, str], _KnownJob] = {}
+_KNOWN_JOBS_MAX = 1024
+
+
+def _remember_job(alias: str, job: Job) -> None:
+    if dialect.supports_guarded_insert(alias):
+        if len(_KNOWN_JOBS) >= _KNOWN_JOBS_MAX:
+            _KNOWN_JOBS.clear()
+        _KNOWN_JOBS[(alias, job.job_id)] = _KnownJob(job)
 
 
 def enqueue(
@@ -466,20 +508,33 @@ def enqueue(
     Returns ``(occurrence, deduplicated)``. The identity is derived from the job's
     current revision, ``scheduled_for`` and ``trigger_key``; reusing it with another
     payload raises ``SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH``.
+
+    On PostgreSQL, enqueueing a job this process has enqueued before is one statement
+    (no job read, no transaction of its own: the insert, its event and the wake-up commit
+    together), guarded so that it inserts only if the job row is still as remembered.
     """
     job_id, scheduled_ms, key, available_ms = _enqueue_args(job_id, scheduled_for, trigger_key, available_at)
     now = conf.now()
-    with _write(using) as alias:
+    alias = using or DEFAULT_DB_ALIAS
+    args: dict[str, Any] = {
+        "scheduled_ms": scheduled_ms,
+        "trigger_key": key,
+        "available_ms": available_ms,
+        "payload": payload,
+    }
+    known = _KNOWN_JOBS.get((alias, job_id))
+    if known is not None and known.job.enabled:
+        guard = known.guard(alias, default_payload=payload is _UNSET)
+        try:
+            # PostgreSQL: one statement, atomic by itself. SQLite: two, in a transaction.
+            with _write(alias) if connections[alias].vendor == "sqlite" else nullcontext():
+                return _insert_occurrence(known.job, now=now, alias=alias, guard=guard, **args)
+        except dialect.GuardFailed:
+            _KNOWN_JOBS.pop((alias, job_id), None)
+    with _write(alias):
         job = get_job(job_id, using=alias)
-        return _insert_occurrence(
-            job,
-            scheduled_ms=scheduled_ms,
-            trigger_key=key,
-            available_ms=available_ms,
-            payload=payload,
-            now=now,
-            alias=alias,
-        )
+        _remember_job(alias, job)
+        return _insert_occurrence(job, now=now, alias=alias, **args)
 
 
 def enqueue_many(

@@ -1,0 +1,163 @@
+"""The enqueue fast path: a job this process has enqueued before is not read again; the
+insert is guarded by the values the occurrence copies from the job row, so a job changed or
+replaced behind the process's back still gets exactly what reading it first would give."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+import django_durable_scheduler as scheduler
+from django_durable_scheduler import kernel
+from django_durable_scheduler.authority import principal_key
+from django_durable_scheduler.models import Event, Job, Occurrence
+
+from .conftest import authority_for
+
+pytestmark = pytest.mark.django_db
+
+FAST = connection.vendor in ("postgresql", "sqlite")
+
+
+def _writes(ctx: CaptureQueriesContext) -> list[str]:
+    """The statements of a capture, without transaction control (SAVEPOINT, RELEASE ...)."""
+    control = ("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT", "BEGIN", "COMMIT")
+    return [q["sql"] for q in ctx.captured_queries if not q["sql"].upper().startswith(control)]
+
+
+def _make(job_id="job-f", principal="carol", **kw):
+    return scheduler.create_job(
+        job_id, "reports.send", authority=authority_for(principal, "reports.send"), **kw
+    )
+
+
+def test_second_enqueue_of_a_job_does_not_read_the_job(clock):
+    _make()
+    scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a")
+    with CaptureQueriesContext(connection) as ctx:
+        occ, dedup = scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
+    assert not dedup and occ.status == "queued"
+    statements = _writes(ctx)
+    assert not any('FROM "durable_scheduler_jobs" WHERE' in sql and "INSERT" not in sql for sql in statements)
+    if connection.vendor == "postgresql":
+        assert len(statements) == 1  # occurrence, event and NOTIFY in one statement
+    elif connection.vendor == "sqlite":
+        assert len(statements) == 2  # the guarded insert, then the event
+    stored = Occurrence.objects.get(pk=occ.pk)
+    assert (stored.job_revision, stored.max_attempts, stored.payload) == (1, 3, None)
+    assert Event.objects.filter(occurrence_id=occ.pk, event_type="occurrence_enqueued").count() == 1
+
+
+def test_remembered_job_changed_by_update_job_gives_the_new_revision(clock):
+    job = _make()
+    scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a")
+    scheduler.update_job("job-f", expected_revision=job.revision, max_attempts=7, payload={"v": 2})
+    occ, _ = scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
+    assert (occ.job_revision, occ.max_attempts, occ.payload) == (2, 7, {"v": 2})
+    stored = Occurrence.objects.get(pk=occ.pk)
+    assert (stored.job_revision, stored.max_attempts, stored.payload) == (2, 7, {"v": 2})
+
+
+def test_remembered_job_disabled_since_is_refused_and_nothing_is_written(clock):
+    job = _make()
+    scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a")
+    scheduler.update_job("job-f", expected_revision=job.revision, enabled=False)
+    before = (Occurrence.objects.count(), Event.objects.count())
+    with pytest.raises(scheduler.JobDisabled):
+        scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
+    assert (Occurrence.objects.count(), Event.objects.count()) == before
+
+
+def test_job_row_changed_without_a_new_revision_is_not_missed(clock):
+    """Nothing in the package edits a job without a new revision, but the guard does not
+    trust that: every copied value is compared, not only the revision."""
+    _make()
+    scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a")
+    Job.objects.filter(pk="job-f").update(max_attempts=5, payload={"behind": "back"})
+    occ, _ = scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
+    stored = Occurrence.objects.get(pk=occ.pk)
+    assert (stored.max_attempts, stored.payload) == (5, {"behind": "back"})
+    Job.objects.filter(pk="job-f").update(enabled=False)
+    with pytest.raises(scheduler.JobDisabled):
+        scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="c")
+
+
+def test_job_deleted_and_created_again_at_the_same_revision_gets_its_new_authority(clock):
+    _make(principal="first")
+    scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a")
+    Event.objects.all().delete()
+    Occurrence.objects.all().delete()
+    Job.objects.filter(pk="job-f").delete()
+    _make(principal="second")
+    occ, dedup = scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
+    assert not dedup
+    stored = Occurrence.objects.get(pk=occ.pk)
+    assert stored.authority["principal"]["id"] == "second"
+    assert stored.principal_key == principal_key(stored.authority)
+    assert occ.authority["principal"]["id"] == "second"
+
+
+def test_job_deleted_since_is_not_found(clock):
+    _make()
+    scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a")
+    Event.objects.all().delete()
+    Occurrence.objects.all().delete()
+    Job.objects.filter(pk="job-f").delete()
+    with pytest.raises(scheduler.NotFound):
+        scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
+    assert not Occurrence.objects.exists() and not Event.objects.exists()
+
+
+def test_fast_path_dedupes_and_refuses_another_payload_without_writing(clock):
+    _make()
+    scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="warm")
+    first, dedup = scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="k", payload={"a": 1})
+    assert not dedup
+    again, dedup = scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="k", payload={"a": 1})
+    assert dedup and again.pk == first.pk
+    before = Event.objects.count()
+    with pytest.raises(scheduler.IdempotencyPayloadMismatch):
+        scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="k", payload={"a": 2})
+    assert Event.objects.count() == before
+    assert Event.objects.filter(occurrence_id=first.pk).count() == 1
+
+
+def test_fast_path_inside_a_caller_transaction_rolls_back_with_it(clock):
+    _make()
+    scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="warm")
+
+    class Undo(Exception):
+        pass
+
+    with pytest.raises(Undo), transaction.atomic():
+        occ, _ = scheduler.enqueue("job-f", scheduled_for=clock() + timedelta(seconds=1), trigger_key="x")
+        assert Occurrence.objects.filter(pk=occ.pk).exists()
+        raise Undo
+    assert not Occurrence.objects.filter(trigger_key="x").exists()
+    assert not Event.objects.filter(data__triggerKey="x").exists()
+    # The caller's transaction stays usable after a refused fast-path enqueue.
+    with transaction.atomic():
+        with pytest.raises(scheduler.IdempotencyPayloadMismatch):
+            scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="warm", payload={"other": 1})
+        assert Occurrence.objects.filter(trigger_key="warm").count() == 1
+
+
+def test_returned_occurrence_does_not_carry_a_remembered_job_row(clock):
+    job = _make()
+    scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a")
+    Job.objects.filter(pk="job-f").update(next_fire_at=clock() + timedelta(days=1))
+    occ, _ = scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
+    assert occ.job.next_fire_at == clock() + timedelta(days=1)
+    assert occ.job.revision == job.revision
+
+
+@pytest.mark.skipif(not FAST, reason="the remembered-job path is PostgreSQL and SQLite only")
+def test_remembered_jobs_are_bounded(clock, monkeypatch):
+    monkeypatch.setattr(kernel, "_KNOWN_JOBS_MAX", 3)
+    for i in range(5):
+        _make(job_id=f"job-{i}")
+        scheduler.enqueue(f"job-{i}", scheduled_for=clock(), trigger_key="a")
+        assert len(kernel._KNOWN_JOBS) <= 3
