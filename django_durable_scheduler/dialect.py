@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -488,6 +489,102 @@ def insert_unless_present(
     inserted = bool(count > 0)
     if inserted:
         _saved([obj, *then], alias)
+    return inserted
+
+
+def supports_insert_many(alias: str) -> bool:
+    """Whether :func:`insert_many` can report which rows it inserted on this database
+    (PostgreSQL; SQLite 3.35+, for ``RETURNING``)."""
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        return True
+    return connection.vendor == "sqlite" and bool(connection.features.can_return_rows_from_bulk_insert)
+
+
+def _json_ready(value: Any) -> Any:
+    """A field value as the JSON that ``jsonb_to_recordset`` turns back into it."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return value
+
+
+def _sqlite_variable_limit(connection: BaseDatabaseWrapper) -> int:
+    """How many ``?`` one SQLite statement may hold: the library's own limit (32766 since
+    SQLite 3.32) where Python can read it, else Django's conservative 999."""
+    connection.ensure_connection()
+    getlimit = getattr(connection.connection, "getlimit", None)  # Python 3.11+
+    if getlimit is not None:
+        import sqlite3
+
+        return int(getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+    return int(connection.features.max_query_params or 999)
+
+
+def insert_many(
+    alias: str, objs: Sequence[Model], *, varying: Sequence[str], skip_present: bool = False
+) -> set[Any]:
+    """Insert ``objs`` (all of one model) with a few multi-row statements.
+
+    Columns (attnames) not in ``varying`` take ``objs[0]``'s value for every row, bound once
+    per statement, so a bulk enqueue sends each row's few own values and not its job's
+    authority again and again: ``INSERT INTO t (...) SELECT v.a, %s, v.b, ... FROM <rows> v``,
+    where the rows are one ``jsonb_to_recordset`` parameter on PostgreSQL (one parameter
+    instead of thousands to bind client-side) and a ``VALUES`` list on SQLite.
+    ``skip_present``: rows whose unique keys exist already are skipped (``ON CONFLICT DO
+    NOTHING`` / ``INSERT OR IGNORE``), and the primary keys of the rows inserted are
+    returned (else an empty set: a generated key is not read back).
+    PostgreSQL and SQLite only (see :func:`supports_insert_many`)."""
+    if not objs:
+        return set()
+    connection = connections[alias]
+    table, columns, fields = _insert_columns(alias, type(objs[0]))
+    vary = set(varying)
+    moving = [field for field in fields if field.attname in vary]
+    if len(moving) != len(vary):
+        raise ValueError(f"unknown or generated columns in {sorted(vary)}")
+    postgres = connection.vendor == "postgresql"
+    first = objs[0]
+    select: list[str] = []
+    constants: list[Any] = []
+    for field in fields:
+        if field.attname in vary:
+            index = moving.index(field)
+            select.append(f"v.c{index}" if postgres else f"v.column{index + 1}")
+        else:
+            select.append(f"%s::{field.cast_db_type(connection)}" if postgres else "%s")
+            constants.append(field.get_db_prep_save(getattr(first, field.attname), connection))
+    pk = objs[0]._meta.pk
+    assert pk is not None
+    if postgres:
+        per_statement = 5000
+        record = ", ".join(f"c{index} {field.cast_db_type(connection)}" for index, field in enumerate(moving))
+        source = f"jsonb_to_recordset(%s::jsonb) AS v({record})"
+        head, tail = "INSERT INTO", " ON CONFLICT DO NOTHING" if skip_present else ""
+    else:
+        limit = _sqlite_variable_limit(connection)
+        per_statement = max(1, min(1000, (limit - len(constants)) // len(moving)))
+        head, tail = ("INSERT OR IGNORE INTO" if skip_present else "INSERT INTO"), ""
+        row = "(" + ", ".join(["%s"] * len(moving)) + ")"
+    if skip_present:
+        tail += f" RETURNING {connection.ops.quote_name(str(pk.column))}"
+    inserted: set[Any] = set()
+    for start in range(0, len(objs), per_statement):
+        chunk = objs[start : start + per_statement]
+        params = list(constants)
+        if postgres:
+            keys = [(f"c{index}", field.attname) for index, field in enumerate(moving)]
+            records = [{key: _json_ready(getattr(obj, name)) for key, name in keys} for obj in chunk]
+            params.append(json.dumps(records, ensure_ascii=False, separators=(",", ":")))
+        else:
+            source = "(VALUES " + ", ".join([row] * len(chunk)) + ") AS v"
+            prep = [(field.get_db_prep_save, field.attname) for field in moving]
+            for obj in chunk:
+                params.extend(dump(getattr(obj, name), connection) for dump, name in prep)
+        with connection.cursor() as cursor:
+            cursor.execute(f"{head} {table} {columns} SELECT {', '.join(select)} FROM {source}{tail}", params)
+            if skip_present:
+                inserted.update(found[0] for found in cursor.fetchall())
+    _saved([obj for obj in objs if obj.pk in inserted] if skip_present else objs, alias)
     return inserted
 
 

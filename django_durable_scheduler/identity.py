@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -147,26 +148,36 @@ class OccurrenceIdentity:
     idempotency_key: str
 
 
+def identity_deriver(job_id: str, job_revision: int) -> Callable[[int, str], OccurrenceIdentity]:
+    """:func:`derive_occurrence_identity` for one job revision, as a function of
+    ``(scheduled_for_ms, trigger_key)``: the part of the material they share is built once,
+    for a bulk enqueue of thousands of occurrences of one job."""
+    job_id = normalize_identifier(job_id, "job_id")
+    revision = normalize_int(job_revision, "job_revision", minimum=1, maximum=MAX_SAFE_INTEGER)
+    # canonical_json of {"contractVersion", "jobId", "jobRevision", "scheduledFor",
+    # "triggerKey"} written out: the keys in canonical order, the strings checked by
+    # normalize_identifier (which canonical_json would refuse the same way).
+    job_json = json.dumps(job_id, ensure_ascii=False)
+    prefix = (
+        f'{IDENTITY_DOMAIN}{{"contractVersion":{CONTRACT_VERSION},"jobId":{job_json},'
+        f'"jobRevision":{revision},"scheduledFor":'
+    )
+
+    def derive(scheduled_for_ms: int, trigger_key: str) -> OccurrenceIdentity:
+        key = normalize_identifier(trigger_key, "trigger_key")
+        scheduled = normalize_int(scheduled_for_ms, "scheduled_for_ms", minimum=0, maximum=MAX_EPOCH_MS)
+        material = f'{prefix}{scheduled},"triggerKey":{json.dumps(key, ensure_ascii=False)}}}'
+        digest = hashlib.sha256(material.encode("utf-8")).hexdigest()
+        return OccurrenceIdentity(digest, "occ_" + digest, "scheduler:v1:" + digest)
+
+    return derive
+
+
 def derive_occurrence_identity(
     job_id: str, job_revision: int, scheduled_for_ms: int, trigger_key: str
 ) -> OccurrenceIdentity:
     """The seed's occurrence identity for a job revision, slot and trigger key."""
-    job_id = normalize_identifier(job_id, "job_id")
-    trigger_key = normalize_identifier(trigger_key, "trigger_key")
-    revision = normalize_int(job_revision, "job_revision", minimum=1, maximum=MAX_SAFE_INTEGER)
-    scheduled = normalize_int(scheduled_for_ms, "scheduled_for_ms", minimum=0, maximum=MAX_EPOCH_MS)
-    material = canonical_json(
-        {
-            "contractVersion": CONTRACT_VERSION,
-            "jobId": job_id,
-            "jobRevision": revision,
-            "scheduledFor": scheduled,
-            "triggerKey": trigger_key,
-        },
-        "identity",
-    )
-    digest = hashlib.sha256((IDENTITY_DOMAIN + material).encode("utf-8")).hexdigest()
-    return OccurrenceIdentity(digest, "occ_" + digest, "scheduler:v1:" + digest)
+    return identity_deriver(job_id, job_revision)(scheduled_for_ms, trigger_key)
 
 
 def normalize_identifier(value: Any, field: str, *, max_length: int = MAX_IDENTIFIER_LENGTH) -> str:

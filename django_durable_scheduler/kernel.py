@@ -16,6 +16,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 from django.db.models import Case, F, PositiveSmallIntegerField, Q, When
+from django.db.models.base import ModelState
 from django.db.models.functions import Greatest
 
 from . import conf, dialect
@@ -35,6 +36,7 @@ from .identity import (
     canonical_json,
     derive_occurrence_identity,
     from_ms,
+    identity_deriver,
     iso_ms,
     normalize_bool,
     normalize_identifier,
@@ -569,42 +571,163 @@ def enqueue_many(
         job = get_job(job_id, using=alias)
         if not job.enabled:
             raise JobDisabled(f"job {job_id!r} is disabled", {"job_id": job_id})
-        rows = [
-            _new_occurrence(
+        rows = _new_occurrences(job, parsed, now)
+        if dialect.supports_insert_many(alias):
+            results = _insert_many_new(job, rows, now, alias)
+        else:
+            results = _insert_many_portable(job, rows, now, alias)
+    return results
+
+
+def _clone(proto: Any, **values: Any) -> Any:
+    """A new unsaved model instance with ``proto``'s field values but ``values``: for rows
+    built by the thousand (a fraction of the cost of ``Model(**fields)``)."""
+    obj = proto.__class__.__new__(proto.__class__)
+    obj.__dict__.update(proto.__dict__)
+    obj._state = ModelState()
+    obj.__dict__.update(values)
+    return obj
+
+
+def _new_occurrences(job: Job, parsed: list[tuple[int, str, int, Any]], now: datetime) -> list[Occurrence]:
+    """Queued occurrences of ``job`` for ``(scheduled_ms, trigger_key, available_ms,
+    payload)`` items (not saved): what :func:`_new_occurrence` builds, one clone each."""
+    rows: list[Occurrence] = []
+    proto: Occurrence | None = None
+    derive = identity_deriver(job.job_id, job.revision)
+    for scheduled_ms, key, available_ms, payload in parsed:
+        value = job.payload if payload is _UNSET else payload
+        if proto is None:
+            proto = _new_occurrence(
                 job,
                 scheduled_ms=scheduled_ms,
                 trigger_key=key,
                 available_ms=available_ms,
-                payload=job.payload if payload is _UNSET else payload,
+                payload=value,
                 now=now,
             )
-            for scheduled_ms, key, available_ms, payload in parsed
-        ]
-        ids = [row.pk for row in rows]
-        existing: dict[str, Occurrence] = {}
-        for start in range(0, len(ids), 500):
-            existing.update(Occurrence.objects.using(alias).in_bulk(ids[start : start + 500]))
-        results: list[tuple[Occurrence, bool]] = []
-        fresh: dict[str, Occurrence] = {}
-        for row in rows:
-            prior = existing.get(row.pk) or fresh.get(row.pk)
-            if prior is None:
-                fresh[row.pk] = row
-                results.append((row, False))
-                continue
-            if canonical_json(prior.payload) != canonical_json(row.payload):
-                raise IdempotencyPayloadMismatch(
-                    "occurrence identity was reused with a different payload",
-                    {"field": "payload", "job_id": job_id, "trigger_key": row.trigger_key},
-                )
-            results.append((prior, True))
-        if fresh:
-            Occurrence.objects.using(alias).bulk_create(list(fresh.values()), batch_size=500)
-            Event.objects.using(alias).bulk_create(
-                [_enqueued_event(row, now) for row in fresh.values()],
-                batch_size=500,
+            rows.append(proto)
+            continue
+        identity = derive(scheduled_ms, key)
+        row = _clone(
+            proto,
+            occurrence_id=identity.occurrence_id,
+            idempotency_key=identity.idempotency_key,
+            trigger_key=key,
+            scheduled_for=from_ms(scheduled_ms),
+            available_at=from_ms(available_ms),
+            payload=value,
+        )
+        row._state.fields_cache["job"] = job
+        rows.append(row)
+    return rows
+
+
+def _split_fresh(job: Job, rows: list[Occurrence]) -> tuple[dict[str, Occurrence], list[Occurrence]]:
+    """The first row of each identity, and per row the row standing for it; a repeated
+    identity with another payload is refused."""
+    fresh: dict[str, Occurrence] = {}
+    firsts: list[Occurrence] = []
+    for row in rows:
+        prior = fresh.get(row.pk)
+        if prior is None:
+            fresh[row.pk] = prior = row
+        elif canonical_json(prior.payload) != canonical_json(row.payload):
+            raise IdempotencyPayloadMismatch(
+                "occurrence identity was reused with a different payload",
+                {"field": "payload", "job_id": job.job_id, "trigger_key": row.trigger_key},
             )
-            dialect.notify_new_work(alias)
+        firsts.append(prior)
+    return fresh, firsts
+
+
+def _judge_present(
+    job: Job, rows: list[Occurrence], firsts: list[Occurrence], present: dict[str, Occurrence]
+) -> list[tuple[Occurrence, bool]]:
+    results: list[tuple[Occurrence, bool]] = []
+    seen: set[str] = set()
+    for row, first in zip(rows, firsts, strict=True):
+        prior = present.get(row.pk)
+        if prior is not None and canonical_json(prior.payload) != canonical_json(row.payload):
+            raise IdempotencyPayloadMismatch(
+                "occurrence identity was reused with a different payload",
+                {"field": "payload", "job_id": job.job_id, "trigger_key": row.trigger_key},
+            )
+        if prior is not None:
+            results.append((prior, True))
+        else:
+            results.append((first, first.pk in seen))
+            seen.add(first.pk)
+    return results
+
+
+def _enqueued_events(rows: Iterable[Occurrence], now: datetime) -> list[Event]:
+    events: list[Event] = []
+    proto: Event | None = None
+    for row in rows:
+        if proto is None:
+            proto = _enqueued_event(row, now)
+            events.append(proto)
+            continue
+        data = {
+            "jobRevision": row.job_revision,
+            "scheduledFor": to_ms(row.scheduled_for, "scheduled_for"),
+            "triggerKey": row.trigger_key,
+        }
+        events.append(_clone(proto, occurrence_id=row.occurrence_id, data=data))
+    return events
+
+
+def _insert_many_new(
+    job: Job, rows: list[Occurrence], now: datetime, alias: str
+) -> list[tuple[Occurrence, bool]]:
+    """Bulk enqueue where the database says which rows it inserted (PostgreSQL, SQLite):
+    insert all, skipping identities present; only those are read back (to compare
+    payloads), and only the inserted rows get events."""
+    fresh, firsts = _split_fresh(job, rows)
+    inserted = dialect.insert_many(
+        alias,
+        list(fresh.values()),
+        varying=[
+            "occurrence_id",
+            "idempotency_key",
+            "trigger_key",
+            "scheduled_for",
+            "available_at",
+            "payload",
+        ],
+        skip_present=True,
+    )
+    missing = [pk for pk in fresh if pk not in inserted]
+    present: dict[str, Occurrence] = {}
+    for start in range(0, len(missing), 500):
+        present.update(Occurrence.objects.using(alias).in_bulk(missing[start : start + 500]))
+    if len(present) != len(missing):
+        raise IntegrityError("occurrences were neither inserted nor found")
+    results = _judge_present(job, rows, firsts, present)
+    new = [row for pk, row in fresh.items() if pk in inserted]
+    if new:
+        dialect.insert_many(alias, _enqueued_events(new, now), varying=["occurrence_id", "data"])
+        dialect.notify_new_work(alias)
+    return results
+
+
+def _insert_many_portable(
+    job: Job, rows: list[Occurrence], now: datetime, alias: str
+) -> list[tuple[Occurrence, bool]]:
+    """Bulk enqueue elsewhere (MySQL/MariaDB): read which identities exist, then insert
+    the others with ``bulk_create``."""
+    fresh, firsts = _split_fresh(job, rows)
+    ids = list(fresh)
+    present: dict[str, Occurrence] = {}
+    for start in range(0, len(ids), 500):
+        present.update(Occurrence.objects.using(alias).in_bulk(ids[start : start + 500]))
+    results = _judge_present(job, rows, firsts, present)
+    new = [row for pk, row in fresh.items() if pk not in present]
+    if new:
+        Occurrence.objects.using(alias).bulk_create(new, batch_size=500)
+        Event.objects.using(alias).bulk_create(_enqueued_events(new, now), batch_size=500)
+        dialect.notify_new_work(alias)
     return results
 
 

@@ -161,3 +161,112 @@ def test_remembered_jobs_are_bounded(clock, monkeypatch):
         _make(job_id=f"job-{i}")
         scheduler.enqueue(f"job-{i}", scheduled_for=clock(), trigger_key="a")
         assert len(kernel._KNOWN_JOBS) <= 3
+
+
+# --------------------------------------------------------------------------- bulk
+
+
+def _row_state(occ):
+    return (
+        occ.pk,
+        occ.idempotency_key,
+        occ.job_id,
+        occ.job_revision,
+        occ.trigger_key,
+        occ.scheduled_for,
+        occ.available_at,
+        occ.status,
+        occ.attempt,
+        occ.max_attempts,
+        occ.fence,
+        occ.authority,
+        occ.payload,
+        occ.principal_key,
+        occ.created_at,
+        occ.updated_at,
+    )
+
+
+def test_bulk_rows_are_what_one_by_one_enqueues_write(clock):
+    """Every column of a bulk-inserted row (and of its event) equals what enqueue writes for
+    the same item: payloads of every JSON shape, millisecond times, the job's default."""
+    _make(payload={"default": [1, 2.5, None, "ü"]})
+    payloads = [{"a": None}, [1, "two", {"3": 3.25}], "text", 7, None, {"deep": {"er": ["😀", True]}}]
+    items = [
+        {
+            "scheduled_for": clock() + timedelta(milliseconds=17 * i),
+            "trigger_key": f"bulk-{i}",
+            "available_at": clock() + timedelta(seconds=i, milliseconds=3),
+            "payload": payload,
+        }
+        for i, payload in enumerate(payloads)
+    ]
+    items.append({"scheduled_for": clock(), "trigger_key": "bulk-default"})
+    results = scheduler.enqueue_many("job-f", items)
+    assert [dedup for _, dedup in results] == [False] * len(items)
+    bulk = {occ.trigger_key: _row_state(Occurrence.objects.get(pk=occ.pk)) for occ, _ in results}
+    assert {occ.trigger_key: _row_state(occ) for occ, _ in results} == bulk
+    bulk_events = {
+        e.data["triggerKey"]: (e.job_id, e.occurrence_id, e.occurred_at, e.owner_id, e.fence, e.data)
+        for e in Event.objects.filter(event_type="occurrence_enqueued")
+    }
+    Event.objects.all().delete()
+    Occurrence.objects.all().delete()
+    for item in items:
+        scheduler.enqueue("job-f", **item)
+    single = {occ.trigger_key: _row_state(occ) for occ in Occurrence.objects.all()}
+    assert single == bulk
+    single_events = {
+        e.data["triggerKey"]: (e.job_id, e.occurrence_id, e.occurred_at, e.owner_id, e.fence, e.data)
+        for e in Event.objects.filter(event_type="occurrence_enqueued")
+    }
+    assert single_events == bulk_events
+    assert bulk["bulk-default"][12] == {"default": [1, 2.5, None, "ü"]}
+    assert bulk["bulk-4"][12] is None
+
+
+def test_bulk_larger_than_one_statement_skips_present_rows(clock):
+    _make()
+    present = [
+        scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key=f"k{i}")[0] for i in range(0, 2400, 400)
+    ]
+    items = [{"scheduled_for": clock(), "trigger_key": f"k{i}"} for i in range(2400)]
+    items += [
+        {"scheduled_for": clock(), "trigger_key": "k5"},
+        {"scheduled_for": clock(), "trigger_key": "k400"},
+    ]
+    with CaptureQueriesContext(connection) as ctx:
+        results = scheduler.enqueue_many("job-f", items)
+    flags = [dedup for _, dedup in results]
+    assert sum(flags) == len(present) + 2
+    assert all(flags[i] for i in range(0, 2400, 400)) and flags[-2:] == [True, True]
+    assert results[-2][0].pk == results[5][0].pk and results[-1][0].pk == present[1].pk
+    assert Occurrence.objects.count() == 2400
+    assert Event.objects.filter(event_type="occurrence_enqueued").count() == 2400
+    if FAST:
+        assert len(_writes(ctx)) < 20  # a few multi-row statements, not one per row
+
+
+def test_bulk_payload_mismatch_with_a_present_row_writes_nothing(clock):
+    _make()
+    scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="k7", payload={"v": 1})
+    before = (Occurrence.objects.count(), Event.objects.count())
+    items = [{"scheduled_for": clock(), "trigger_key": f"k{i}", "payload": {"v": 1}} for i in range(20)]
+    items[7]["payload"] = {"v": 2}
+    with pytest.raises(scheduler.IdempotencyPayloadMismatch) as info:
+        scheduler.enqueue_many("job-f", items)
+    assert info.value.details["trigger_key"] == "k7"
+    assert (Occurrence.objects.count(), Event.objects.count()) == before
+
+
+def test_bulk_of_a_disabled_or_missing_job_writes_nothing(clock):
+    job = _make()
+    scheduler.update_job("job-f", expected_revision=job.revision, enabled=False)
+    with pytest.raises(scheduler.JobDisabled):
+        scheduler.enqueue_many("job-f", [{"scheduled_for": clock(), "trigger_key": "a"}])
+    with pytest.raises(scheduler.NotFound):
+        scheduler.enqueue_many("nope", [{"scheduled_for": clock(), "trigger_key": "a"}])
+    assert not Occurrence.objects.exists()
+    assert not Event.objects.filter(event_type="occurrence_enqueued").exists()
+    _make(job_id="job-g")
+    assert scheduler.enqueue_many("job-g", []) == []

@@ -95,3 +95,32 @@ def test_to_ms_refuses_naive_and_bools():
         to_ms(True, "scheduled_for")
     with pytest.raises(InvalidArgument):
         to_ms(-1, "scheduled_for")
+
+
+@pytest.mark.parametrize(
+    "job_id, trigger_key",
+    [
+        ("job", "k"),
+        ('quo"te', "back\\slash"),
+        ("ünï-cødé", "emoji-😀-key"),
+        ("slash/and:colon", "tab-free but spaced key"),
+        ("a\u2028b", "</script>"),
+    ],
+)
+def test_identity_material_is_the_canonical_json_of_its_fields(job_id, trigger_key):
+    """The identity writes its material out for speed; it must be canonical_json's."""
+    import hashlib
+
+    from django_durable_scheduler.identity import IDENTITY_DOMAIN, canonical_json, derive_occurrence_identity
+
+    material = canonical_json(
+        {
+            "contractVersion": 1,
+            "jobId": job_id,
+            "jobRevision": 7,
+            "scheduledFor": 1_767_614_400_123,
+            "triggerKey": trigger_key,
+        }
+    )
+    expected = hashlib.sha256((IDENTITY_DOMAIN + material).encode("utf-8")).hexdigest()
+    assert derive_occurrence_identity(job_id, 7, 1_767_614_400_123, trigger_key).digest == expected
