@@ -116,17 +116,19 @@ class _Arms:
         select = (
             f"SELECT {o['occurrence_id']}, j.{quote('kind')}, {o['principal_key']},"
             f" {{due}}, {o['scheduled_for']}"
-            f" FROM {quote(Occurrence._meta.db_table)} o"
+            f" FROM {quote(Occurrence._meta.db_table)} o{{hint}}"
             f" INNER JOIN {jobs} j ON j.{quote('job_id')} = {o['job_id']}"
         )
+        hint, self.literal = _fair_hint(connection)
+        status = "'{status}'" if self.literal else "%s"
         self.pending = (
-            select.format(due=o["available_at"])
-            + f" WHERE {o['principal_key']} = %s AND {o['status']} = %s AND {o['available_at']} <= %s"
+            select.format(due=o["available_at"], hint=hint)
+            + f" WHERE {o['principal_key']} = %s AND {o['status']} = {status} AND {o['available_at']} <= %s"
             + tail
             + f" ORDER BY {o['available_at']}, {o['scheduled_for']}, {o['occurrence_id']} LIMIT %s"
         )
         self.reclaim = (
-            select.format(due=o["lease_expires_at"])
+            select.format(due=o["lease_expires_at"], hint="")
             + f" WHERE {o['status']} = %s AND {o['lease_expires_at']} <= %s"
             + f" AND {o['attempt']} < {o['max_attempts']}"
             + tail
@@ -137,8 +139,13 @@ class _Arms:
         self.params: list[Any] = []
 
     def add_pending(self, principal: str, status: str, limit: int) -> None:
-        self.parts.append(self.pending)
-        self.params += [principal, status, self.now, *self.tail_params, limit]
+        if self.literal:  # one of our own status constants, never outside input
+            assert status in PENDING_STATUSES
+            self.parts.append(self.pending.format(status=status))
+            self.params += [principal, self.now, *self.tail_params, limit]
+        else:
+            self.parts.append(self.pending)
+            self.params += [principal, status, self.now, *self.tail_params, limit]
 
     def add_reclaims(self, limit: int) -> None:
         self.parts.append(self.reclaim)
@@ -181,6 +188,22 @@ def _as_datetime(value: Any) -> datetime:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
+FAIR_INDEX = "dsch_occurrences_fair"
+
+
+def _fair_hint(connection: BaseDatabaseWrapper) -> tuple[str, bool]:
+    """(``INDEXED BY`` clause, whether statuses must be literals) for reads that must go
+    through the partial ``dsch_occurrences_fair`` index. SQLite can use a partial index
+    only when the query's terms, as written, imply its predicate: a ``status = ?``
+    parameter does not (unless ANALYZE's stat4 data lets it re-plan with the bound value),
+    and without statistics it then picks an index on ``status`` alone and walks the whole
+    backlog. So on SQLite the statuses are written as literals (our own constants) and the
+    index is named. Elsewhere nothing: PostgreSQL plans client-side-bound literals."""
+    if connection.vendor == "sqlite":
+        return f" INDEXED BY {FAIR_INDEX}", True
+    return "", False
+
+
 def waiting_principals(alias: str, now: datetime) -> dict[str, datetime]:
     """The principals with claimable work and, for each, when its earliest claimable
     occurrence became due (due waiting rows, and expired leases with attempts left).
@@ -200,25 +223,32 @@ def waiting_principals(alias: str, now: datetime) -> dict[str, datetime]:
         quote = connection.ops.quote_name
         table, key = quote(Occurrence._meta.db_table), quote("principal_key")
         status, available = quote("status"), quote("available_at")
+        queued, retry = OccurrenceStatus.QUEUED.value, OccurrenceStatus.RETRY_WAIT.value
         # Written as the index predicate is (an OR, not IN): SQLite matches partial indexes
-        # by their terms.
-        waiting = f"({status} = %s OR {status} = %s)"
-        first = f"(SELECT MIN({available}) FROM {table} WHERE {key} = p.k AND {status} = %s)"
+        # by their terms, and only against literals (see _fair_hint).
+        hint, literal = _fair_hint(connection)
+        if literal:
+            waiting = f"({status} = '{queued}' OR {status} = '{retry}')"
+            first = f"(SELECT MIN({available}) FROM {table}{hint} WHERE {key} = p.k AND {status} = '{{}}')"
+        else:
+            waiting = f"({status} = %s OR {status} = %s)"
+            first = f"(SELECT MIN({available}) FROM {table} WHERE {key} = p.k AND {status} = %s)"
         expires, attempt = quote("lease_expires_at"), quote("attempt")
         # The expired leases (reclaims) of everyone ride along in the same statement.
+        firsts = f"{first.format(queued)}, {first.format(retry)}" if literal else f"{first}, {first}"
         sql = (
             f"WITH RECURSIVE p(k) AS ("
-            f" SELECT (SELECT MIN({key}) FROM {table} WHERE {waiting})"
+            f" SELECT (SELECT MIN({key}) FROM {table}{hint} WHERE {waiting})"
             f" UNION ALL"
-            f" SELECT (SELECT MIN({key}) FROM {table} WHERE {waiting} AND {key} > p.k)"
+            f" SELECT (SELECT MIN({key}) FROM {table}{hint} WHERE {waiting} AND {key} > p.k)"
             f" FROM p WHERE p.k IS NOT NULL"
-            f") SELECT * FROM (SELECT k, {first}, {first} FROM p WHERE k IS NOT NULL LIMIT %s) w"
+            f") SELECT * FROM (SELECT k, {firsts} FROM p WHERE k IS NOT NULL LIMIT %s) w"
             f" UNION ALL SELECT {key}, MIN({expires}), NULL FROM {table}"
             f" WHERE {status} = %s AND {expires} <= %s AND {attempt} < {quote('max_attempts')}"
             f" GROUP BY {key}"
         )
-        queued, retry = OccurrenceStatus.QUEUED.value, OccurrenceStatus.RETRY_WAIT.value
-        params: list[Any] = [queued, retry, queued, retry, queued, retry, MAX_PRINCIPALS]
+        params: list[Any] = [] if literal else [queued, retry, queued, retry, queued, retry]
+        params.append(MAX_PRINCIPALS)
         params += [OccurrenceStatus.RUNNING.value, connection.ops.adapt_datetimefield_value(now)]
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
@@ -624,14 +654,29 @@ def settle_reserved(
 
 
 def insert_rows(alias: str, objs: Sequence[Model]) -> None:
-    """Insert ``objs`` (all of one model) with one prepared ``INSERT`` run for all of them
-    (``executemany``: pipelined by psycopg, one multi-row statement by mysqlclient). For the
-    hot path's events and reservations, where nothing reads the new rows' keys back: an
-    auto-increment key is left to the database and not set on the objects."""
+    """Insert ``objs`` (all of one model), for the hot path's events and reservations, where
+    nothing reads the new rows' keys back (an auto-increment key is left to the database
+    and not set on the objects). PostgreSQL: one statement (:func:`insert_many`, the
+    columns that differ between the rows sent as one ``jsonb_to_recordset`` parameter),
+    parsed and planned once instead of once per row. Elsewhere one prepared ``INSERT`` run
+    for all of them (``executemany``: SQLite steps one compiled statement, mysqlclient
+    sends one multi-row statement)."""
     if not objs:
         return
+    connection = connections[alias]
+    if connection.vendor == "postgresql" and len(objs) > 1:
+        _, _, fields = _insert_columns(alias, type(objs[0]))
+        first = objs[0]
+        varying = [
+            field.attname
+            for field in fields
+            if any(getattr(obj, field.attname) != getattr(first, field.attname) for obj in objs)
+        ]
+        if varying:
+            insert_many(alias, objs, varying=varying)
+            return
     table, columns, rows = _insert_parts(alias, objs)
-    with connections[alias].cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.executemany(f"INSERT INTO {table} {columns} VALUES {_placeholders(rows[0])}", rows)
     _saved(objs, alias)
 

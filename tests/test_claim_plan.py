@@ -195,3 +195,40 @@ def test_claim_uses_the_claim_index(job, clock):
                 f"{kind} query uses neither {CLAIM_INDEX} nor the primary key:\n{sql}\n{plan}"
             )
     print("\n\n".join(report))  # shown with pytest -s
+
+
+def test_claim_uses_the_fair_index_for_a_backlog_without_statistics(job, clock):
+    """A deep backlog of one principal and no ANALYZE (SQLite never runs it by itself): the
+    list of principals and each principal's first rows must still come from the fair index,
+    one probe each, not from an index on ``status`` alone, which walks the whole backlog.
+    (SQLite without statistics used to choose exactly that: the cost of every claim grew
+    with the backlog.)"""
+    if connection.vendor not in ("postgresql", "sqlite"):
+        pytest.skip(f"plan assertions are for PostgreSQL and SQLite, not {connection.vendor}")
+    now = clock()
+    scheduler.enqueue_many(
+        job.job_id,
+        [{"scheduled_for": now - timedelta(seconds=i), "trigger_key": f"b:{i}"} for i in range(1500)],
+    )
+    with CaptureQueriesContext(connection) as ctx:
+        claimed = scheduler.claim_batch(owner="plan", lease=30, limit=8, sweep_expired=False)
+    assert len(claimed) == 8
+    statements = _claim_statements(ctx.captured_queries)
+    checked = 0
+    for kind, sql in statements:
+        plan = _explain(sql)
+        if kind == "principals" and "RECURSIVE" in sql.upper():
+            # Before the UNION ALL: the loose scan and each principal's first due times.
+            waiting_part = plan.split("UNION ALL")[0]
+            if connection.vendor == "sqlite":
+                searches = [line for line in waiting_part.splitlines() if f"SEARCH {TABLE}" in line]
+                assert searches and all(FAIR_INDEX in line for line in searches), plan
+            else:
+                assert FAIR_INDEX in waiting_part and not _scans_occurrences(waiting_part), plan
+            checked += 1
+        elif kind == "pool":
+            arms = len(re.findall(r'"principal_key" = ', sql))
+            assert arms >= 2 and plan.count(FAIR_INDEX) >= arms, f"{arms} arms:\n{sql}\n{plan}"
+            assert not _scans_occurrences(plan), plan
+            checked += 1
+    assert checked == 2, [kind for kind, _ in statements]
