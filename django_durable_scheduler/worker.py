@@ -38,11 +38,14 @@ MAX_TRACEBACK = 16 * 1024
 MATERIALIZE_EVERY = 0.2
 SWEEP_EVERY = 1.0
 # Handlers that take less than this on average (seconds) are "fast": the loop then claims
-# ahead, up to CLAIM_AHEAD times --concurrency held at once, so that each turn's settle,
-# claim and authorize transactions are shared by that many more occurrences. Slow handlers
-# get no claim-ahead: rows waiting behind them would be rows other workers could run.
+# ahead, holding up to about HOLD_AHEAD seconds of queued work per handler thread (at most
+# MAX_AHEAD times --concurrency, and MAX_CLAIM_BATCH), so that each turn's settle, claim
+# and authorize transactions are shared by that many more occurrences: for handlers of a
+# millisecond or less the loop's per-turn cost, not the handlers, bounds the rate. Slow
+# handlers get no claim-ahead: rows waiting behind them would be rows other workers could run.
 FAST_HANDLER = 0.05
-CLAIM_AHEAD = 4
+HOLD_AHEAD = 0.05
+MAX_AHEAD = 32
 # How long a finished outcome may wait for others before the loop settles it (seconds).
 GATHER = 0.01
 
@@ -187,7 +190,7 @@ class Worker:
                     claimed = kernel.claim_batch(
                         owner=self.worker_id,
                         lease=self.lease,
-                        limit=free,
+                        limit=min(free, conf.settings.MAX_CLAIM_BATCH),
                         kinds=kinds,
                         after_principal=self._principal_cursor,
                         sweep_expired=False,
@@ -246,11 +249,14 @@ class Worker:
             self._wake.clear()
 
     def _capacity(self) -> int:
-        """How many occurrences to hold at once: --concurrency, CLAIM_AHEAD times that for
-        fast handlers (see FAST_HANDLER), never more than --max-occurrences allows (the
-        caller checks)."""
-        fast = self._handler_seconds < FAST_HANDLER and not self.once
-        return self.concurrency * CLAIM_AHEAD if fast else self.concurrency
+        """How many occurrences to hold at once: --concurrency, and for fast handlers (see
+        FAST_HANDLER) as many more as make about HOLD_AHEAD seconds of work per handler
+        thread; never more than --max-occurrences allows (the caller checks)."""
+        seconds = self._handler_seconds
+        if seconds >= FAST_HANDLER or self.once:
+            return self.concurrency
+        ahead = min(MAX_AHEAD, max(1, int(HOLD_AHEAD / max(seconds, 1e-6))))
+        return max(self.concurrency, min(self.concurrency * ahead, conf.settings.MAX_CLAIM_BATCH))
 
     def _idle_wait(self) -> float:
         """Sleep until the next poll, or sooner when a job's next slot comes first. The
