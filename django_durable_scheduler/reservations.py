@@ -278,7 +278,8 @@ def _charge(
                 continue
             used_runs += 1
             used_units += units
-            reservation = AuthorityReservation(
+            reservation = kernel._clone(
+                kernel._blank(AuthorityReservation),
                 occurrence_id=occurrence.pk,
                 job_id=occurrence.job_id,
                 principal_type=policy.principal_type,
