@@ -169,6 +169,7 @@ class Worker:
         failures = 0
         while not self._stopping.is_set():
             claimed: list[Occurrence] = []
+            asked = 0
             attempted = drained = False
             try:
                 _tidy_connections()
@@ -187,10 +188,11 @@ class Worker:
                     self._authorize([])
                 if free > 0 and kinds:
                     attempted = True
+                    asked = min(free, conf.settings.MAX_CLAIM_BATCH)
                     claimed = kernel.claim_batch(
                         owner=self.worker_id,
                         lease=self.lease,
-                        limit=min(free, conf.settings.MAX_CLAIM_BATCH),
+                        limit=asked,
                         kinds=kinds,
                         after_principal=self._principal_cursor,
                         sweep_expired=False,
@@ -222,8 +224,11 @@ class Worker:
                 break
             if self.burst and attempted and not claimed and not self._running and drained:
                 break
-            if claimed and len(self._running) < self._capacity():
-                continue  # there may be more due work: claim again at once
+            if claimed and len(claimed) >= asked and len(self._running) < self._capacity():
+                # A full batch: there may be more due work, claim again at once. A short one
+                # means nothing else was claimable just now; claiming again at once would
+                # only keep the GIL from the handler threads starting what was claimed.
+                continue
             if not self._finished:
                 self._wake.wait(self._idle_wait())
                 self._wake.clear()
