@@ -17,12 +17,13 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F, Min, Model, Q, QuerySet
 from django.db.models.fields import AutoFieldMixin
 from django.utils.dateparse import parse_datetime
 
+from . import wakeup
 from .models import PENDING_STATUSES, Occurrence, OccurrenceStatus
 
 # PostgreSQL channel on which enqueues announce new work (LISTEN/NOTIFY wake-ups).
@@ -534,6 +535,8 @@ def insert_unless_present(
         if inserted:
             _saved([obj], alias)
             insert_rows(alias, then)
+            if notify:
+                notify_new_work(alias)
         return inserted
     parts: list[str] = []
     params: list[Any] = []
@@ -757,18 +760,30 @@ def update_rows(alias: str, objs: list[Model], fields: list[str]) -> None:
 
 
 def notify_new_work(alias: str) -> None:
-    """On PostgreSQL, tell listening workers that work was enqueued. Sent inside the
-    transaction, so PostgreSQL delivers it only if (and when) the transaction commits."""
+    """Tell listening workers that work was enqueued. PostgreSQL: ``pg_notify``, sent
+    inside the transaction, so PostgreSQL delivers it only if (and when) the transaction
+    commits. SQLite: a datagram to each worker's wake-up socket (:mod:`.wakeup`), sent once
+    the transaction has committed (at once in autocommit)."""
     connection = connections[alias]
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
+    elif connection.vendor == "sqlite":
+        transaction.on_commit(lambda: wakeup.announce(alias), using=alias)
+
+
+def listener(alias: str, wake: Any, log: Any) -> Listener | wakeup.SocketListener:
+    """The wake-up listener for database ``alias``: LISTEN on PostgreSQL, a datagram
+    socket for a file-backed SQLite database; ``supported`` is False elsewhere."""
+    if connections[alias].vendor == "sqlite":
+        return wakeup.SocketListener(alias, wake, log)
+    return Listener(alias, wake, log)
 
 
 class Listener:
     """A dedicated PostgreSQL connection that LISTENs for new work and calls ``wake()``.
 
-    Elsewhere (SQLite, MySQL) ``supported`` is False and the worker polls.
+    Elsewhere ``supported`` is False (see :func:`listener` for SQLite).
     """
 
     def __init__(self, alias: str, wake: Any, log: Any) -> None:
@@ -777,6 +792,9 @@ class Listener:
         self.log = log
         self.supported = connections[alias].vendor == "postgresql"
         self._stop = False
+
+    def open(self) -> bool:
+        return self.supported
 
     def stop(self) -> None:
         self._stop = True

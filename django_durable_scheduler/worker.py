@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
 
-from . import conf, dialect, kernel, registry, reservations
+from . import conf, dialect, kernel, registry, reservations, wakeup
 from .context import ExecutionContext
 from .exceptions import InvalidArgument, LeaseLost, PermanentFailure, Retry, SchedulerError
 from .identity import to_duration_ms
@@ -116,7 +116,7 @@ class Worker:
         self._next_sweep = 0.0
         self._next_due: tuple[float, datetime | None] | None = None  # (read at, value)
         self._handler_seconds = 1.0  # moving average of handler run time (starts "slow")
-        self._listener: dialect.Listener | None = None
+        self._listener: dialect.Listener | wakeup.SocketListener | None = None
         self._listener_thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ control
@@ -161,8 +161,8 @@ class Worker:
         self._heartbeat_thread.start()
         for n in range(self.concurrency):
             threading.Thread(target=self._pool_thread, name=f"dsch-run-{n}", daemon=True).start()
-        listener = dialect.Listener(self.using or DEFAULT_DB_ALIAS, self._wake.set, logger)
-        if listener.supported and not (self.once or self.burst):
+        listener = dialect.listener(self.using or DEFAULT_DB_ALIAS, self._wake.set, logger)
+        if listener.supported and not (self.once or self.burst) and listener.open():
             self._listener = listener
             self._listener_thread = threading.Thread(target=listener.run, name="dsch-listen", daemon=True)
             self._listener_thread.start()

@@ -1,7 +1,9 @@
-"""PostgreSQL LISTEN/NOTIFY: an idle worker wakes on enqueue, not at its next poll."""
+"""An idle worker wakes on enqueue, not at its next poll: PostgreSQL LISTEN/NOTIFY, and on
+SQLite a datagram to each worker's wake-up socket (django_durable_scheduler.wakeup)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -11,6 +13,7 @@ import pytest
 from django.db import connection
 
 import django_durable_scheduler as scheduler
+from django_durable_scheduler import wakeup
 from django_durable_scheduler.models import Occurrence, WorkerHeartbeat
 
 from .conftest import AUTHORITY, ROOT, subprocess_env
@@ -18,7 +21,9 @@ from .conftest import AUTHORITY, ROOT, subprocess_env
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.slow,
-    pytest.mark.skipif(connection.vendor != "postgresql", reason="LISTEN/NOTIFY is PostgreSQL's"),
+    pytest.mark.skipif(
+        connection.vendor not in ("postgresql", "sqlite"), reason="MySQL/MariaDB workers poll"
+    ),
 ]
 
 
@@ -48,3 +53,62 @@ def test_enqueue_wakes_an_idle_worker():
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="the wake-up sockets are SQLite's")
+def test_wakeup_sockets_come_and_go_with_workers_and_stale_ones_are_removed():
+    directory = wakeup.wake_dir("default")
+    assert directory is not None
+    assert wakeup.wake_dir("default") == directory  # one directory per database file
+    directory.mkdir(mode=0o700, exist_ok=True)
+    # A socket file whose worker was killed (nobody reads it): the next announce removes it.
+    import socket
+
+    stale = str(directory / f"999999-dead{wakeup.SUFFIX}")
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dead.bind(stale)
+    dead.close()
+    before = set(p.name for p in directory.iterdir())
+    assert wakeup.announce("default") == len(before) - 1
+    assert not os.path.exists(stale)
+    scheduler.ensure_policy(AUTHORITY)
+    scheduler.create_job("job", "test.ok", authority=AUTHORITY)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "django", "runscheduler", "--poll-interval", "60", "--worker-id", "sock"],
+        cwd=ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not WorkerHeartbeat.objects.filter(pk="sock").exists():
+            assert time.monotonic() < deadline, "worker did not start"
+            time.sleep(0.05)
+        mine = [p for p in directory.iterdir() if p.name.startswith(f"{proc.pid}-")]
+        assert len(mine) == 1, "the worker listens on one socket"
+        assert wakeup.announce("default") >= 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert not mine[0].exists(), "a worker that stops removes its socket"
+
+
+def test_no_wakeup_directory_where_there_is_nothing_to_wake():
+    if connection.vendor != "sqlite":
+        assert wakeup.wake_dir("default") is None
+        assert wakeup.announce("default") == 0
+        return
+    from django.db import connections
+
+    conn = connections["default"]
+    saved = conn.settings_dict["NAME"]
+    try:
+        conn.settings_dict["NAME"] = ":memory:"
+        assert wakeup.wake_dir("default") is None
+        conn.settings_dict["NAME"] = "file:memdb1?mode=memory&cache=shared"
+        assert wakeup.wake_dir("default") is None
+    finally:
+        conn.settings_dict["NAME"] = saved

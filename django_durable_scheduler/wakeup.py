@@ -1,0 +1,130 @@
+"""Wake-ups between processes for SQLite, which has no LISTEN/NOTIFY.
+
+A SQLite database is a file on one machine, so every process that writes to it runs there
+too. Each ``runscheduler`` using a file-backed SQLite database binds a Unix datagram
+socket in a directory named after the database (``<tmp>/dsch-wake-<hash of its path>/``);
+whoever commits new work sends one byte to every socket there. A worker is woken within a
+millisecond or so instead of at its next poll; the poll stays, as the fallback for anything
+a wake-up misses (another user's process that cannot reach the directory, a full socket
+buffer). A socket left behind by a killed worker refuses the datagram and is removed by the
+sender that finds it.
+
+Elsewhere (PostgreSQL has NOTIFY; MySQL/MariaDB may be on another machine; an in-memory
+SQLite database is one process; a platform without ``AF_UNIX``) nothing is done here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import secrets
+import socket
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from django.db import connections
+
+logger = logging.getLogger("django_durable_scheduler")
+
+SUFFIX = ".sock"
+
+
+def wake_dir(alias: str) -> Path | None:
+    """The wake-up directory of database ``alias``, or None when it has none (see above)."""
+    connection = connections[alias]
+    if connection.vendor != "sqlite" or not hasattr(socket, "AF_UNIX"):
+        return None
+    name = str(connection.settings_dict.get("NAME") or "")
+    if not name or name == ":memory:" or "mode=memory" in name or name.startswith("file::memory:"):
+        return None
+    if name.startswith("file:"):
+        name = name[len("file:") :].split("?", 1)[0]
+    digest = hashlib.sha256(os.path.realpath(name).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"dsch-wake-{digest}"
+
+
+def announce(alias: str) -> int:
+    """Wake every worker listening on database ``alias``; returns how many were reached.
+    Call it after the new work is committed. Never raises: a wake-up is an optimization."""
+    directory = wake_dir(alias)
+    if directory is None:
+        return 0
+    try:
+        entries = [entry.path for entry in os.scandir(directory) if entry.name.endswith(SUFFIX)]
+    except OSError:
+        return 0  # no directory: nobody listens
+    reached = 0
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.setblocking(False)
+        for path in entries:
+            try:
+                sock.sendto(b"w", path)
+                reached += 1
+            except BlockingIOError:
+                reached += 1  # its buffer is full of wake-ups already
+            except OSError as exc:
+                if exc.errno in (errno.ECONNREFUSED, errno.ENOTSOCK):
+                    _remove(path)  # left behind by a worker that is gone
+    return reached
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+class SocketListener:
+    """A worker's end: ``run()`` (in a thread of its own) calls ``wake()`` on every datagram
+    until ``stop()``; ``supported`` is False where :func:`wake_dir` gives no directory."""
+
+    def __init__(self, alias: str, wake: Callable[[], None], log: logging.Logger) -> None:
+        self.wake = wake
+        self.log = log
+        self.directory = wake_dir(alias)
+        self.supported = self.directory is not None
+        self.path: str | None = None
+        self._stop = False
+        self._sock: socket.socket | None = None
+
+    def open(self) -> bool:
+        """Bind the socket (before the thread starts, so that no wake-up sent after the
+        worker has started is lost). False, and the worker polls, if that fails."""
+        if self.directory is None:
+            return False
+        try:
+            self.directory.mkdir(mode=0o700, exist_ok=True)
+            path = str(self.directory / f"{os.getpid()}-{secrets.token_hex(4)}{SUFFIX}")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sock.bind(path)
+            sock.settimeout(1.0)
+        except OSError:
+            self.log.warning("cannot listen for wake-ups in %s; polling only", self.directory, exc_info=True)
+            return False
+        self._sock, self.path = sock, path
+        return True
+
+    def stop(self) -> None:
+        self._stop = True
+
+    def run(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            while not self._stop:
+                try:
+                    sock.recv(64)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    self.log.warning("wake-up socket failed; polling only", exc_info=True)
+                    return
+                self.wake()
+        finally:
+            sock.close()
+            if self.path is not None:
+                _remove(self.path)
