@@ -33,12 +33,21 @@ logger = logging.getLogger("django_durable_scheduler")
 SUFFIX = ".sock"
 
 
+_DIRS: dict[str, Path | None] = {}
+
+
 def wake_dir(alias: str) -> Path | None:
     """The wake-up directory of database ``alias``, or None when it has none (see above)."""
     connection = connections[alias]
     if connection.vendor != "sqlite" or not hasattr(socket, "AF_UNIX"):
         return None
     name = str(connection.settings_dict.get("NAME") or "")
+    if name not in _DIRS:  # resolved once per database name (realpath walks the path)
+        _DIRS[name] = _dir_for(name)
+    return _DIRS[name]
+
+
+def _dir_for(name: str) -> Path | None:
     if not name or name == ":memory:" or "mode=memory" in name or name.startswith("file::memory:"):
         return None
     if name.startswith("file:"):
