@@ -1223,6 +1223,19 @@ class _Outcome:
     retry_ms: int | None
 
 
+# What settling reads of each held row (under the lock): its lease, attempts and job. The
+# rest (payload, authority, result ...) is not read back: the returned occurrences load those
+# fields on first access.
+SETTLE_FIELDS = (
+    "occurrence_id",
+    "job_id",
+    "status",
+    "attempt",
+    "max_attempts",
+    "fence",
+    "lease_owner",
+    "lease_expires_at",
+)
 SETTLE_ITEM_KEYS = frozenset(
     {"occurrence_id", "fence", "outcome", "result", "error", "retryable", "retry_at"}
 )
@@ -1276,6 +1289,8 @@ def settle(
     ``succeeded`` stores ``result``. ``failed`` goes to retry_wait (at ``retry_at`` or the
     job's backoff) when ``retryable`` and attempts remain, else to dead_letter.
     ``SCHEDULER_LEASE_LOST`` unless the caller holds an unexpired lease with this fence.
+    Returns the settled occurrence; its fields other than state, lease, attempts and the
+    written outcome (``payload``, ``authority`` ...) are loaded on first access.
     """
     spec = _settle_args(occurrence_id, fence, outcome, result, error, retryable, retry_at)
     owner = _owner(owner)
@@ -1351,6 +1366,7 @@ def _settle_held(
         .select_for_update()
         .filter(pk__in=[spec.occurrence_id for spec in specs])
         .order_by("pk")
+        .only(*SETTLE_FIELDS)
     }
     needs_backoff = {
         locked[spec.occurrence_id].job_id
