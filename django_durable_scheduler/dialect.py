@@ -73,7 +73,9 @@ def reclaim_due(now: datetime) -> Q:
     return Q(status=OccurrenceStatus.RUNNING, lease_expires_at__lte=now, attempt__lt=F("max_attempts"))
 
 
-CLAIM_FIELDS = (
+# What settling reads of each held row under the lock: its state, lease, attempts and job
+# (the returned occurrences load the rest on first access).
+LEASE_FIELDS = (
     "occurrence_id",
     "job_id",
     "status",
@@ -81,6 +83,11 @@ CLAIM_FIELDS = (
     "max_attempts",
     "fence",
     "lease_owner",
+    "lease_expires_at",
+)
+# What a claim reads of each row it takes: the lease fields and what the handler is given.
+CLAIM_FIELDS = (
+    *LEASE_FIELDS,
     "scheduled_for",
     "available_at",
     "authority",
@@ -404,11 +411,11 @@ _PLAIN_FIELDS = {
     "PositiveSmallIntegerField",
     "BooleanField",
 }
-_PREPARERS: dict[tuple[str, type[Model]], list[tuple[str, Any]]] = {}
+_PREPARERS: dict[tuple[str, type[Model]], list[tuple[str, Any, bool]]] = {}
 
 
-def _preparers(alias: str, model: type[Model]) -> list[tuple[str, Any]]:
-    """Per insert column: (attname, the field's ``get_db_prep_save``, or None where a plain
+def _preparers(alias: str, model: type[Model]) -> list[tuple[str, Any, bool]]:
+    """Per insert column: (attname, the field's ``get_db_prep_save``, whether a plain
     str/int/bool/None value is stored as it is: char, integer and boolean fields without
     choices, and foreign keys to them, whose preparation returns such a value unchanged).
     The hot path inserts thousands of rows a second; each field's full preparation chain
@@ -421,7 +428,7 @@ def _preparers(alias: str, model: type[Model]) -> list[tuple[str, Any]]:
         for field in fields:
             target = field.target_field if field.is_relation else field
             plain = target.get_internal_type() in _PLAIN_FIELDS and not field.choices
-            known.append((field.attname, None if plain else field.get_db_prep_save))
+            known.append((field.attname, field.get_db_prep_save, plain))
         _PREPARERS[key] = known
     return known
 
@@ -435,20 +442,11 @@ def _insert_parts(alias: str, objs: Sequence[Model]) -> tuple[str, str, list[lis
     rows = []
     for obj in objs:
         row = []
-        for name, dump in prep:
+        for name, dump, plain in prep:
             value = getattr(obj, name)
-            if dump is None and type(value) in _PLAIN:
-                row.append(value)
-            else:
-                row.append((dump or _prep_field(obj, name))(value, connection))
+            row.append(value if plain and type(value) in _PLAIN else dump(value, connection))
         rows.append(row)
     return table, columns, rows
-
-
-def _prep_field(obj: Model, attname: str) -> Any:
-    """The full preparation of a plain column whose value is not of a plain type (an enum
-    member, a lazy string ...)."""
-    return next(f for f in obj._meta.concrete_fields if f.attname == attname).get_db_prep_save
 
 
 def _placeholders(row: list[Any]) -> str:

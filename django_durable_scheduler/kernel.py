@@ -677,20 +677,7 @@ def _judge_present(
 
 
 def _enqueued_events(rows: Iterable[Occurrence], now: datetime) -> list[Event]:
-    events: list[Event] = []
-    proto: Event | None = None
-    for row in rows:
-        if proto is None:
-            proto = _enqueued_event(row, now)
-            events.append(proto)
-            continue
-        data = {
-            "jobRevision": row.job_revision,
-            "scheduledFor": to_ms(row.scheduled_for, "scheduled_for"),
-            "triggerKey": row.trigger_key,
-        }
-        events.append(_clone(proto, occurrence_id=row.occurrence_id, data=data))
-    return events
+    return [_enqueued_event(row, now) for row in rows]
 
 
 def _insert_many_new(
@@ -1223,19 +1210,6 @@ class _Outcome:
     retry_ms: int | None
 
 
-# What settling reads of each held row (under the lock): its lease, attempts and job. The
-# rest (payload, authority, result ...) is not read back: the returned occurrences load those
-# fields on first access.
-SETTLE_FIELDS = (
-    "occurrence_id",
-    "job_id",
-    "status",
-    "attempt",
-    "max_attempts",
-    "fence",
-    "lease_owner",
-    "lease_expires_at",
-)
 SETTLE_ITEM_KEYS = frozenset(
     {"occurrence_id", "fence", "outcome", "result", "error", "retryable", "retry_at"}
 )
@@ -1366,7 +1340,7 @@ def _settle_held(
         .select_for_update()
         .filter(pk__in=[spec.occurrence_id for spec in specs])
         .order_by("pk")
-        .only(*SETTLE_FIELDS)
+        .only(*dialect.LEASE_FIELDS)
     }
     needs_backoff = {
         locked[spec.occurrence_id].job_id
