@@ -644,6 +644,7 @@ def insert_many(
         per_statement = max(1, min(1000, (limit - len(constants)) // len(moving)))
         head, tail = ("INSERT OR IGNORE INTO" if skip_present else "INSERT INTO"), ""
         row = "(" + ", ".join(["%s"] * len(moving)) + ")"
+        prep = [entry for entry in _preparers(alias, type(first)) if entry[0] in vary]
     if skip_present:
         tail += f" RETURNING {connection.ops.quote_name(str(pk.column))}"
     inserted: set[Any] = set()
@@ -656,9 +657,10 @@ def insert_many(
             params.append(json.dumps(records, ensure_ascii=False, separators=(",", ":")))
         else:
             source = "(VALUES " + ", ".join([row] * len(chunk)) + ") AS v"
-            prep = [(field.get_db_prep_save, field.attname) for field in moving]
             for obj in chunk:
-                params.extend(dump(getattr(obj, name), connection) for dump, name in prep)
+                for name, dump, plain in prep:
+                    value = getattr(obj, name)
+                    params.append(value if plain and type(value) in _PLAIN else dump(value, connection))
         with connection.cursor() as cursor:
             cursor.execute(f"{head} {table} {columns} SELECT {', '.join(select)} FROM {source}{tail}", params)
             if skip_present:

@@ -469,10 +469,7 @@ def _insert_occurrence(
         if existing.occurrence_id != occurrence.occurrence_id:
             raise DataCorrupt("occurrence idempotency identity does not match stored data")
         if canonical_json(existing.payload) != payload_text:
-            raise IdempotencyPayloadMismatch(
-                "occurrence identity was reused with a different payload",
-                {"field": "payload", "job_id": job.job_id, "trigger_key": trigger_key},
-            )
+            raise _payload_mismatch(job, trigger_key)
         return existing, True
     return occurrence, False
 
@@ -638,6 +635,21 @@ def _new_occurrences(job: Job, parsed: list[tuple[int, str, int, Any]], now: dat
     return rows
 
 
+def _payload_mismatch(job: Job, trigger_key: str) -> IdempotencyPayloadMismatch:
+    return IdempotencyPayloadMismatch(
+        "occurrence identity was reused with a different payload",
+        {"field": "payload", "job_id": job.job_id, "trigger_key": trigger_key},
+    )
+
+
+def _present(alias: str, ids: list[str]) -> dict[str, Occurrence]:
+    """The stored occurrences among ``ids``, read 500 keys per query."""
+    present: dict[str, Occurrence] = {}
+    for start in range(0, len(ids), 500):
+        present.update(Occurrence.objects.using(alias).in_bulk(ids[start : start + 500]))
+    return present
+
+
 def _split_fresh(job: Job, rows: list[Occurrence]) -> tuple[dict[str, Occurrence], list[Occurrence]]:
     """The first row of each identity, and per row the row standing for it; a repeated
     identity with another payload is refused."""
@@ -648,10 +660,7 @@ def _split_fresh(job: Job, rows: list[Occurrence]) -> tuple[dict[str, Occurrence
         if prior is None:
             fresh[row.pk] = prior = row
         elif canonical_json(prior.payload) != canonical_json(row.payload):
-            raise IdempotencyPayloadMismatch(
-                "occurrence identity was reused with a different payload",
-                {"field": "payload", "job_id": job.job_id, "trigger_key": row.trigger_key},
-            )
+            raise _payload_mismatch(job, row.trigger_key)
         firsts.append(prior)
     return fresh, firsts
 
@@ -664,10 +673,7 @@ def _judge_present(
     for row, first in zip(rows, firsts, strict=True):
         prior = present.get(row.pk)
         if prior is not None and canonical_json(prior.payload) != canonical_json(row.payload):
-            raise IdempotencyPayloadMismatch(
-                "occurrence identity was reused with a different payload",
-                {"field": "payload", "job_id": job.job_id, "trigger_key": row.trigger_key},
-            )
+            raise _payload_mismatch(job, row.trigger_key)
         if prior is not None:
             results.append((prior, True))
         else:
@@ -701,9 +707,7 @@ def _insert_many_new(
         skip_present=True,
     )
     missing = [pk for pk in fresh if pk not in inserted]
-    present: dict[str, Occurrence] = {}
-    for start in range(0, len(missing), 500):
-        present.update(Occurrence.objects.using(alias).in_bulk(missing[start : start + 500]))
+    present = _present(alias, missing)
     if len(present) != len(missing):
         raise IntegrityError("occurrences were neither inserted nor found")
     results = _judge_present(job, rows, firsts, present)
@@ -720,10 +724,7 @@ def _insert_many_portable(
     """Bulk enqueue elsewhere (MySQL/MariaDB): read which identities exist, then insert
     the others with ``bulk_create``."""
     fresh, firsts = _split_fresh(job, rows)
-    ids = list(fresh)
-    present: dict[str, Occurrence] = {}
-    for start in range(0, len(ids), 500):
-        present.update(Occurrence.objects.using(alias).in_bulk(ids[start : start + 500]))
+    present = _present(alias, list(fresh))
     results = _judge_present(job, rows, firsts, present)
     new = [row for pk, row in fresh.items() if pk not in present]
     if new:

@@ -48,6 +48,10 @@ HOLD_AHEAD = 0.05
 MAX_AHEAD = 32
 # How long a finished outcome may wait for others before the loop settles it (seconds).
 GATHER = 0.01
+# An empty claim while work is due means other claimers hold those rows (SKIP LOCKED) or
+# cannot yet take them: the loop looks again after this, doubling up to the poll interval,
+# rather than idling a whole poll interval with nothing running (nothing would wake it).
+LOCKED_RETRY = 0.02
 
 
 def default_worker_id() -> str:
@@ -116,6 +120,8 @@ class Worker:
         self._next_sweep = 0.0
         self._next_due: tuple[float, datetime | None] | None = None  # (read at, value)
         self._handler_seconds = 1.0  # moving average of handler run time (starts "slow")
+        self._handler_runs = 0
+        self._retry_wait = 0.0  # the current back-off while due work is held elsewhere
         self._listener: dialect.Listener | wakeup.SocketListener | None = None
         self._listener_thread: threading.Thread | None = None
 
@@ -202,7 +208,7 @@ class Worker:
                         # Round-robin: the next claim starts after the last principal served.
                         self._principal_cursor = claimed[-1].principal_key
                     self._authorize(self._hold(claimed))
-                    if self.burst and not claimed and not self._running:
+                    if not claimed and not self._running:
                         # Empty may mean "locked by another claimer", not "nothing due".
                         drained = not kernel.has_due(kinds=kinds, using=self.using)
                 failures = 0
@@ -229,8 +235,14 @@ class Worker:
                 # means nothing else was claimable just now; claiming again at once would
                 # only keep the GIL from the handler threads starting what was claimed.
                 continue
+            held_elsewhere = attempted and not claimed and not self._running and not drained
+            if held_elsewhere:
+                self._retry_wait = min(self.poll_interval, max(LOCKED_RETRY, 2 * self._retry_wait))
+            else:
+                self._retry_wait = 0.0
             if not self._finished:
-                self._wake.wait(self._idle_wait())
+                wait = self._idle_wait()
+                self._wake.wait(min(wait, self._retry_wait) if held_elsewhere else wait)
                 self._wake.clear()
             self._gather()
         self._shutdown()
@@ -423,10 +435,16 @@ class Worker:
         except Exception as exc:  # _call_handler catches the handler's; this is ours
             logger.exception("unexpected error running %s", running.occurrence.pk)
             outcome = {"status": "failed", "error": exc}
-        # A moving average over about the last 20 runs (a race between threads loses an
-        # update at worst).
-        self._handler_seconds += (time.monotonic() - started - self._handler_seconds) / 20
+        self._learn(time.monotonic() - started)
         self._finish(running, outcome)
+
+    def _learn(self, seconds: float) -> None:
+        """Fold one handler run time into the average that sizes the claim-ahead: the mean
+        of the runs so far, then a moving average over about the last 20 (a race between
+        threads loses an update at worst). A worker learns its handlers' speed from its
+        first few runs, not after the hundred that the slow starting guess would take."""
+        self._handler_runs += 1
+        self._handler_seconds += (seconds - self._handler_seconds) / min(self._handler_runs, 20)
 
     def _pool_thread(self) -> None:
         """One of ``concurrency`` long-lived handler threads, each with its own connection."""

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
 from collections import Counter
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler.models import Event, Occurrence
+from django_durable_scheduler.models import Event, Occurrence, WorkerHeartbeat
 
-from .conftest import ROOT, authority_for, subprocess_env
+from .conftest import AUTHORITY, ROOT, authority_for, subprocess_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -102,3 +103,41 @@ def test_racing_schedulers_fire_each_slot_exactly_once(settings):
     assert not Event.objects.filter(event_type="slot_skipped").exists()
     assert sum(written) == Occurrence.objects.count()
     print("\n[materialize race] occurrences written per process:", written)
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no row locks: one claimer at a time")
+def test_a_row_held_by_another_claimer_is_taken_soon_after_not_at_the_next_poll():
+    """A claim that finds the only due row locked by another claimer (SKIP LOCKED) comes
+    back empty. The worker then has nothing running that would wake it and no enqueue to
+    announce anything: it must look again shortly, not at its next poll a minute away."""
+    scheduler.ensure_policy(AUTHORITY)
+    scheduler.create_job("job", "test.ok", authority=AUTHORITY)
+    occ, _ = scheduler.enqueue("job", scheduled_for=1_700_000_000_000, trigger_key="t")
+    proc = None
+    try:
+        with transaction.atomic():
+            # Held as another claimer holds the rows it is claiming, until its commit.
+            assert Occurrence.objects.select_for_update().filter(pk=occ.pk).exists()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "django", "runscheduler", "--poll-interval", "60", "--worker-id", "w"],
+                cwd=ROOT,
+                env=subprocess_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            deadline = time.monotonic() + 30
+            while not WorkerHeartbeat.objects.filter(pk="w").exists():
+                assert time.monotonic() < deadline, "worker did not start"
+                time.sleep(0.05)
+            time.sleep(1.0)  # it has claimed, found the row locked, and gone back to waiting
+            assert Occurrence.objects.get(pk=occ.pk).status == "queued"
+        released = time.monotonic()
+        while Occurrence.objects.get(pk=occ.pk).status != "succeeded":
+            assert time.monotonic() - released < 10, "the worker waited for its next poll"
+            time.sleep(0.05)
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err[-3000:]

@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import registry
+from django_durable_scheduler import conf, registry
 from django_durable_scheduler.models import Occurrence
-from django_durable_scheduler.worker import Worker
+from django_durable_scheduler.worker import MAX_AHEAD, Worker
 
 from .conftest import AUTHORITY
 
@@ -113,3 +113,20 @@ def test_worker_heartbeat_row():
     burst()
     row = WorkerHeartbeat.objects.get(pk="w-test")
     assert row.stopped_at is not None and row.concurrency == 3 and "test.ok" in row.kinds
+
+
+def test_claim_ahead_follows_the_handlers_speed_from_the_first_runs():
+    worker = Worker(worker_id="w", concurrency=4)
+    assert worker._capacity() == 4  # nothing run yet: no claim-ahead
+    worker._learn(0.001)
+    # 1 ms handlers: HOLD_AHEAD (50 ms) of work per thread, at most MAX_AHEAD times over.
+    assert worker._capacity() == min(4 * MAX_AHEAD, conf.settings.MAX_CLAIM_BATCH)
+    for _ in range(40):
+        worker._learn(0.5)  # the handlers became slow: no claim-ahead
+    assert worker._capacity() == 4
+    for _ in range(3):
+        worker._learn(0.0)
+    assert worker._capacity() == 4  # a few fast runs move a long average only part of the way
+    for _ in range(200):
+        worker._learn(0.0099)
+    assert worker._capacity() == 4 * 5  # 50 ms / 9.9 ms, rounded down
