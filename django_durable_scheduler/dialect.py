@@ -424,13 +424,38 @@ def _preparers(alias: str, model: type[Model]) -> list[tuple[str, Any, bool]]:
     known = _PREPARERS.get(key)
     if known is None:
         _, _, fields = _insert_columns(alias, model)
+        utc_text = _utc_text_preparer(connections[alias])
         known = []
         for field in fields:
             target = field.target_field if field.is_relation else field
-            plain = target.get_internal_type() in _PLAIN_FIELDS and not field.choices
-            known.append((field.attname, field.get_db_prep_save, plain))
+            internal = target.get_internal_type()
+            plain = internal in _PLAIN_FIELDS and not field.choices
+            prep = field.get_db_prep_save
+            if utc_text is not None and internal == "DateTimeField":
+                prep = utc_text(prep)
+            known.append((field.attname, prep, plain))
         _PREPARERS[key] = known
     return known
+
+
+def _utc_text_preparer(connection: BaseDatabaseWrapper) -> Any:
+    """On SQLite with time zones on and the connection in UTC (no ``TIME_ZONE`` of its
+    own), Django stores an aware datetime as the text of its naive UTC value. For the UTC
+    datetimes the kernel makes, this writes that text directly, skipping the field's chain
+    of preparation steps (the same result); any other value takes the chain. None where
+    that does not hold."""
+    if connection.vendor != "sqlite" or connection.timezone is not UTC:
+        return None
+
+    def wrap(prep: Any) -> Any:
+        def utc_text(value: Any, connection: BaseDatabaseWrapper) -> Any:
+            if type(value) is datetime and value.tzinfo is UTC:
+                return value.replace(tzinfo=None).isoformat(" ")
+            return prep(value, connection)
+
+        return utc_text
+
+    return wrap
 
 
 def _insert_parts(alias: str, objs: Sequence[Model]) -> tuple[str, str, list[list[Any]]]:

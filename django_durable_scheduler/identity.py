@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -148,6 +149,11 @@ class OccurrenceIdentity:
     idempotency_key: str
 
 
+# A JSON string literal as json.dumps(text, ensure_ascii=False) writes it, without the
+# per-call argument handling of json.dumps (a bulk enqueue writes one per occurrence).
+_json_text = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def identity_deriver(job_id: str, job_revision: int) -> Callable[[int, str], OccurrenceIdentity]:
     """:func:`derive_occurrence_identity` for one job revision, as a function of
     ``(scheduled_for_ms, trigger_key)``: the part of the material they share is built once,
@@ -166,7 +172,7 @@ def identity_deriver(job_id: str, job_revision: int) -> Callable[[int, str], Occ
     def derive(scheduled_for_ms: int, trigger_key: str) -> OccurrenceIdentity:
         key = normalize_identifier(trigger_key, "trigger_key")
         scheduled = normalize_int(scheduled_for_ms, "scheduled_for_ms", minimum=0, maximum=MAX_EPOCH_MS)
-        material = f'{prefix}{scheduled},"triggerKey":{json.dumps(key, ensure_ascii=False)}}}'
+        material = f'{prefix}{scheduled},"triggerKey":{_json_text(key)}}}'
         digest = hashlib.sha256(material.encode("utf-8")).hexdigest()
         return OccurrenceIdentity(digest, "occ_" + digest, "scheduler:v1:" + digest)
 
@@ -190,11 +196,14 @@ def normalize_identifier(value: Any, field: str, *, max_length: int = MAX_IDENTI
     if len(text) > max_length:
         raise InvalidArgument(field, f"must be at most {max_length} characters (got {len(text)})")
     _check_unicode(text, field)
-    for char in text:
-        code = ord(char)
-        if code <= 31 or code == 127:
-            raise InvalidArgument(field, f"must not contain control characters (found U+{code:04X})")
+    control = _CONTROL.search(text)
+    if control is not None:
+        code = ord(control.group())
+        raise InvalidArgument(field, f"must not contain control characters (found U+{code:04X})")
     return text
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
 def normalize_int(value: Any, field: str, *, minimum: int | None = None, maximum: int | None = None) -> int:

@@ -373,11 +373,14 @@ def _supersede_schedule(job: Job, now: datetime, alias: str) -> list[str]:
 def _enqueue_args(
     job_id: Any, scheduled_for: Any, trigger_key: Any, available_at: Any
 ) -> tuple[str, int, str, int]:
-    job_id = normalize_identifier(job_id, "job_id")
+    return (normalize_identifier(job_id, "job_id"), *_slot_args(scheduled_for, trigger_key, available_at))
+
+
+def _slot_args(scheduled_for: Any, trigger_key: Any, available_at: Any) -> tuple[int, str, int]:
     scheduled_ms = to_ms(scheduled_for, "scheduled_for")
     key = normalize_identifier(trigger_key, "trigger_key")
     available_ms = scheduled_ms if available_at is None else to_ms(available_at, "available_at")
-    return job_id, scheduled_ms, key, available_ms
+    return scheduled_ms, key, available_ms
 
 
 def _new_occurrence(
@@ -573,8 +576,8 @@ def enqueue_many(
         unknown = set(item) - {"scheduled_for", "trigger_key", "available_at", "payload"}
         if unknown:
             raise InvalidArgument(f"items[{index}].{sorted(unknown)[0]}", "is not an enqueue argument")
-        _, scheduled_ms, key, available_ms = _enqueue_args(
-            job_id, item.get("scheduled_for"), item.get("trigger_key"), item.get("available_at")
+        scheduled_ms, key, available_ms = _slot_args(
+            item.get("scheduled_for"), item.get("trigger_key"), item.get("available_at")
         )
         payload = normalize_json(item["payload"], f"items[{index}].payload") if "payload" in item else _UNSET
         parsed.append((scheduled_ms, key, available_ms, payload))
@@ -621,13 +624,14 @@ def _new_occurrences(job: Job, parsed: list[tuple[int, str, int, Any]], now: dat
             rows.append(proto)
             continue
         identity = derive(scheduled_ms, key)
+        scheduled = from_ms(scheduled_ms)
         row = _clone(
             proto,
             occurrence_id=identity.occurrence_id,
             idempotency_key=identity.idempotency_key,
             trigger_key=key,
-            scheduled_for=from_ms(scheduled_ms),
-            available_at=from_ms(available_ms),
+            scheduled_for=scheduled,
+            available_at=scheduled if available_ms == scheduled_ms else from_ms(available_ms),
             payload=value,
         )
         row._state.fields_cache["job"] = job

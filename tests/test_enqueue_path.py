@@ -4,14 +4,15 @@ replaced behind the process's back still gets exactly what reading it first woul
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import kernel
+from django_durable_scheduler import dialect, kernel
 from django_durable_scheduler.authority import principal_key
 from django_durable_scheduler.models import Event, Job, Occurrence
 
@@ -270,3 +271,26 @@ def test_bulk_of_a_disabled_or_missing_job_writes_nothing(clock):
     assert not Event.objects.filter(event_type="occurrence_enqueued").exists()
     _make(job_id="job-g")
     assert scheduler.enqueue_many("job-g", []) == []
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        datetime(2026, 1, 1, tzinfo=UTC),
+        datetime(2026, 1, 1, 0, 0, 0, 1, tzinfo=UTC),
+        datetime(1, 1, 1, tzinfo=UTC),
+        datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(2026, 3, 29, 1, 30, tzinfo=timezone(timedelta(hours=2))),  # not UTC: the full chain
+        datetime(2026, 3, 29, 1, 30, tzinfo=ZoneInfo("Europe/Paris")),
+        None,
+    ],
+)
+def test_insert_preparation_of_datetimes_is_djangos(value):
+    """The insert paths prepare each value as the field's own chain would (SQLite writes the
+    kernel's UTC datetimes as text directly)."""
+    for name, prep, _ in dialect._preparers("default", Occurrence):
+        if name == "scheduled_for":
+            field = Occurrence._meta.get_field(name)
+            assert prep(value, connection) == field.get_db_prep_save(value, connection)
+            return
+    raise AssertionError("no scheduled_for column")
