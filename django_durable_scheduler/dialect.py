@@ -424,38 +424,43 @@ def _preparers(alias: str, model: type[Model]) -> list[tuple[str, Any, bool]]:
     known = _PREPARERS.get(key)
     if known is None:
         _, _, fields = _insert_columns(alias, model)
-        utc_text = _utc_text_preparer(connections[alias])
+        connection = connections[alias]
+        utc_text = connection.vendor == "sqlite" and connection.timezone is UTC
         known = []
         for field in fields:
             target = field.target_field if field.is_relation else field
             internal = target.get_internal_type()
             plain = internal in _PLAIN_FIELDS and not field.choices
             prep = field.get_db_prep_save
-            if utc_text is not None and internal == "DateTimeField":
-                prep = utc_text(prep)
+            if utc_text and internal == "DateTimeField":
+                prep = _utc_text(prep)
             known.append((field.attname, prep, plain))
         _PREPARERS[key] = known
     return known
 
 
-def _utc_text_preparer(connection: BaseDatabaseWrapper) -> Any:
-    """On SQLite with time zones on and the connection in UTC (no ``TIME_ZONE`` of its
-    own), Django stores an aware datetime as the text of its naive UTC value. For the UTC
-    datetimes the kernel makes, this writes that text directly, skipping the field's chain
-    of preparation steps (the same result); any other value takes the chain. None where
-    that does not hold."""
-    if connection.vendor != "sqlite" or connection.timezone is not UTC:
-        return None
+def _utc_text(prep: Any) -> Any:
+    """``prep`` (a DateTimeField's ``get_db_prep_save``) for SQLite with time zones on and
+    the connection in UTC (no ``TIME_ZONE`` of its own), where Django stores an aware
+    datetime as the text of its naive UTC value: the kernel's UTC datetimes are written as
+    that text directly, skipping the field's chain of steps (the same result); any other
+    value takes the chain."""
 
-    def wrap(prep: Any) -> Any:
-        def utc_text(value: Any, connection: BaseDatabaseWrapper) -> Any:
-            if type(value) is datetime and value.tzinfo is UTC:
-                return value.replace(tzinfo=None).isoformat(" ")
-            return prep(value, connection)
+    def utc_text(value: Any, connection: BaseDatabaseWrapper) -> Any:
+        if type(value) is datetime and value.tzinfo is UTC:
+            return value.replace(tzinfo=None).isoformat(" ")
+        return prep(value, connection)
 
-        return utc_text
+    return utc_text
 
-    return wrap
+
+def _prepared(obj: Model, prep: list[tuple[str, Any, bool]], connection: BaseDatabaseWrapper) -> list[Any]:
+    """``obj``'s values of the ``prep`` columns (from :func:`_preparers`), ready to bind."""
+    row = []
+    for name, dump, plain in prep:
+        value = getattr(obj, name)
+        row.append(value if plain and type(value) in _PLAIN else dump(value, connection))
+    return row
 
 
 def _insert_parts(alias: str, objs: Sequence[Model]) -> tuple[str, str, list[list[Any]]]:
@@ -464,14 +469,7 @@ def _insert_parts(alias: str, objs: Sequence[Model]) -> tuple[str, str, list[lis
     connection = connections[alias]
     table, columns, _ = _insert_columns(alias, type(objs[0]))
     prep = _preparers(alias, type(objs[0]))
-    rows = []
-    for obj in objs:
-        row = []
-        for name, dump, plain in prep:
-            value = getattr(obj, name)
-            row.append(value if plain and type(value) in _PLAIN else dump(value, connection))
-        rows.append(row)
-    return table, columns, rows
+    return table, columns, [_prepared(obj, prep, connection) for obj in objs]
 
 
 def _placeholders(row: list[Any]) -> str:
@@ -683,9 +681,7 @@ def insert_many(
         else:
             source = "(VALUES " + ", ".join([row] * len(chunk)) + ") AS v"
             for obj in chunk:
-                for name, dump, plain in prep:
-                    value = getattr(obj, name)
-                    params.append(value if plain and type(value) in _PLAIN else dump(value, connection))
+                params += _prepared(obj, prep, connection)
         with connection.cursor() as cursor:
             cursor.execute(f"{head} {table} {columns} SELECT {', '.join(select)} FROM {source}{tail}", params)
             if skip_present:
