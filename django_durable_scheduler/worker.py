@@ -162,16 +162,18 @@ class Worker:
             self.lease,
             kinds,
         )
-        self._beat(started=True)
-        self._heartbeat_thread = threading.Thread(target=self._heartbeat, name="dsch-heartbeat", daemon=True)
-        self._heartbeat_thread.start()
-        for n in range(self.concurrency):
-            threading.Thread(target=self._pool_thread, name=f"dsch-run-{n}", daemon=True).start()
+        # Listening before the first heartbeat: a worker that shows as started already hears
+        # the wake-ups of enqueues made from then on.
         listener = dialect.listener(self.using or DEFAULT_DB_ALIAS, self._wake.set, logger)
         if listener.supported and not (self.once or self.burst) and listener.open():
             self._listener = listener
             self._listener_thread = threading.Thread(target=listener.run, name="dsch-listen", daemon=True)
             self._listener_thread.start()
+        self._beat(started=True)
+        self._heartbeat_thread = threading.Thread(target=self._heartbeat, name="dsch-heartbeat", daemon=True)
+        self._heartbeat_thread.start()
+        for n in range(self.concurrency):
+            threading.Thread(target=self._pool_thread, name=f"dsch-run-{n}", daemon=True).start()
         failures = 0
         while not self._stopping.is_set():
             claimed: list[Occurrence] = []
