@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+import weakref
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -592,6 +593,88 @@ def insert_unless_present(
     if inserted:
         _saved([obj, *then], alias)
     return inserted
+
+
+# The stored function of migration 0011 (PostgreSQL): one occurrence's enqueue, planned once
+# per session instead of once per call.
+ENQUEUE_FUNCTION = "durable_scheduler_enqueue_v1"
+_ENQUEUE_CALL = (
+    f"SELECT {ENQUEUE_FUNCTION}(%s::text, %s::text, %s::integer, %s::text, %s::text,"
+    " %s::timestamptz, %s::timestamptz, %s::text, %s::smallint, %s::smallint, %s::bigint,"
+    " %s::jsonb, %s::jsonb, %s::text, %s::timestamptz, %s::timestamptz, %s::text, %s::jsonb,"
+    " %s::integer, %s::text)"
+)
+# Per open database connection (the driver's object): whether it sees the function.
+_HAS_ENQUEUE_FUNCTION: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+json_text = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
+
+
+def has_enqueue_function(alias: str) -> bool:
+    """Whether :func:`insert_enqueued` can be used: PostgreSQL with migration 0011 applied.
+    Asked once per database connection (a test database built without migrations, or a
+    project that has not migrated yet, takes the plain statement instead)."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return False
+    connection.ensure_connection()
+    raw = connection.connection
+    known = _HAS_ENQUEUE_FUNCTION.get(raw)
+    if known is None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT to_regproc(%s) IS NOT NULL", [ENQUEUE_FUNCTION])
+            known = _HAS_ENQUEUE_FUNCTION[raw] = bool(cursor.fetchone()[0])
+    return known
+
+
+def insert_enqueued(
+    alias: str,
+    occurrence: Occurrence,
+    *,
+    event_type: str,
+    event_data: dict[str, Any],
+    guard: int,
+    notify: bool,
+    authority_text: str | None = None,
+) -> bool:
+    """Insert a new queued ``occurrence`` with its event (``event_type``, ``event_data``)
+    and, if ``notify``, a wake-up, through the function of migration 0011 (only where
+    :func:`has_enqueue_function`): True if inserted, False if an occurrence with its id or
+    idempotency key was there (nothing written). ``guard``: 0, none; 1, the job row must
+    still hold the occurrence's revision, ``max_attempts`` and authority and be enabled; 2,
+    and its payload too; else :class:`GuardFailed`, nothing written. ``authority_text``:
+    the occurrence's authority as JSON, when the caller has it already."""
+    o = occurrence
+    payload = o.payload
+    params: list[Any] = [
+        o.occurrence_id,
+        o.job_id,
+        o.job_revision,
+        o.idempotency_key,
+        o.trigger_key,
+        o.scheduled_for,
+        o.available_at,
+        o.status,
+        o.attempt,
+        o.max_attempts,
+        o.fence,
+        authority_text if authority_text is not None else json_text(o.authority),
+        None if payload is None else json_text(payload),
+        o.principal_key,
+        o.created_at,
+        o.updated_at,
+        event_type,
+        json_text(event_data),
+        guard,
+        CHANNEL if notify else None,
+    ]
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_ENQUEUE_CALL, params)
+        (outcome,) = cursor.fetchone()
+    if outcome < 0:
+        raise GuardFailed
+    if outcome:
+        _saved([o], alias)
+    return bool(outcome)
 
 
 def supports_insert_many(alias: str) -> bool:

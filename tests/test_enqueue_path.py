@@ -4,6 +4,7 @@ replaced behind the process's back still gets exactly what reading it first woul
 
 from __future__ import annotations
 
+import weakref
 from datetime import UTC, datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
@@ -44,7 +45,8 @@ def test_second_enqueue_of_a_job_does_not_read_the_job(clock):
     statements = _writes(ctx)
     assert not any('FROM "durable_scheduler_jobs" WHERE' in sql and "INSERT" not in sql for sql in statements)
     if connection.vendor == "postgresql":
-        assert len(statements) == 1  # occurrence, event and NOTIFY in one statement
+        assert len(statements) == 1  # occurrence, event and NOTIFY in one call of the function
+        assert dialect.ENQUEUE_FUNCTION in statements[0]
     elif connection.vendor == "sqlite":
         assert len(statements) == 2  # the guarded insert, then the event
     stored = Occurrence.objects.get(pk=occ.pk)
@@ -186,6 +188,43 @@ def _row_state(occ):
         occ.created_at,
         occ.updated_at,
     )
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the enqueue function is PostgreSQL's")
+def test_without_the_enqueue_function_the_plain_statement_writes_the_same(clock, monkeypatch):
+    """A database built without migration 0011 (or not migrated yet) enqueues through the
+    plain statement: same rows, same events, same guard."""
+    _make(payload={"d": 1})
+    scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a", payload={"p": "ü"})
+    scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
+    with_function = _stored("a", "b")
+    Event.objects.all().delete()
+    Occurrence.objects.all().delete()
+    with connection.cursor() as cursor:  # undone with the test's transaction
+        cursor.execute(f"DROP FUNCTION {dialect.ENQUEUE_FUNCTION}")
+    monkeypatch.setattr(dialect, "_HAS_ENQUEUE_FUNCTION", weakref.WeakKeyDictionary())
+    with CaptureQueriesContext(connection) as ctx:
+        scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a", payload={"p": "ü"})
+        scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
+    assert not any(dialect.ENQUEUE_FUNCTION + "(" in q["sql"] for q in ctx.captured_queries)
+    assert _stored("a", "b") == with_function
+    Job.objects.filter(pk="job-f").update(max_attempts=9)  # behind the remembered row's back
+    occ, _ = scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="c")
+    assert occ.max_attempts == 9
+
+
+def _stored(*keys):
+    """Every column of the occurrences with these trigger keys, and of their events."""
+    fields = Occurrence._meta.concrete_fields
+    rows = {
+        o.trigger_key: [getattr(o, f.attname) for f in fields]
+        for o in Occurrence.objects.filter(trigger_key__in=keys)
+    }
+    events = sorted(
+        (e.job_id, e.occurrence_id, e.event_type, e.occurred_at, e.owner_id, e.fence, e.data)
+        for e in Event.objects.filter(occurrence__trigger_key__in=keys)
+    )
+    return rows, events
 
 
 def test_bulk_rows_are_what_one_by_one_enqueues_write(clock):
