@@ -119,7 +119,13 @@ class Occurrence(models.Model):
                 condition=Q(status=OccurrenceStatus.QUEUED) | Q(status=OccurrenceStatus.RETRY_WAIT),
             ),
             models.Index(fields=["job", "trigger_key"], name="dsch_occurrences_job_trigger"),
-            models.Index(fields=["status", "settled_at"], name="dsch_occurrences_settled"),
+            # Settled rows only (pruning by age): a queued or running row has no entry, so an
+            # enqueue, a claim and a retry write none (MySQL/MariaDB: the whole table).
+            models.Index(
+                fields=["status", "settled_at"],
+                name="dsch_occurrences_settled",
+                condition=Q(settled_at__isnull=False),
+            ),
         ]
         constraints = [
             models.CheckConstraint(
