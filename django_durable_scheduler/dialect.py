@@ -25,6 +25,7 @@ from django.db.models.fields import AutoFieldMixin
 from django.utils.dateparse import parse_datetime
 
 from . import wakeup
+from .identity import json_text
 from .models import PENDING_STATUSES, Occurrence, OccurrenceStatus
 
 # PostgreSQL channel on which enqueues announce new work (LISTEN/NOTIFY wake-ups).
@@ -606,7 +607,6 @@ _ENQUEUE_CALL = (
 )
 # Per open database connection (the driver's object): whether it sees the function.
 _HAS_ENQUEUE_FUNCTION: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-json_text = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
 
 
 def has_enqueue_function(alias: str) -> bool:

@@ -149,9 +149,9 @@ class OccurrenceIdentity:
     idempotency_key: str
 
 
-# A JSON string literal as json.dumps(text, ensure_ascii=False) writes it, without the
-# per-call argument handling of json.dumps (a bulk enqueue writes one per occurrence).
-_json_text = json.JSONEncoder(ensure_ascii=False).encode
+# JSON text as json.dumps(value, ensure_ascii=False, allow_nan=False) writes it, without the
+# per-call argument handling of json.dumps (an enqueue writes several per occurrence).
+json_text = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
 
 
 def identity_deriver(job_id: str, job_revision: int) -> Callable[[int, str], OccurrenceIdentity]:
@@ -172,7 +172,7 @@ def identity_deriver(job_id: str, job_revision: int) -> Callable[[int, str], Occ
     def derive(scheduled_for_ms: int, trigger_key: str) -> OccurrenceIdentity:
         key = normalize_identifier(trigger_key, "trigger_key")
         scheduled = normalize_int(scheduled_for_ms, "scheduled_for_ms", minimum=0, maximum=MAX_EPOCH_MS)
-        material = f'{prefix}{scheduled},"triggerKey":{_json_text(key)}}}'
+        material = f'{prefix}{scheduled},"triggerKey":{json_text(key)}}}'
         digest = hashlib.sha256(material.encode("utf-8")).hexdigest()
         return OccurrenceIdentity(digest, "occ_" + digest, "scheduler:v1:" + digest)
 

@@ -39,6 +39,7 @@ from .identity import (
     from_ms,
     identity_deriver,
     iso_ms,
+    json_text,
     normalize_bool,
     normalize_identifier,
     normalize_int,
@@ -499,7 +500,8 @@ def _insert_occurrence(
 
 # The job fields an enqueued occurrence copies (its identity comes from the revision): the
 # enqueue fast path inserts from a remembered job only while the stored row still has these
-# values, so it writes exactly what reading the job first would have written.
+# values, so it writes exactly what reading the job first would have written. The enqueue
+# function of migration 0011 (PostgreSQL) checks the same columns.
 _JOB_GUARD = ("revision", "enabled", "max_attempts", "authority")
 
 
@@ -516,7 +518,7 @@ class _KnownJob:
     def authority_text(self) -> str:
         """The job's authority as JSON, encoded once (every occurrence copies it)."""
         if self.authority is None:
-            self.authority = dialect.json_text(self.job.authority)
+            self.authority = json_text(self.job.authority)
         return self.authority
 
     def guard(self, alias: str, *, default_payload: bool) -> tuple[str, list[Any]]:
