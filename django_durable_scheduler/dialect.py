@@ -16,11 +16,13 @@ import time
 import weakref
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from operator import attrgetter
 from typing import Any
 
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import F, Min, Model, Q, QuerySet
+from django.db.backends.base.operations import BaseDatabaseOperations
+from django.db.models import F, JSONField, Min, Model, Q, QuerySet
 from django.db.models.fields import AutoFieldMixin
 from django.utils.dateparse import parse_datetime
 
@@ -436,6 +438,8 @@ def _preparers(alias: str, model: type[Model]) -> list[tuple[str, Any, bool]]:
             prep = field.get_db_prep_save
             if utc_text and internal == "DateTimeField":
                 prep = _utc_text(prep)
+            elif internal == "JSONField" and _plain_json_text(connection, field):
+                prep = _json_dumps(prep)
             known.append((field.attname, prep, plain))
         _PREPARERS[key] = known
     return known
@@ -448,12 +452,49 @@ def _utc_text(prep: Any) -> Any:
     that text directly, skipping the field's chain of steps (the same result); any other
     value takes the chain."""
 
+    last: list[Any] = [None, None]  # rows built together often share a time
+
     def utc_text(value: Any, connection: BaseDatabaseWrapper) -> Any:
         if type(value) is datetime and value.tzinfo is UTC:
-            return value.replace(tzinfo=None).isoformat(" ")
+            if value is not last[0]:
+                last[:] = value, value.replace(tzinfo=None).isoformat(" ")
+            return last[1]
         return prep(value, connection)
 
     return utc_text
+
+
+def _plain_json_text(connection: BaseDatabaseWrapper, field: Any) -> bool:
+    """Whether ``field`` (a JSONField) is bound as ``json.dumps(value)`` text on this
+    database: no encoder of its own, and Django's base ``adapt_json_value`` (SQLite, MySQL,
+    MariaDB; PostgreSQL binds a ``Jsonb`` object instead)."""
+    return (
+        field.encoder is None
+        and type(connection.ops).adapt_json_value is BaseDatabaseOperations.adapt_json_value
+        and type(field).get_db_prep_save is JSONField.get_db_prep_save
+    )
+
+
+_JSON_TYPES = (dict, list, str, int, float, bool)
+
+
+def _json_dumps(prep: Any) -> Any:
+    """``prep`` (a JSONField's ``get_db_prep_save`` where :func:`_plain_json_text`) for the
+    kernel's plain JSON values: ``None`` is SQL NULL and any other plain value becomes
+    ``json.dumps(value)`` text, what the field's chain of steps returns for it; anything else
+    (an expression, a lazy string) takes the chain."""
+
+    def dumps(value: Any, connection: BaseDatabaseWrapper) -> Any:
+        if value is None:
+            return None
+        if type(value) in _JSON_TYPES:
+            return _dumps(value)
+        return prep(value, connection)
+
+    return dumps
+
+
+_dumps = json.dumps
 
 
 def _prepared(obj: Model, prep: list[tuple[str, Any, bool]], connection: BaseDatabaseWrapper) -> list[Any]:
@@ -472,6 +513,11 @@ def _insert_parts(alias: str, objs: Sequence[Model]) -> tuple[str, str, list[lis
     table, columns, _ = _insert_columns(alias, type(objs[0]))
     prep = _preparers(alias, type(objs[0]))
     return table, columns, [_prepared(obj, prep, connection) for obj in objs]
+
+
+def _one(get: Any) -> Any:
+    """``get`` (an attrgetter of one name) returning a 1-tuple, as one of several names does."""
+    return lambda obj: (get(obj),)
 
 
 def _placeholders(row: list[Any]) -> str:
@@ -686,13 +732,6 @@ def supports_insert_many(alias: str) -> bool:
     return connection.vendor == "sqlite" and bool(connection.features.can_return_rows_from_bulk_insert)
 
 
-def _json_ready(value: Any) -> Any:
-    """A field value as the JSON that ``jsonb_to_recordset`` turns back into it."""
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return value
-
-
 def _sqlite_variable_limit(connection: BaseDatabaseWrapper) -> int:
     """How many ``?`` one SQLite statement may hold: the library's own limit (32766 since
     SQLite 3.32) where Python can read it, else Django's conservative 999."""
@@ -740,8 +779,18 @@ def insert_many(
             constants.append(field.get_db_prep_save(getattr(first, field.attname), connection))
     pk = objs[0]._meta.pk
     assert pk is not None
+    # Per row: its values in one attrgetter call, then the few columns that need preparing.
+    get = attrgetter(*(field.attname for field in moving))
+    if len(moving) == 1:
+        get = _one(get)
+    width = len(moving)
     if postgres:
         per_statement = 5000
+        # The rows as JSON records: datetimes as ISO text (rows built together often share
+        # one), every other value as the JSON it is.
+        keys = [f"c{index}" for index in range(width)]
+        stamps = [index for index, field in enumerate(moving) if field.get_internal_type() == "DateTimeField"]
+        last: list[Any] = [None, None]
         record = ", ".join(f"c{index} {field.cast_db_type(connection)}" for index, field in enumerate(moving))
         source = f"jsonb_to_recordset(%s::jsonb) AS v({record})"
         head, tail = "INSERT INTO", " ON CONFLICT DO NOTHING" if skip_present else ""
@@ -750,7 +799,9 @@ def insert_many(
         per_statement = max(1, min(1000, (limit - len(constants)) // len(moving)))
         head, tail = ("INSERT OR IGNORE INTO" if skip_present else "INSERT INTO"), ""
         row = "(" + ", ".join(["%s"] * len(moving)) + ")"
-        prep = [entry for entry in _preparers(alias, type(first)) if entry[0] in vary]
+        # Bound as they are: plain values of plain columns; the rest prepared.
+        prep = {name: (dump, plain) for name, dump, plain in _preparers(alias, type(first))}
+        dumps = [(index, *prep[field.attname]) for index, field in enumerate(moving)]
     if skip_present:
         tail += f" RETURNING {connection.ops.quote_name(str(pk.column))}"
     inserted: set[Any] = set()
@@ -758,18 +809,34 @@ def insert_many(
         chunk = objs[start : start + per_statement]
         params = list(constants)
         if postgres:
-            keys = [(f"c{index}", field.attname) for index, field in enumerate(moving)]
-            records = [{key: _json_ready(getattr(obj, name)) for key, name in keys} for obj in chunk]
+            records = []
+            for obj in chunk:
+                values: list[Any] = list(get(obj))
+                for index in stamps:
+                    value = values[index]
+                    if isinstance(value, datetime):
+                        if value is not last[0]:
+                            last[:] = value, value.isoformat()
+                        values[index] = last[1]
+                records.append(dict(zip(keys, values, strict=True)))
             params.append(json.dumps(records, ensure_ascii=False, separators=(",", ":")))
         else:
             source = "(VALUES " + ", ".join([row] * len(chunk)) + ") AS v"
             for obj in chunk:
-                params += _prepared(obj, prep, connection)
+                bound: tuple[Any, ...] = get(obj)
+                params += bound
+                for index, dump, plain in dumps:
+                    value = bound[index]
+                    if not plain or type(value) not in _PLAIN:
+                        params[index - width] = dump(value, connection)
         with connection.cursor() as cursor:
             cursor.execute(f"{head} {table} {columns} SELECT {', '.join(select)} FROM {source}{tail}", params)
             if skip_present:
                 inserted.update(found[0] for found in cursor.fetchall())
-    _saved([obj for obj in objs if obj.pk in inserted] if skip_present else objs, alias)
+    if skip_present:
+        key = attrgetter(pk.attname)
+        objs = [obj for obj in objs if key(obj) in inserted]
+    _saved(objs, alias)
     return inserted
 
 

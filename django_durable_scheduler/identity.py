@@ -154,10 +154,30 @@ class OccurrenceIdentity:
 json_text = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
 
 
+OCCURRENCE_ID_PREFIX = "occ_"
+IDEMPOTENCY_KEY_PREFIX = "scheduler:v1:"
+
+
 def identity_deriver(job_id: str, job_revision: int) -> Callable[[int, str], OccurrenceIdentity]:
     """:func:`derive_occurrence_identity` for one job revision, as a function of
     ``(scheduled_for_ms, trigger_key)``: the part of the material they share is built once,
     for a bulk enqueue of thousands of occurrences of one job."""
+    digest_of = identity_digester(job_id, job_revision)
+
+    def derive(scheduled_for_ms: int, trigger_key: str) -> OccurrenceIdentity:
+        key = normalize_identifier(trigger_key, "trigger_key")
+        scheduled = normalize_int(scheduled_for_ms, "scheduled_for_ms", minimum=0, maximum=MAX_EPOCH_MS)
+        digest = digest_of(scheduled, key)
+        return OccurrenceIdentity(digest, OCCURRENCE_ID_PREFIX + digest, IDEMPOTENCY_KEY_PREFIX + digest)
+
+    return derive
+
+
+def identity_digester(job_id: str, job_revision: int) -> Callable[[int, str], str]:
+    """The identity digest of one job revision's occurrences, as a function of
+    ``(scheduled_for_ms, trigger_key)`` that trusts its arguments: the caller passes what
+    :func:`to_ms` and :func:`normalize_identifier` returned (the bulk enqueue has checked
+    every item before it derives any identity)."""
     job_id = normalize_identifier(job_id, "job_id")
     revision = normalize_int(job_revision, "job_revision", minimum=1, maximum=MAX_SAFE_INTEGER)
     # canonical_json of {"contractVersion", "jobId", "jobRevision", "scheduledFor",
@@ -168,15 +188,13 @@ def identity_deriver(job_id: str, job_revision: int) -> Callable[[int, str], Occ
         f'{IDENTITY_DOMAIN}{{"contractVersion":{CONTRACT_VERSION},"jobId":{job_json},'
         f'"jobRevision":{revision},"scheduledFor":'
     )
+    sha256 = hashlib.sha256
 
-    def derive(scheduled_for_ms: int, trigger_key: str) -> OccurrenceIdentity:
-        key = normalize_identifier(trigger_key, "trigger_key")
-        scheduled = normalize_int(scheduled_for_ms, "scheduled_for_ms", minimum=0, maximum=MAX_EPOCH_MS)
-        material = f'{prefix}{scheduled},"triggerKey":{json_text(key)}}}'
-        digest = hashlib.sha256(material.encode("utf-8")).hexdigest()
-        return OccurrenceIdentity(digest, "occ_" + digest, "scheduler:v1:" + digest)
+    def digest_of(scheduled_for_ms: int, trigger_key: str) -> str:
+        material = f'{prefix}{scheduled_for_ms},"triggerKey":{json_text(trigger_key)}}}'
+        return sha256(material.encode("utf-8")).hexdigest()
 
-    return derive
+    return digest_of
 
 
 def derive_occurrence_identity(

@@ -34,10 +34,12 @@ from .exceptions import (
     RevisionConflict,
 )
 from .identity import (
+    IDEMPOTENCY_KEY_PREFIX,
+    OCCURRENCE_ID_PREFIX,
     canonical_json,
     derive_occurrence_identity,
     from_ms,
-    identity_deriver,
+    identity_digester,
     iso_ms,
     json_text,
     normalize_bool,
@@ -635,14 +637,17 @@ def _clone(proto: Any, **values: Any) -> Any:
 
 def _new_occurrences(job: Job, parsed: list[tuple[int, str, int, Any]], now: datetime) -> list[Occurrence]:
     """Queued occurrences of ``job`` for ``(scheduled_ms, trigger_key, available_ms,
-    payload)`` items (not saved): what :func:`_new_occurrence` builds, one clone each."""
+    payload)`` items (checked; not saved): what :func:`_new_occurrence` builds, one clone
+    of the first each (a bulk enqueue builds thousands)."""
     rows: list[Occurrence] = []
-    proto: Occurrence | None = None
-    derive = identity_deriver(job.job_id, job.revision)
+    digest_of = identity_digester(job.job_id, job.revision)
+    times: dict[int, datetime] = {}  # items often share their times
+    proto: dict[str, Any] | None = None
+    new = Occurrence.__new__
     for scheduled_ms, key, available_ms, payload in parsed:
         value = job.payload if payload is _UNSET else payload
         if proto is None:
-            proto = _new_occurrence(
+            first = _new_occurrence(
                 job,
                 scheduled_ms=scheduled_ms,
                 trigger_key=key,
@@ -650,20 +655,25 @@ def _new_occurrences(job: Job, parsed: list[tuple[int, str, int, Any]], now: dat
                 payload=value,
                 now=now,
             )
-            rows.append(proto)
+            rows.append(first)
+            proto = dict(first.__dict__)
             continue
-        identity = derive(scheduled_ms, key)
-        scheduled = from_ms(scheduled_ms)
-        row = _clone(
-            proto,
-            occurrence_id=identity.occurrence_id,
-            idempotency_key=identity.idempotency_key,
-            trigger_key=key,
-            scheduled_for=scheduled,
-            available_at=scheduled if available_ms == scheduled_ms else from_ms(available_ms),
-            payload=value,
-        )
-        row._state.fields_cache["job"] = job
+        digest = digest_of(scheduled_ms, key)
+        scheduled = times.get(scheduled_ms) or times.setdefault(scheduled_ms, from_ms(scheduled_ms))
+        available = scheduled
+        if available_ms != scheduled_ms:
+            available = times.get(available_ms) or times.setdefault(available_ms, from_ms(available_ms))
+        row = new(Occurrence)
+        values = row.__dict__
+        values.update(proto)
+        values["_state"] = state = ModelState()
+        state.fields_cache["job"] = job
+        values["occurrence_id"] = OCCURRENCE_ID_PREFIX + digest
+        values["idempotency_key"] = IDEMPOTENCY_KEY_PREFIX + digest
+        values["trigger_key"] = key
+        values["scheduled_for"] = scheduled
+        values["available_at"] = available
+        values["payload"] = value
         rows.append(row)
     return rows
 
@@ -689,9 +699,9 @@ def _split_fresh(job: Job, rows: list[Occurrence]) -> tuple[dict[str, Occurrence
     fresh: dict[str, Occurrence] = {}
     firsts: list[Occurrence] = []
     for row in rows:
-        prior = fresh.get(row.pk)
+        prior = fresh.get(row.occurrence_id)
         if prior is None:
-            fresh[row.pk] = prior = row
+            fresh[row.occurrence_id] = prior = row
         elif canonical_json(prior.payload) != canonical_json(row.payload):
             raise _payload_mismatch(job, row.trigger_key)
         firsts.append(prior)
@@ -704,19 +714,42 @@ def _judge_present(
     results: list[tuple[Occurrence, bool]] = []
     seen: set[str] = set()
     for row, first in zip(rows, firsts, strict=True):
-        prior = present.get(row.pk)
+        prior = present.get(row.occurrence_id)
         if prior is not None and canonical_json(prior.payload) != canonical_json(row.payload):
             raise _payload_mismatch(job, row.trigger_key)
         if prior is not None:
             results.append((prior, True))
         else:
-            results.append((first, first.pk in seen))
-            seen.add(first.pk)
+            results.append((first, first.occurrence_id in seen))
+            seen.add(first.occurrence_id)
     return results
 
 
 def _enqueued_events(rows: Iterable[Occurrence], now: datetime) -> list[Event]:
-    return [_enqueued_event(row, now) for row in rows]
+    """The ``occurrence_enqueued`` event of each of ``rows`` (not saved): what
+    :func:`_enqueued_event` builds, one clone of the first each."""
+    events: list[Event] = []
+    proto: dict[str, Any] | None = None
+    times: dict[datetime, int] = {}
+    new = Event.__new__
+    for row in rows:
+        if proto is None:
+            first = _enqueued_event(row, now)
+            events.append(first)
+            proto = dict(first.__dict__)
+            continue
+        scheduled = row.scheduled_for
+        scheduled_ms = times.get(scheduled)
+        if scheduled_ms is None:
+            scheduled_ms = times[scheduled] = to_ms(scheduled, "scheduled_for")
+        event = new(Event)
+        values = event.__dict__
+        values.update(proto)
+        values["_state"] = ModelState()
+        values["occurrence_id"] = row.occurrence_id
+        values["data"] = _enqueued_data(row.job_revision, scheduled_ms, row.trigger_key)
+        events.append(event)
+    return events
 
 
 def _insert_many_new(

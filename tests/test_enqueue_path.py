@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
+from django.utils.translation import gettext_lazy
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import dialect, kernel
@@ -333,3 +334,43 @@ def test_insert_preparation_of_datetimes_is_djangos(value):
             assert prep(value, connection) == field.get_db_prep_save(value, connection)
             return
     raise AssertionError("no scheduled_for column")
+
+
+def test_insert_preparation_of_a_time_shared_by_rows_is_each_rows_own():
+    """SQLite remembers the text of the last UTC datetime it prepared: another datetime
+    (equal or not) gets its own text."""
+    prep = next(p for name, p, _ in dialect._preparers("default", Occurrence) if name == "available_at")
+    field = Occurrence._meta.get_field("available_at")
+    first = datetime(2026, 1, 1, 0, 0, 0, 1000, tzinfo=UTC)
+    for value in (first, first, datetime(2026, 1, 1, tzinfo=UTC), first, first + timedelta(days=1)):
+        assert prep(value, connection) == field.get_db_prep_save(value, connection)
+
+
+def _bound(value):
+    return getattr(value, "obj", value)  # psycopg's Jsonb wrapper: its value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        {},
+        {"b": 1, "a": [1, 2.5, None, True, False], "z": {"k": "v"}},
+        ["x", {"é": "naïve ✓ \U0001f600"}, -0.0, 1e300],
+        "a string",
+        "",
+        0,
+        2**63,
+        3.25,
+        True,
+        False,
+        gettext_lazy("lazy"),  # not a plain value: the field's chain
+    ],
+)
+@pytest.mark.parametrize("name", ["payload", "authority", "result"])
+def test_insert_preparation_of_json_is_djangos(name, value):
+    """The insert paths bind each JSON value as the field's own chain would (SQLite, MySQL:
+    ``json.dumps`` text directly for plain values)."""
+    prep = next(p for column, p, _ in dialect._preparers("default", Occurrence) if column == name)
+    field = Occurrence._meta.get_field(name)
+    assert _bound(prep(value, connection)) == _bound(field.get_db_prep_save(value, connection))
