@@ -723,6 +723,11 @@ def insert_enqueued(
     return bool(outcome)
 
 
+def supports_insert_enqueued_many(alias: str) -> bool:
+    """Whether :func:`insert_enqueued_many` can be used (PostgreSQL)."""
+    return connections[alias].vendor == "postgresql"
+
+
 def supports_insert_many(alias: str) -> bool:
     """Whether :func:`insert_many` can report which rows it inserted on this database
     (PostgreSQL; SQLite 3.35+, for ``RETURNING``)."""
@@ -758,6 +763,63 @@ def insert_many(
     NOTHING`` / ``INSERT OR IGNORE``), and the primary keys of the rows inserted are
     returned (else an empty set: a generated key is not read back).
     PostgreSQL and SQLite only (see :func:`supports_insert_many`)."""
+    return _insert_many(alias, objs, varying=varying, skip_present=skip_present)
+
+
+def insert_enqueued_many(
+    alias: str, objs: Sequence[Occurrence], *, varying: Sequence[str], event: Model
+) -> set[Any]:
+    """PostgreSQL: :func:`insert_many` of new queued occurrences ``objs`` with
+    ``skip_present``, and in the same statement, for each occurrence inserted (in the order
+    inserted), its ``occurrence_enqueued`` event: ``event``'s values (job, type, time, owner,
+    fence) with the occurrence's id and, as data, the occurrence's ``{"jobRevision",
+    "scheduledFor"`` (epoch milliseconds), ``"triggerKey"}`` (what the kernel writes for one
+    occurrence), built by the database from the row it inserted. Nothing to build, send and
+    parse per event, and one statement instead of two."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        raise ValueError(f"no insert_enqueued_many on {connection.vendor}")
+    quote = connection.ops.quote_name
+    table, columns, fields = _insert_columns(alias, type(event))
+    select: list[str] = []
+    params: list[Any] = []
+    for field in fields:
+        if field.attname == "occurrence_id":
+            select.append("ins.occurrence_id")
+        elif field.attname == "data":
+            select.append(
+                "jsonb_build_object('jobRevision', ins.job_revision, 'scheduledFor',"
+                " (extract(epoch FROM ins.scheduled_for) * 1000)::bigint, 'triggerKey', ins.trigger_key)"
+            )
+        else:
+            select.append(f"%s::{field.cast_db_type(connection)}")
+            params.append(field.get_db_prep_save(getattr(event, field.attname), connection))
+    returned = ", ".join(
+        quote(name) for name in ("occurrence_id", "job_revision", "scheduled_for", "trigger_key")
+    )
+
+    def then(insert: str) -> tuple[str, list[Any]]:
+        return (
+            f"WITH ins AS ({insert} RETURNING {returned}), "
+            f"ev AS (INSERT INTO {table} {columns} SELECT {', '.join(select)} FROM ins) "
+            "SELECT occurrence_id FROM ins",
+            params,
+        )
+
+    return _insert_many(alias, objs, varying=varying, skip_present=True, then=then)
+
+
+def _insert_many(
+    alias: str,
+    objs: Sequence[Model],
+    *,
+    varying: Sequence[str],
+    skip_present: bool,
+    then: Any = None,
+) -> set[Any]:
+    """:func:`insert_many`; ``then`` (PostgreSQL, with ``skip_present``): turns each ``INSERT
+    ... ON CONFLICT DO NOTHING`` (without ``RETURNING``) into the statement to run, which
+    returns the primary keys inserted, and gives the parameters it adds after the insert's."""
     if not objs:
         return set()
     connection = connections[alias]
@@ -802,7 +864,7 @@ def insert_many(
         # Bound as they are: plain values of plain columns; the rest prepared.
         prep = {name: (dump, plain) for name, dump, plain in _preparers(alias, type(first))}
         dumps = [(index, *prep[field.attname]) for index, field in enumerate(moving)]
-    if skip_present:
+    if skip_present and then is None:
         tail += f" RETURNING {connection.ops.quote_name(str(pk.column))}"
     inserted: set[Any] = set()
     for start in range(0, len(objs), per_statement):
@@ -829,8 +891,12 @@ def insert_many(
                     value = bound[index]
                     if not plain or type(value) not in _PLAIN:
                         params[index - width] = dump(value, connection)
+        sql = f"{head} {table} {columns} SELECT {', '.join(select)} FROM {source}{tail}"
+        if then is not None:
+            sql, more = then(sql)
+            params += more
         with connection.cursor() as cursor:
-            cursor.execute(f"{head} {table} {columns} SELECT {', '.join(select)} FROM {source}{tail}", params)
+            cursor.execute(sql, params)
             if skip_present:
                 inserted.update(found[0] for found in cursor.fetchall())
     if skip_present:

@@ -753,10 +753,12 @@ def _enqueued_events(rows: Iterable[Occurrence], now: datetime) -> list[Event]:
 
 
 def _in_key_order(rows: dict[str, Occurrence]) -> list[Occurrence]:
-    """``rows`` (by occurrence id) in key order, for a bulk insert: the two unique indexes
-    (the ids and the idempotency keys share their digest) then take the new entries in
-    order, each next to the last, instead of at random places (SQLite bulk enqueue +15%;
-    InnoDB clusters the table on the key). Their events keep the items' order."""
+    """``rows`` (by occurrence id) in key order: a bulk enqueue inserts new occurrences, and
+    writes their events, in this order. Both unique indexes (the ids and the idempotency
+    keys share their digest) then take the new entries each next to the last instead of at
+    random places (SQLite bulk enqueue +15%, PostgreSQL +5%; InnoDB clusters the table on
+    the key); and the order of one bulk's events does not depend on how the caller happened
+    to list the items."""
     return [rows[key] for key in sorted(rows)]
 
 
@@ -766,30 +768,31 @@ def _insert_many_new(
     """Bulk enqueue where the database says which rows it inserted (PostgreSQL, SQLite):
     insert all, skipping identities present; only those are read back (to compare
     payloads), and only the inserted rows get events."""
+    if not rows:
+        return []
     fresh, firsts = _split_fresh(job, rows)
-    inserted = dialect.insert_many(
-        alias,
-        _in_key_order(fresh),
-        varying=[
-            "occurrence_id",
-            "idempotency_key",
-            "trigger_key",
-            "scheduled_for",
-            "available_at",
-            "payload",
-        ],
-        skip_present=True,
-    )
+    ordered = _in_key_order(fresh)
+    if dialect.supports_insert_enqueued_many(alias):
+        # PostgreSQL: the statement that inserts the rows writes their events too, from the
+        # rows (the data _enqueued_data gives), in the order inserted.
+        event = _enqueued_event(rows[0], now)
+        inserted = dialect.insert_enqueued_many(alias, ordered, varying=_VARYING, event=event)
+    else:
+        inserted = dialect.insert_many(alias, ordered, varying=_VARYING, skip_present=True)
+        new = [row for row in ordered if row.occurrence_id in inserted]
+        dialect.insert_many(alias, _enqueued_events(new, now), varying=["occurrence_id", "data"])
     missing = [pk for pk in fresh if pk not in inserted]
     present = _present(alias, missing)
     if len(present) != len(missing):
         raise IntegrityError("occurrences were neither inserted nor found")
     results = _judge_present(job, rows, firsts, present)
-    new = [row for pk, row in fresh.items() if pk in inserted]
-    if new:
-        dialect.insert_many(alias, _enqueued_events(new, now), varying=["occurrence_id", "data"])
+    if inserted:
         dialect.notify_new_work(alias)
     return results
+
+
+# The columns in which a bulk enqueue's rows differ (the rest are the job's, the same for all).
+_VARYING = ["occurrence_id", "idempotency_key", "trigger_key", "scheduled_for", "available_at", "payload"]
 
 
 def _insert_many_portable(
@@ -800,11 +803,9 @@ def _insert_many_portable(
     fresh, firsts = _split_fresh(job, rows)
     present = _present(alias, list(fresh))
     results = _judge_present(job, rows, firsts, present)
-    new = [row for pk, row in fresh.items() if pk not in present]
+    new = _in_key_order({pk: row for pk, row in fresh.items() if pk not in present})
     if new:
-        Occurrence.objects.using(alias).bulk_create(
-            _in_key_order({row.pk: row for row in new}), batch_size=500
-        )
+        Occurrence.objects.using(alias).bulk_create(new, batch_size=500)
         Event.objects.using(alias).bulk_create(_enqueued_events(new, now), batch_size=500)
         dialect.notify_new_work(alias)
     return results

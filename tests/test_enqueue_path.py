@@ -266,6 +266,39 @@ def test_bulk_rows_are_what_one_by_one_enqueues_write(clock):
     assert bulk["bulk-4"][12] is None
 
 
+def test_bulk_events_are_in_key_order_with_exact_times(clock):
+    """A bulk enqueue writes its new occurrences' events in occurrence id order, whatever
+    the items' order, each with its slot's exact epoch milliseconds (the database builds
+    them on PostgreSQL), and none for a present or repeated identity."""
+    _make()
+    present, _ = scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="present")
+    slots = [
+        datetime(1970, 1, 1, tzinfo=UTC),
+        datetime(1970, 1, 1, 0, 0, 0, 1000, tzinfo=UTC),
+        datetime(2038, 1, 19, 3, 14, 8, 999000, tzinfo=UTC),
+        datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC),
+        clock(),
+    ]
+    items = [{"scheduled_for": slot, "trigger_key": f"t{i}"} for i, slot in enumerate(slots)]
+    items += [{"scheduled_for": clock(), "trigger_key": "present"}, dict(items[2])]
+    results = scheduler.enqueue_many("job-f", items)
+    assert [dedup for _, dedup in results] == [False] * len(slots) + [True, True]
+    events = list(
+        Event.objects.filter(event_type="occurrence_enqueued").exclude(occurrence=present).order_by("pk")
+    )
+    new = {occ.pk: occ for occ, dedup in results if not dedup}
+    assert [event.occurrence_id for event in events] == sorted(new)
+    for event in events:
+        occ = new[event.occurrence_id]
+        assert event.data == {
+            "jobRevision": occ.job_revision,
+            "scheduledFor": kernel.to_ms(occ.scheduled_for, "scheduled_for"),
+            "triggerKey": occ.trigger_key,
+        }
+        assert (event.job_id, event.owner_id, event.fence) == ("job-f", None, None)
+    assert {event.data["scheduledFor"] for event in events} >= {0, 1, 2_147_483_648_999, 253_402_300_799_999}
+
+
 def test_bulk_larger_than_one_statement_skips_present_rows(clock):
     _make()
     present = [
