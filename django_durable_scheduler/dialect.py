@@ -672,6 +672,36 @@ def has_enqueue_function(alias: str) -> bool:
     return known
 
 
+def _binding_cursor(alias: str) -> Any:
+    """A cursor for a statement that returns no times, Django's wrapper (query logging,
+    execute wrappers, error translation) around a psycopg 3 cursor that sends the
+    parameters apart from the statement. Django's own psycopg 3 cursors bind them
+    client-side into the statement's text: the client quotes each one and the server lexes
+    it as a literal. Sent apart, the server reads them with the types' input functions
+    (one-by-one enqueue on PostgreSQL: 0.07 ms less a call, a tenth). Still no prepared
+    statement (Django's setting, for transaction-mode poolers). Django's own cursor where
+    it binds server-side already, or the connection is not psycopg 3's."""
+    connection = connections[alias]
+    if connection.settings_dict["OPTIONS"].get("server_side_binding") is True:
+        return connection.cursor()
+    connection.ensure_connection()
+    raw = connection.connection
+    cursor_class = _BINDING_CURSORS.get(type(raw))
+    if cursor_class is None:
+        try:
+            import psycopg
+        except ImportError:  # psycopg2
+            return connection.cursor()
+        if not isinstance(raw, psycopg.Connection):
+            return connection.cursor()
+        cursor_class = _BINDING_CURSORS[type(raw)] = psycopg.Cursor
+    # What connection.cursor() does with the cursor it creates (thread check, wrapper).
+    return connection._prepare_cursor(cursor_class(raw))  # type: ignore[attr-defined]
+
+
+_BINDING_CURSORS: dict[type, Any] = {}
+
+
 def insert_enqueued(
     alias: str,
     occurrence: Occurrence,
@@ -713,7 +743,7 @@ def insert_enqueued(
         guard,
         CHANNEL if notify else None,
     ]
-    with connections[alias].cursor() as cursor:
+    with _binding_cursor(alias) as cursor:
         cursor.execute(_ENQUEUE_CALL, params)
         (outcome,) = cursor.fetchone()
     if outcome < 0:
@@ -895,7 +925,9 @@ def _insert_many(
         if then is not None:
             sql, more = then(sql)
             params += more
-        with connection.cursor() as cursor:
+        # PostgreSQL: the rows' one JSON parameter (a megabyte for 5,000) sent as it is,
+        # not quoted into the statement and lexed back.
+        with _binding_cursor(alias) if postgres else connection.cursor() as cursor:
             cursor.execute(sql, params)
             if skip_present:
                 inserted.update(found[0] for found in cursor.fetchall())

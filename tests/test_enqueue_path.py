@@ -192,6 +192,33 @@ def _row_state(occ):
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the enqueue function is PostgreSQL's")
+def test_enqueue_function_parameters_travel_apart_from_the_statement(clock):
+    """The function call binds its parameters server-side (psycopg's Cursor, not Django's
+    ClientCursor), through Django's cursor wrapper: query capture and execute wrappers see
+    it, and values that would need quoting as literals arrive intact."""
+    import psycopg
+
+    _make()
+    scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="first")  # remembers the job
+    payload = {"q": 'it\'s 100% $1 %s \\ "x" ü 😀', "n": [None, -1.5e-300]}
+    seen = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append((sql, context["cursor"].cursor))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper), CaptureQueriesContext(connection) as ctx:
+        occ, dedup = scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="it's %s", payload=payload)
+    assert not dedup
+    ((sql, raw),) = seen
+    assert dialect.ENQUEUE_FUNCTION in sql and dialect.ENQUEUE_FUNCTION in ctx.captured_queries[-1]["sql"]
+    assert isinstance(raw, psycopg.Cursor) and not isinstance(raw, psycopg.ClientCursor)
+    stored = Occurrence.objects.get(pk=occ.pk)
+    assert (stored.payload, stored.trigger_key) == (payload, "it's %s")
+    assert Event.objects.get(occurrence=stored).data["triggerKey"] == "it's %s"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the enqueue function is PostgreSQL's")
 def test_without_the_enqueue_function_the_plain_statement_writes_the_same(clock, monkeypatch):
     """A database built without migration 0011 (or not migrated yet) enqueues through the
     plain statement: same rows, same events, same guard."""
