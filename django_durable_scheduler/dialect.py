@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from operator import attrgetter
 from typing import Any
@@ -688,18 +688,23 @@ def _binding_cursor(alias: str) -> Any:
     raw = connection.connection
     cursor_class = _BINDING_CURSORS.get(type(raw))
     if cursor_class is None:
-        try:
-            import psycopg
-        except ImportError:  # psycopg2
-            return connection.cursor()
-        if not isinstance(raw, psycopg.Connection):
-            return connection.cursor()
-        cursor_class = _BINDING_CURSORS[type(raw)] = psycopg.Cursor
+        cursor_class = _BINDING_CURSORS[type(raw)] = _binding_cursor_class(raw)
+    if cursor_class is False:
+        return connection.cursor()
     # What connection.cursor() does with the cursor it creates (thread check, wrapper).
     return connection._prepare_cursor(cursor_class(raw))  # type: ignore[attr-defined]
 
 
+# Per driver connection class: the cursor class that binds server-side, or False (psycopg2).
 _BINDING_CURSORS: dict[type, Any] = {}
+
+
+def _binding_cursor_class(raw: Any) -> Any:
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    return psycopg.Cursor if isinstance(raw, psycopg.Connection) else False
 
 
 def insert_enqueued(
@@ -845,7 +850,7 @@ def _insert_many(
     *,
     varying: Sequence[str],
     skip_present: bool,
-    then: Any = None,
+    then: Callable[[str], tuple[str, list[Any]]] | None = None,
 ) -> set[Any]:
     """:func:`insert_many`; ``then`` (PostgreSQL, with ``skip_present``): turns each ``INSERT
     ... ON CONFLICT DO NOTHING`` (without ``RETURNING``) into the statement to run, which
