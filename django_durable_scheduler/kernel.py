@@ -628,10 +628,12 @@ def enqueue_many(
 def _clone(proto: Any, **values: Any) -> Any:
     """A new unsaved model instance with ``proto``'s field values but ``values``: for rows
     built by the thousand (a fraction of the cost of ``Model(**fields)``)."""
-    obj = proto.__class__.__new__(proto.__class__)
-    obj.__dict__.update(proto.__dict__)
-    obj._state = ModelState()
-    obj.__dict__.update(values)
+    cls: Any = type(proto)
+    obj = cls.__new__(cls)
+    fields = obj.__dict__
+    fields.update(proto.__dict__)
+    fields.update(values)
+    fields["_state"] = ModelState()
     return obj
 
 
@@ -642,11 +644,10 @@ def _new_occurrences(job: Job, parsed: list[tuple[int, str, int, Any]], now: dat
     rows: list[Occurrence] = []
     digest_of = identity_digester(job.job_id, job.revision)
     times: dict[int, datetime] = {}  # items often share their times
-    proto: dict[str, Any] | None = None
-    new = Occurrence.__new__
+    first: Occurrence | None = None
     for scheduled_ms, key, available_ms, payload in parsed:
         value = job.payload if payload is _UNSET else payload
-        if proto is None:
+        if first is None:
             first = _new_occurrence(
                 job,
                 scheduled_ms=scheduled_ms,
@@ -656,24 +657,22 @@ def _new_occurrences(job: Job, parsed: list[tuple[int, str, int, Any]], now: dat
                 now=now,
             )
             rows.append(first)
-            proto = dict(first.__dict__)
             continue
         digest = digest_of(scheduled_ms, key)
         scheduled = times.get(scheduled_ms) or times.setdefault(scheduled_ms, from_ms(scheduled_ms))
         available = scheduled
         if available_ms != scheduled_ms:
             available = times.get(available_ms) or times.setdefault(available_ms, from_ms(available_ms))
-        row = new(Occurrence)
-        values = row.__dict__
-        values.update(proto)
-        values["_state"] = state = ModelState()
-        state.fields_cache["job"] = job
-        values["occurrence_id"] = OCCURRENCE_ID_PREFIX + digest
-        values["idempotency_key"] = IDEMPOTENCY_KEY_PREFIX + digest
-        values["trigger_key"] = key
-        values["scheduled_for"] = scheduled
-        values["available_at"] = available
-        values["payload"] = value
+        row = _clone(
+            first,
+            occurrence_id=OCCURRENCE_ID_PREFIX + digest,
+            idempotency_key=IDEMPOTENCY_KEY_PREFIX + digest,
+            trigger_key=key,
+            scheduled_for=scheduled,
+            available_at=available,
+            payload=value,
+        )
+        row._state.fields_cache["job"] = job
         rows.append(row)
     return rows
 
@@ -729,26 +728,19 @@ def _enqueued_events(rows: Iterable[Occurrence], now: datetime) -> list[Event]:
     """The ``occurrence_enqueued`` event of each of ``rows`` (not saved): what
     :func:`_enqueued_event` builds, one clone of the first each."""
     events: list[Event] = []
-    proto: dict[str, Any] | None = None
+    first: Event | None = None
     times: dict[datetime, int] = {}
-    new = Event.__new__
     for row in rows:
-        if proto is None:
+        if first is None:
             first = _enqueued_event(row, now)
             events.append(first)
-            proto = dict(first.__dict__)
             continue
         scheduled = row.scheduled_for
         scheduled_ms = times.get(scheduled)
         if scheduled_ms is None:
             scheduled_ms = times[scheduled] = to_ms(scheduled, "scheduled_for")
-        event = new(Event)
-        values = event.__dict__
-        values.update(proto)
-        values["_state"] = ModelState()
-        values["occurrence_id"] = row.occurrence_id
-        values["data"] = _enqueued_data(row.job_revision, scheduled_ms, row.trigger_key)
-        events.append(event)
+        data = _enqueued_data(row.job_revision, scheduled_ms, row.trigger_key)
+        events.append(_clone(first, occurrence_id=row.occurrence_id, data=data))
     return events
 
 
