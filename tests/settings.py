@@ -65,6 +65,9 @@ elif _db["ENGINE"] == "django.db.backends.mysql":
     _db["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# Test users' passwords need no strength: the default hasher (PBKDF2, over a million
+# iterations) took about half a second of every admin test's setup.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Subprocesses of the race tests share a dilated clock (tests/procs/clock.py).
 if os.environ.get("DSCH_CLOCK_T0"):
     DURABLE_SCHEDULER_CLOCK = "tests.procs.clock.dilated"

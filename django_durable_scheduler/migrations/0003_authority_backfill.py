@@ -8,6 +8,7 @@ neither rebound nor allowed to widen a policy (the seed's rule).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.db import migrations
@@ -20,6 +21,29 @@ TERMINAL = ("succeeded", "dead_letter")
 REF = "schedulerPolicyRevision"
 BOUND = "scheduler-authority:1"
 DEFAULTS = {"window_ms": 24 * 60 * 60 * 1000, "max_runs": 100_000, "max_units": 100_000}
+MEMO_SIZE = 4096  # distinct envelopes remembered; occurrences mostly repeat their job's
+
+
+def normalizer() -> Any:
+    """``normalize_authority`` remembered by the envelope's exact JSON text (key order, ``1``
+    against ``1.0`` and ``true`` all kept apart), so a backfill normalizes each distinct
+    envelope once, not once a row. Rows share a result: callers must not change it."""
+    memo: dict[str, dict[str, Any]] = {}
+
+    def normalize(value: Any, field: str) -> dict[str, Any]:
+        try:
+            key = json.dumps(value)
+        except (TypeError, ValueError):
+            return normalize_authority(value, field)  # it says what is wrong
+        done = memo.get(key)
+        if done is None:
+            done = normalize_authority(value, field)
+            if len(memo) >= MEMO_SIZE:
+                memo.clear()
+            memo[key] = done
+        return done
+
+    return normalize
 
 
 def forward(apps: Any, schema_editor: Any) -> None:
@@ -28,15 +52,15 @@ def forward(apps: Any, schema_editor: Any) -> None:
     Occurrence = apps.get_model("durable_scheduler", "Occurrence")
     Policy = apps.get_model("durable_scheduler", "AuthorityPolicy")
     principals: dict[tuple[str, str], set[str]] = {}
+    normalize = normalizer()
 
     def bind(row: Any, label: str) -> None:
-        authority = normalize_authority(row.authority, f"{label} {row.pk} authority")
-        principal = authority["principal"]
+        shared = normalize(row.authority, f"{label} {row.pk} authority")
+        principal = shared["principal"]
         principals.setdefault((principal["type"], principal["id"]), set()).update(
-            authority["requestedCapabilities"]
+            shared["requestedCapabilities"]
         )
-        authority["authorizationRefs"][REF] = BOUND
-        row.authority = authority
+        row.authority = {**shared, "authorizationRefs": {**shared["authorizationRefs"], REF: BOUND}}
 
     for rows in batches(Job, alias, ["authority"]):
         for row in rows:
@@ -46,7 +70,7 @@ def forward(apps: Any, schema_editor: Any) -> None:
         pending = []
         for row in rows:
             if row.status in TERMINAL:
-                normalize_authority(row.authority, f"occurrence {row.pk} authority")
+                normalize(row.authority, f"occurrence {row.pk} authority")
             else:
                 bind(row, "occurrence")
                 pending.append(row)

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 BATCH = 2000
+CHUNK = 100  # rows a statement in update_column
 
 
 def batches(model: Any, alias: str, fields: Sequence[str], batch: int = BATCH) -> Iterator[list[Any]]:
@@ -26,10 +27,13 @@ def batches(model: Any, alias: str, fields: Sequence[str], batch: int = BATCH) -
 
 
 def update_column(model: Any, schema_editor: Any, rows: Sequence[Any], name: str) -> None:
-    """UPDATE one column of ``rows`` with one prepared statement per row (executemany).
+    """UPDATE one column of ``rows``, ``CHUNK`` rows a statement.
 
-    ``bulk_update`` builds a CASE with a branch per row, which costs O(batch**2) on some
-    databases; this stays linear.
+    Each statement is ``SET col = CASE pk WHEN .. THEN .. END WHERE pk IN (..)``, the form
+    ``bulk_update`` uses. Its cost grows with the square of the rows in one CASE, so the chunks
+    stay small; against one statement a row, it saves a round trip a row (100,000 occurrences:
+    minutes on MariaDB). PostgreSQL types a CASE of bare parameters as text, so the CASE is cast
+    to the column's type there, as ``bulk_update`` does.
     """
     if not rows:
         return
@@ -37,7 +41,14 @@ def update_column(model: Any, schema_editor: Any, rows: Sequence[Any], name: str
     field = model._meta.get_field(name)
     pk = model._meta.pk
     quote = connection.ops.quote_name
-    sql = f"UPDATE {quote(model._meta.db_table)} SET {quote(field.column)} = %s WHERE {quote(pk.column)} = %s"
-    params = [(field.get_db_prep_save(getattr(row, name), connection), row.pk) for row in rows]
+    table, column, key = quote(model._meta.db_table), quote(field.column), quote(pk.column)
+    values = [(row.pk, field.get_db_prep_save(getattr(row, name), connection)) for row in rows]
     with connection.cursor() as cursor:
-        cursor.executemany(sql, params)
+        for start in range(0, len(values), CHUNK):
+            chunk = values[start : start + CHUNK]
+            case = f"CASE {key} {' '.join(['WHEN %s THEN %s'] * len(chunk))} END"
+            if connection.features.requires_casted_case_in_updates:
+                case = f"CAST({case} AS {field.db_type(connection)})"
+            keys = ", ".join(["%s"] * len(chunk))
+            params = [param for pair in chunk for param in pair] + [pk_value for pk_value, _ in chunk]
+            cursor.execute(f"UPDATE {table} SET {column} = {case} WHERE {key} IN ({keys})", params)
