@@ -172,11 +172,13 @@ def insert_rows(model, rows):
     statement that the driver runs for each row (SQLite) or rewrites to many rows (MySQL)."""
     names = list(rows[0])
     fields = [model._meta.get_field(name) for name in names]
-    prepared = {}  # a value shared by many rows (an envelope, a time) is prepared once
+    prepared = {}  # envelopes and times, shared by many rows, are prepared once
 
     def prep(field, value):
+        if value is None or type(value) in (str, int):
+            return value  # what these columns' preparation returns for them
         key = (field.name, id(value))
-        if key not in prepared:
+        if key not in prepared:  # the entry holds the value, so its id is not reused
             prepared[key] = (value, field.get_db_prep_save(value, connection))
         return prepared[key][1]
 
