@@ -10,6 +10,7 @@ not registered are never claimed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -110,6 +111,7 @@ class Worker:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._signals = 0
+        self._signal_pipe: tuple[int, int] | None = None  # (read, write), see _on_signal
         self._heartbeat_stop = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
         self._principal_cursor: str | None = None
@@ -133,17 +135,38 @@ class Worker:
         self._wake.set()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._signals += 1
-        if self._signals > 1:
-            logger.warning("second signal: exiting at once; unfinished leases will expire")
-            os._exit(1)
-        logger.info("signal %s: stopping (grace %.1f s)", signal.Signals(signum).name, self.grace)
-        self.stop()
+        """The SIGTERM/SIGINT handler. Python runs it in the main thread between two of that
+        thread's steps, which may be inside ``Event.wait`` or ``Event.clear`` holding the
+        event's lock: stopping from here (``self._wake.set()``) would wait forever on a lock
+        its own thread holds. So it takes no lock: it writes the signal to a pipe, and the
+        ``dsch-signals`` thread logs it and stops the worker."""
+        if self._signal_pipe is not None:
+            with contextlib.suppress(OSError):  # a full pipe: the thread has signals to read
+                os.write(self._signal_pipe[1], bytes([signum]))
+
+    def _handle_signals(self) -> None:
+        """The ``dsch-signals`` thread: the first signal stops the worker (running handlers
+        get the grace period), a second one exits at once."""
+        assert self._signal_pipe is not None
+        while True:
+            for signum in os.read(self._signal_pipe[0], 64):
+                self._signals += 1
+                if self._signals > 1:
+                    logger.warning("second signal: exiting at once; unfinished leases will expire")
+                    os._exit(1)
+                logger.info("signal %s: stopping (grace %.1f s)", signal.Signals(signum).name, self.grace)
+                self.stop()
 
     def install_signal_handlers(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._on_signal)
-            signal.signal(signal.SIGINT, self._on_signal)
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if self._signal_pipe is None:
+            read, write = os.pipe()
+            os.set_blocking(write, False)
+            self._signal_pipe = (read, write)
+            threading.Thread(target=self._handle_signals, name="dsch-signals", daemon=True).start()
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
 
     def kinds(self) -> list[str]:
         local = registry.registered_kinds()

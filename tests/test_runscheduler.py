@@ -12,7 +12,7 @@ import pytest
 import django_durable_scheduler as scheduler
 from django_durable_scheduler.models import Occurrence
 
-from .conftest import AUTHORITY, ROOT, subprocess_env
+from .conftest import AUTHORITY, ROOT, run_python, subprocess_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -92,3 +92,38 @@ def test_bad_options_are_refused(args, message):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
     assert message in err
+
+
+SIGNAL_WHILE_LOCKED = """
+import os, signal, threading, time
+import django
+django.setup()
+from django_durable_scheduler.worker import Worker
+worker = Worker(worker_id="sig", poll_interval=60)
+worker.install_signal_handlers()
+# The main thread holds the wake-up event's lock, as it does inside Event.wait and Event.clear;
+# the handler runs here, in this thread. (It used to call Event.set: it waited forever.)
+with worker._wake._cond:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)
+print("handler returned", flush=True)
+deadline = time.monotonic() + 20
+while not (worker._stopping.is_set() and worker._wake.is_set()):  # stop() sets both, in turn
+    assert time.monotonic() < deadline, "the signal did not stop the worker"
+    time.sleep(0.01)
+print("stopping", flush=True)
+os.kill(os.getpid(), signal.SIGTERM)  # a second signal: exit at once, status 1
+time.sleep(20)
+print("still running", flush=True)
+"""
+
+
+def test_a_signal_while_the_main_thread_holds_the_wake_lock_still_stops_the_worker():
+    proc = run_python(SIGNAL_WHILE_LOCKED)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert out.split("\n")[:2] == ["handler returned", "stopping"], (out, err[-2000:])
+    assert proc.returncode == 1, (out, err[-2000:])
+    assert "second signal: exiting at once" in err
