@@ -34,7 +34,9 @@ def update_column(model: Any, schema_editor: Any, rows: Sequence[Any], name: str
     stay small; against one statement a row, it saves a round trip a row (0003 and 0005 over
     100,000 occurrences: 75 -> 25 s on MariaDB, 51 -> 22 s on PostgreSQL). PostgreSQL types a
     CASE of bare parameters as text, so the CASE is cast to the column's type there, as
-    ``bulk_update`` does.
+    ``bulk_update`` does. Not ``bulk_update`` itself: it builds the same statement out of
+    expressions, row by row, and the 100,000-occurrence migration took 56 s (SQLite), 55 s
+    (PostgreSQL) and 74 s (MariaDB) with it, against 21, 23 and 27 s with this.
     """
     if not rows:
         return
