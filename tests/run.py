@@ -2,7 +2,9 @@
 """Run the whole test matrix: ``python3 tests/run.py [options] [-- pytest arguments]``.
 
 Standard library only. Builds ``.venv`` (this Python, Django 5.2) and ``.venv-dj6`` (Python 3.13 or
-3.12, Django 6), runs the migration check and the linters, then pytest once per leg:
+3.12, Django 6), runs the migration check and the linters, then pytest once per leg, two legs side
+by side on a machine with two cores or more (``--jobs``; each leg has its own test database, and
+two legs never share a database server at once, since a test stops and restarts PostgreSQL):
 
     sqlite        Python 3.11 + Django 5.2 + SQLite file
     postgres      Python 3.11 + Django 5.2 + PostgreSQL  postgres://postgres@127.0.0.1:5432/dsch
@@ -29,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 
 def _load_devenv() -> ModuleType:
@@ -53,6 +56,9 @@ MARIADB_PROBE = (
     " connect_timeout=5).close()"
 )
 LEG_TIMEOUT = 25 * 60
+# A leg keeps about one core busy (pytest, the database server and the tests' worker processes
+# together, mostly waiting on each other), so two legs side by side fit a two-core machine.
+JOBS = max(1, min(2, os.cpu_count() or 1))
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # pytest's closing line, e.g. "==== 1 failed, 12 passed, 1 skipped in 3.21s ====" (or without "=" under -q).
 SUMMARY_LINE = re.compile(r"^=*\s*(?P<body>.*\bin [\d.]+s\b.*?)\s*=*$")
@@ -66,6 +72,11 @@ class Leg:
     database: str  # "sqlite", "postgres" or "mariadb"
     url: str | None  # DATABASE_URL; None leaves tests/settings.py on its SQLite file
 
+
+# Slowest first (as measured in CI): with legs side by side, the last to start is a short one.
+LEG_ORDER = ("dj6-postgres", "postgres", "mariadb", "dj6-sqlite", "sqlite")
+# The pytest processes running now, so that Ctrl-C can stop them all.
+RUNNING: set[subprocess.Popen[bytes]] = set()
 
 LEGS = (
     Leg("sqlite", "default", "sqlite", None),
@@ -130,13 +141,20 @@ def probe(python: Path, script: str) -> str | None:
     return lines[-1] if lines else f"exit {proc.returncode}"
 
 
-def run_pytest(python: Path, env: dict[str, str], args: list[str], timeout: float) -> tuple[int, str]:
-    """Run pytest in its own process group, echoing its output; return (exit code, closing line)."""
+def run_pytest(
+    python: Path, env: dict[str, str], args: list[str], timeout: float, *, echo: bool = True
+) -> tuple[int, str, list[bytes]]:
+    """Run pytest in its own process group; return (exit code, closing line, output).
+
+    ``echo``: copy its output to ours as it comes (one leg at a time); otherwise keep it all and
+    return it, for the caller to print whole when the leg is over (legs running side by side).
+    """
     cmd = [str(python), "-m", "pytest", "-p", "no:cacheprovider"]
-    if sys.stdout.isatty():
+    if sys.stdout.isatty() and echo:
         cmd.append("--color=yes")
     cmd += args
-    print("$ " + " ".join(cmd), flush=True)
+    if echo:
+        print("$ " + " ".join(cmd), flush=True)
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,
@@ -146,13 +164,18 @@ def run_pytest(python: Path, env: dict[str, str], args: list[str], timeout: floa
         stdin=subprocess.DEVNULL,
         start_new_session=True,  # so a timeout or Ctrl-C can end its worker subprocesses too
     )
+    RUNNING.add(proc)
+    output: list[bytes] = [("$ " + " ".join(cmd) + "\n").encode()]
     tail: deque[str] = deque(maxlen=50)
 
     def pump() -> None:
         assert proc.stdout is not None
         for raw in iter(proc.stdout.readline, b""):
-            sys.stdout.buffer.write(raw)
-            sys.stdout.flush()
+            if echo:
+                sys.stdout.buffer.write(raw)
+                sys.stdout.flush()
+            else:
+                output.append(raw)
             tail.append(ANSI.sub("", raw.decode(errors="replace")).strip())
 
     reader = threading.Thread(target=pump, daemon=True)
@@ -160,15 +183,16 @@ def run_pytest(python: Path, env: dict[str, str], args: list[str], timeout: floa
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        print(f"\n[run.py] leg exceeded {timeout / 60:.0f} min: stopping it", flush=True)
+        output.append(f"\n[run.py] leg exceeded {timeout / 60:.0f} min: stopping it\n".encode())
+        if echo:
+            print(output[-1].decode().strip(), flush=True)
         stop_group(proc)
         code = -1
-    except KeyboardInterrupt:
-        stop_group(proc)
-        raise
+    finally:
+        RUNNING.discard(proc)
     reader.join(timeout=10)
     matches = (SUMMARY_LINE.match(line) for line in reversed(tail))
-    return code, next((m["body"] for m in matches if m), "")
+    return code, next((m["body"] for m in matches if m), ""), output
 
 
 def stop_group(proc: subprocess.Popen[bytes]) -> None:
@@ -223,6 +247,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "--install-system-deps",
         action="store_true",
         help="apt-get install libmariadb-dev pkg-config when missing (root only)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=JOBS,
+        help="legs run side by side (default %(default)s; 1 runs them one after another, output live)",
     )
     parser.add_argument("--no-lint", action="store_true", help="skip ruff and mypy")
     parser.add_argument(
@@ -281,6 +311,7 @@ def main(argv: list[str]) -> int:
             checks.append(check)
 
     probes: dict[tuple[str, str], str | None] = {}
+    runnable: list[tuple[Leg, Result, Any]] = []  # (leg, its result, its devenv.Venv)
     for leg in args.legs:
         result = Result(name=leg.name, database=leg.database)
         results.append(result)
@@ -301,21 +332,84 @@ def main(argv: list[str]) -> int:
                 result.why = f"{leg.database} at 127.0.0.1 does not answer: {probes[key]}"
                 print(f"[run.py] skipping leg {leg.name}: {result.why}", flush=True)
                 continue
-        banner(f"leg {leg.name}: Python {venv.python_version}, Django {venv.django_version}, {leg.database}")
-        start = time.monotonic()
-        code, closing = run_pytest(venv.python, leg_env(leg.url), pytest_args, args.leg_timeout * 60)
-        result.seconds = time.monotonic() - start
-        result.counts = parse_counts(closing)
-        if code == 0:
-            result.status = "passed"
-        else:
-            result.status = "failed"
-            result.why = {
-                -1: f"timed out after {args.leg_timeout:.0f} min",
-                5: "no tests collected",
-            }.get(code, f"pytest exit {code}")
-        if closing:
-            result.why = f"{result.why}; {closing}" if result.why else closing
+        runnable.append((leg, result, venv))
+
+    jobs = max(1, min(args.jobs, len(runnable)))
+    if jobs > 1:
+        print(f"\n[run.py] {len(runnable)} legs, {jobs} at a time; each leg's output follows when it ends")
+    # The longest legs first, so that the last one to start is a short one.
+    queue = sorted(runnable, key=lambda item: LEG_ORDER.index(item[0].name))
+    # A database server serves one leg at a time: tests/test_crash.py stops and restarts
+    # PostgreSQL, which would cut another leg's connections. SQLite legs have a file each.
+    busy: set[str] = set()
+    queue_lock = threading.Condition()
+
+    def next_leg() -> tuple[Leg, Result, Any] | None:
+        with queue_lock:
+            while queue:
+                for item in queue:
+                    if item[0].database == "sqlite" or item[0].database not in busy:
+                        queue.remove(item)
+                        busy.add(item[0].database)
+                        return item
+                queue_lock.wait()
+            return None
+
+    def leg_done(leg: Leg) -> None:
+        with queue_lock:
+            busy.discard(leg.database)
+            queue_lock.notify_all()
+
+    print_lock = threading.Lock()
+
+    def lane() -> None:
+        while (item := next_leg()) is not None:
+            leg, result, venv = item
+            title = f"leg {leg.name}: Python {venv.python_version}, Django {venv.django_version}"
+            title += f", {leg.database}"
+            if jobs == 1:
+                banner(title)
+            else:
+                with print_lock:
+                    print(f"[run.py] {time.monotonic() - started:6.1f} s: leg {leg.name} starts", flush=True)
+            start = time.monotonic()
+            try:
+                code, closing, output = run_pytest(
+                    venv.python, leg_env(leg.url), pytest_args, args.leg_timeout * 60, echo=jobs == 1
+                )
+            finally:
+                leg_done(leg)
+            result.seconds = time.monotonic() - start
+            result.counts = parse_counts(closing)
+            if code == 0:
+                result.status = "passed"
+            else:
+                result.status = "failed"
+                result.why = {
+                    -1: f"timed out after {args.leg_timeout:.0f} min",
+                    5: "no tests collected",
+                }.get(code, f"pytest exit {code}")
+            if closing:
+                result.why = f"{result.why}; {closing}" if result.why else closing
+            if jobs > 1:
+                with print_lock:
+                    banner(f"{title} ({result.status}, {result.seconds:.1f} s)")
+                    sys.stdout.buffer.write(b"".join(output))
+                    sys.stdout.flush()
+
+    lanes = [threading.Thread(target=lane, name=f"lane-{n}", daemon=True) for n in range(jobs)]
+    for thread in lanes:
+        thread.start()
+    try:
+        for thread in lanes:
+            while thread.is_alive():
+                thread.join(timeout=1)
+    except KeyboardInterrupt:
+        with queue_lock:
+            queue.clear()
+        for proc in list(RUNNING):
+            stop_group(proc)
+        raise
 
     if args.require_all:
         for result in results:
