@@ -30,9 +30,12 @@ class Clock:
         return value
 
 
+CLOCK_START = datetime(2026, 1, 5, 12, 0, 0, tzinfo=UTC)
+
+
 @pytest.fixture
 def clock(settings) -> Clock:
-    c = Clock(datetime(2026, 1, 5, 12, 0, 0, tzinfo=UTC))
+    c = Clock(CLOCK_START)
     settings.DURABLE_SCHEDULER_CLOCK = c
     return c
 
