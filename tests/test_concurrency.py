@@ -97,9 +97,8 @@ def test_racing_schedulers_fire_each_slot_exactly_once(settings):
         keys = list(Occurrence.objects.filter(job_id=f"every-{n}").values_list("trigger_key", flat=True))
         assert len(keys) == len(set(keys)), "a slot fired twice"
         fired = sorted(datetime.fromisoformat(k.removeprefix("schedule:")) for k in keys)
-        assert len(fired) >= 30
-        expected = [t0 + timedelta(seconds=i) for i in range(1, len(fired) + 1)]
-        assert fired == expected, "a slot is missing"
+        # The shared clock stops at t0 + 40 s and the schedulers fire what is due before exiting.
+        assert fired == [t0 + timedelta(seconds=i) for i in range(1, 41)], "a slot is missing"
     assert not Event.objects.filter(event_type="slot_skipped").exists()
     assert sum(written) == Occurrence.objects.count()
     print("\n[materialize race] occurrences written per process:", written)
