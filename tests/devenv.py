@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,8 +133,17 @@ def mysql_build_deps_missing() -> list[str]:
     return [] if has_lib else ["libmariadb-dev"]
 
 
+# tests/run.py builds its two venvs side by side: one apt-get at a time.
+_APT_LOCK = threading.Lock()
+
+
 def install_mysql_build_deps() -> None:
     """apt-get install the mysqlclient build dependencies when missing (root and apt only)."""
+    with _APT_LOCK:
+        _install_mysql_build_deps()
+
+
+def _install_mysql_build_deps() -> None:
     missing = mysql_build_deps_missing()
     if not missing:
         return

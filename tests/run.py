@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -276,10 +277,10 @@ def main(argv: list[str]) -> int:
     unavailable: dict[str, tuple[str, str]] = {}  # venv key -> (leg status, why)
 
     banner("virtualenvs")
-    try:
-        venvs["default"] = devenv.ensure_default_venv(install_system_deps=args.install_system_deps)
-    except devenv.SetupError as exc:
-        unavailable["default"] = ("failed", str(exc))
+    # Both venvs are built side by side (a fresh clone spends most of a minute in pip for each).
+    builders: dict[str, Callable[[], Any]] = {
+        "default": lambda: devenv.ensure_default_venv(install_system_deps=args.install_system_deps)
+    }
     if any(leg.venv == "dj6" for leg in args.legs):
         base = devenv.find_python()
         if base is None:
@@ -287,12 +288,25 @@ def main(argv: list[str]) -> int:
             unavailable["dj6"] = ("skipped", f"no Python {wanted} found")
             print(f"[run.py] no Python {wanted} on PATH or in pyenv: no Django 6 legs", flush=True)
         else:
-            try:
-                venvs["dj6"] = devenv.ensure_venv(
-                    devenv.DJ6_VENV, base, install_system_deps=args.install_system_deps
-                )
-            except devenv.SetupError as exc:
-                unavailable["dj6"] = ("failed", str(exc))
+            builders["dj6"] = lambda: devenv.ensure_venv(
+                devenv.DJ6_VENV, base, install_system_deps=args.install_system_deps
+            )
+    built: dict[str, Any] = {}
+
+    def build(key: str) -> None:
+        try:
+            built[key] = builders[key]()
+        except devenv.SetupError as exc:
+            unavailable[key] = ("failed", str(exc))
+        except Exception as exc:  # reported as the venv's failure, not lost with its thread
+            unavailable[key] = ("failed", f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=build, args=(key,), name=f"venv-{key}") for key in builders]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    venvs.update((key, built[key]) for key in builders if key in built)
     for venv in venvs.values():
         print(f"[run.py] {venv.path.name}: Python {venv.python_version}, Django {venv.django_version}")
         cmd = [str(venv.python), "-m", "django", "makemigrations", "--check", "--dry-run"]
