@@ -116,3 +116,19 @@ def snapshot() -> dict:
         AuthorityReservation,
     )
     return {model.__name__: list(model.objects.order_by("pk").values()) for model in models}
+
+
+def pytest_collection_modifyitems(config, items):
+    """DSCH_SERVER_RESTART_TESTS=skip leaves out the tests that stop the database server,
+    =only keeps only those: tests/run.py runs them apart, with the server to themselves,
+    while the rest of the leg shares the server with other legs. Unset: all of them."""
+    mode = os.environ.get("DSCH_SERVER_RESTART_TESTS", "")
+    if mode not in ("skip", "only"):
+        return
+    keep, drop = [], []
+    for item in items:
+        restarts = item.get_closest_marker("restarts_database_server") is not None
+        (keep if restarts == (mode == "only") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

@@ -3,8 +3,8 @@
 
 Standard library only. Builds ``.venv`` (this Python, Django 5.2) and ``.venv-dj6`` (Python 3.13 or
 3.12, Django 6), runs the migration check and the linters, then pytest once per leg, two legs side
-by side on a machine with two cores or more (``--jobs``; each leg has its own test database, and
-two legs never share a database server at once, since a test stops and restarts PostgreSQL):
+by side on a machine with two cores or more (``--jobs``; each leg has its own test database; the
+tests marked ``restarts_database_server`` run apart, with their server to themselves):
 
     sqlite        Python 3.11 + Django 5.2 + SQLite file
     postgres      Python 3.11 + Django 5.2 + PostgreSQL  postgres://postgres@127.0.0.1:5432/dsch
@@ -75,7 +75,15 @@ class Leg:
 
 
 # Slowest first (as measured in CI): with legs side by side, the last to start is a short one.
-LEG_ORDER = ("dj6-postgres", "postgres", "mariadb", "dj6-sqlite", "sqlite")
+LEG_ORDER = ("postgres", "mariadb", "dj6-postgres", "sqlite", "dj6-sqlite")
+# Server legs whose tests include some marked restarts_database_server (tests/test_crash.py
+# stops PostgreSQL): those run apart (RESTART_ONLY), with the server to themselves, and the
+# rest of the leg (RESTART_SKIP) beside other legs. tests/conftest.py reads RESTART_ENV.
+RESTARTED = frozenset({"postgres"})
+RESTART_ENV = "DSCH_SERVER_RESTART_TESTS"
+RESTART_ONLY, RESTART_SKIP = "only", "skip"
+PART_TITLES = {"": "", RESTART_ONLY: " (server restart)", RESTART_SKIP: ""}
+RAN = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
 # The pytest processes running now, so that Ctrl-C can stop them all.
 RUNNING: set[subprocess.Popen[bytes]] = set()
 
@@ -194,6 +202,29 @@ def run_pytest(
     reader.join(timeout=10)
     matches = (SUMMARY_LINE.match(line) for line in reversed(tail))
     return code, next((m["body"] for m in matches if m), ""), output
+
+
+def record(result: Result, part: str, code: int, closing: str, seconds: float, timeout_min: float) -> bool:
+    """Add one pytest run (a whole leg, or one of its parts) to the leg's result; whether it passed."""
+    result.seconds += seconds
+    for key, number in parse_counts(closing).items():
+        result.counts[key] = result.counts.get(key, 0) + number
+    # A part may select nothing (-k, or a leg without server-restart tests); the leg may not.
+    passed = code == 0 or (code == 5 and bool(part))
+    if passed:
+        why = ""
+    elif code == -1:
+        why = f"timed out after {timeout_min:.0f} min"
+    else:
+        why = "no tests collected" if code == 5 else f"pytest exit {code}"
+    if closing:
+        why = f"{why}; {closing}" if why else closing
+    if why:
+        why = PART_TITLES[part].strip(" ()") + ": " + why if part == RESTART_ONLY else why
+        result.why = f"{result.why}; {why}" if result.why else why
+    if result.status != "failed":
+        result.status = "passed" if passed else "failed"
+    return passed
 
 
 def stop_group(proc: subprocess.Popen[bytes]) -> None:
@@ -348,66 +379,72 @@ def main(argv: list[str]) -> int:
                 continue
         runnable.append((leg, result, venv))
 
-    jobs = max(1, min(args.jobs, len(runnable)))
+    # A server leg whose tests include some that stop and restart the server (marked
+    # restarts_database_server) runs them apart, with that server to themselves; the rest of
+    # it shares the server with the other legs. Its two parts are one leg in the summary.
+    tasks: list[tuple[Leg, Result, Any, str]] = []
+    for leg, result, venv in runnable:
+        if leg.database in RESTARTED:
+            tasks += [(leg, result, venv, RESTART_ONLY), (leg, result, venv, RESTART_SKIP)]
+        else:
+            tasks.append((leg, result, venv, ""))
+    jobs = max(1, min(args.jobs, len(tasks)))
     if jobs > 1:
         print(f"\n[run.py] {len(runnable)} legs, {jobs} at a time; each leg's output follows when it ends")
-    # The longest legs first, so that the last one to start is a short one.
-    queue = sorted(runnable, key=lambda item: LEG_ORDER.index(item[0].name))
-    # A database server serves one leg at a time: tests/test_crash.py stops and restarts
-    # PostgreSQL, which would cut another leg's connections. SQLite legs have a file each.
-    busy: set[str] = set()
+    # The short server-restart parts first (they wait for nothing then), then the longest legs
+    # first, so that the last one to start is a short one.
+    queue = sorted(tasks, key=lambda task: (task[3] != RESTART_ONLY, LEG_ORDER.index(task[0].name)))
+    running: dict[str, list[str]] = {}  # database -> the parts running on it
     queue_lock = threading.Condition()
 
-    def next_leg() -> tuple[Leg, Result, Any] | None:
+    def may_start(leg: Leg, part: str) -> bool:
+        now = running.get(leg.database, [])
+        return not now if part == RESTART_ONLY else RESTART_ONLY not in now
+
+    def next_task() -> tuple[Leg, Result, Any, str] | None:
         with queue_lock:
             while queue:
-                for item in queue:
-                    if item[0].database == "sqlite" or item[0].database not in busy:
-                        queue.remove(item)
-                        busy.add(item[0].database)
-                        return item
+                for task in queue:
+                    if may_start(task[0], task[3]):
+                        queue.remove(task)
+                        running.setdefault(task[0].database, []).append(task[3])
+                        return task
                 queue_lock.wait()
             return None
 
-    def leg_done(leg: Leg) -> None:
+    def task_done(leg: Leg, part: str) -> None:
         with queue_lock:
-            busy.discard(leg.database)
+            running[leg.database].remove(part)
             queue_lock.notify_all()
 
     print_lock = threading.Lock()
 
     def lane() -> None:
-        while (item := next_leg()) is not None:
-            leg, result, venv = item
-            title = f"leg {leg.name}: Python {venv.python_version}, Django {venv.django_version}"
-            title += f", {leg.database}"
+        while (task := next_task()) is not None:
+            leg, result, venv, part = task
+            title = f"leg {leg.name}{PART_TITLES[part]}: Python {venv.python_version}"
+            title += f", Django {venv.django_version}, {leg.database}"
             if jobs == 1:
                 banner(title)
             else:
                 with print_lock:
-                    print(f"[run.py] {time.monotonic() - started:6.1f} s: leg {leg.name} starts", flush=True)
+                    elapsed = time.monotonic() - started
+                    print(f"[run.py] {elapsed:6.1f} s: leg {leg.name}{PART_TITLES[part]} starts", flush=True)
+            env = leg_env(leg.url)
+            if part:
+                env[RESTART_ENV] = part
             start = time.monotonic()
             try:
                 code, closing, output = run_pytest(
-                    venv.python, leg_env(leg.url), pytest_args, args.leg_timeout * 60, echo=jobs == 1
+                    venv.python, env, pytest_args, args.leg_timeout * 60, echo=jobs == 1
                 )
             finally:
-                leg_done(leg)
-            result.seconds = time.monotonic() - start
-            result.counts = parse_counts(closing)
-            if code == 0:
-                result.status = "passed"
-            else:
-                result.status = "failed"
-                result.why = {
-                    -1: f"timed out after {args.leg_timeout:.0f} min",
-                    5: "no tests collected",
-                }.get(code, f"pytest exit {code}")
-            if closing:
-                result.why = f"{result.why}; {closing}" if result.why else closing
-            if jobs > 1:
-                with print_lock:
-                    banner(f"{title} ({result.status}, {result.seconds:.1f} s)")
+                task_done(leg, part)
+            seconds = time.monotonic() - start
+            with print_lock:
+                passed = record(result, part, code, closing, seconds, args.leg_timeout)
+                if jobs > 1:
+                    banner(f"{title} ({'passed' if passed else 'failed'}, {seconds:.1f} s)")
                     sys.stdout.buffer.write(b"".join(output))
                     sys.stdout.flush()
 
@@ -424,6 +461,11 @@ def main(argv: list[str]) -> int:
         for proc in list(RUNNING):
             stop_group(proc)
         raise
+
+    for result in results:
+        if result.status == "passed" and not any(result.counts.get(k) for k in RAN):
+            result.status = "failed"
+            result.why = f"no tests collected; {result.why}" if result.why else "no tests collected"
 
     if args.require_all:
         for result in results:

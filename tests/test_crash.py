@@ -222,6 +222,7 @@ def _pg_start_and_wait() -> None:
 PG_OCCURRENCES = 300
 
 
+@pytest.mark.restarts_database_server
 def test_worker_survives_a_postgresql_outage(workers):
     if connection.vendor != "postgresql":
         pytest.skip("needs PostgreSQL")
