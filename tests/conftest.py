@@ -118,17 +118,35 @@ def snapshot() -> dict:
     return {model.__name__: list(model.objects.order_by("pk").values()) for model in models}
 
 
+# The first of tests/run.py's two shares of a leg (DSCH_TEST_SHARD=1): the modules of long
+# tests (subprocesses, browsers, large data), about half a leg's time; the rest is share 2.
+FIRST_SHARE = frozenset(
+    {
+        "test_migrations",
+        "test_concurrency",
+        "test_triggers_property",
+        "test_admin_browser",
+        "test_scale",
+        "test_crash",
+    }
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """DSCH_SERVER_RESTART_TESTS=skip leaves out the tests that stop the database server,
-    =only keeps only those: tests/run.py runs them apart, with the server to themselves,
-    while the rest of the leg shares the server with other legs. Unset: all of them."""
-    mode = os.environ.get("DSCH_SERVER_RESTART_TESTS", "")
-    if mode not in ("skip", "only"):
-        return
-    keep, drop = [], []
-    for item in items:
+    """tests/run.py runs a leg in parts, selected here from the environment (unset: all):
+    DSCH_TEST_SHARD=1 keeps the modules of FIRST_SHARE, =2 the others; and
+    DSCH_SERVER_RESTART_TESTS=skip leaves out the tests that stop the database server, =only
+    keeps only those (run.py runs them with the server to themselves)."""
+    shard = os.environ.get("DSCH_TEST_SHARD", "")
+    restart = os.environ.get("DSCH_SERVER_RESTART_TESTS", "")
+
+    def wanted(item) -> bool:
+        if shard in ("1", "2") and (item.path.stem in FIRST_SHARE) != (shard == "1"):
+            return False
         restarts = item.get_closest_marker("restarts_database_server") is not None
-        (keep if restarts == (mode == "only") else drop).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
+        return restart not in ("skip", "only") or restarts == (restart == "only")
+
+    keep = [item for item in items if wanted(item)]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if not wanted(item)])
         items[:] = keep

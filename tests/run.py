@@ -76,14 +76,45 @@ class Leg:
 
 # Slowest first (as measured in CI): with legs side by side, the last to start is a short one.
 LEG_ORDER = ("postgres", "mariadb", "dj6-postgres", "sqlite", "dj6-sqlite")
-# Server legs whose tests include some marked restarts_database_server (tests/test_crash.py
-# stops PostgreSQL): those run apart (RESTART_ONLY), with the server to themselves, and the
-# rest of the leg (RESTART_SKIP) beside other legs. tests/conftest.py reads RESTART_ENV.
+# With legs side by side, each leg runs in parts that tests/conftest.py selects from the
+# environment: its share SHARD_ENV=1 or 2 of the test modules (so that the lanes end
+# together), and, on the servers in RESTARTED, the tests marked restarts_database_server
+# (tests/test_crash.py stops PostgreSQL) apart, with the server to themselves, the rest of
+# the leg beside other legs. Parts of one leg never run at once (one test database).
 RESTARTED = frozenset({"postgres"})
 RESTART_ENV = "DSCH_SERVER_RESTART_TESTS"
-RESTART_ONLY, RESTART_SKIP = "only", "skip"
-PART_TITLES = {"": "", RESTART_ONLY: " (server restart)", RESTART_SKIP: ""}
+SHARD_ENV = "DSCH_TEST_SHARD"
+SHARDS = 2
 RAN = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One pytest run of a leg: all of it, or a share (``share``) selected by ``env``."""
+
+    title: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+    exclusive: bool = False  # needs the leg's database server to itself
+    order: int = 0  # parts of a lower order start first
+
+    @property
+    def share(self) -> bool:
+        return bool(self.env)
+
+
+def leg_parts(leg: Leg, jobs: int) -> list[Part]:
+    if jobs == 1:
+        return [Part()]
+    parts: list[Part] = []
+    shared: tuple[tuple[str, str], ...] = ()
+    if leg.database in RESTARTED:
+        parts.append(Part(" (server restart)", ((RESTART_ENV, "only"),), exclusive=True))
+        shared = ((RESTART_ENV, "skip"),)
+    for n in range(1, SHARDS + 1):
+        parts.append(Part(f" (part {n} of {SHARDS})", ((SHARD_ENV, str(n)), *shared), order=n))
+    return parts
+
+
 # The pytest processes running now, so that Ctrl-C can stop them all.
 RUNNING: set[subprocess.Popen[bytes]] = set()
 
@@ -109,7 +140,9 @@ class Result:
 
     @property
     def result_text(self) -> str:
-        return f"{self.status} ({self.why})" if self.why else self.status
+        counts = ", ".join(f"{n} {k}" for k, n in self.counts.items() if k != "deselected")
+        details = "; ".join(text for text in (counts, self.why) if text)
+        return f"{self.status} ({details})" if details else self.status
 
 
 def banner(text: str) -> None:
@@ -204,23 +237,23 @@ def run_pytest(
     return code, next((m["body"] for m in matches if m), ""), output
 
 
-def record(result: Result, part: str, code: int, closing: str, seconds: float, timeout_min: float) -> bool:
+def record(result: Result, part: Part, code: int, closing: str, seconds: float, timeout_min: float) -> bool:
     """Add one pytest run (a whole leg, or one of its parts) to the leg's result; whether it passed."""
     result.seconds += seconds
     for key, number in parse_counts(closing).items():
         result.counts[key] = result.counts.get(key, 0) + number
-    # A part may select nothing (-k, or a leg without server-restart tests); the leg may not.
-    passed = code == 0 or (code == 5 and bool(part))
+    # A part may select nothing (-k, a leg without server-restart tests); the whole leg may not.
+    passed = code == 0 or (code == 5 and part.share)
     if passed:
         why = ""
     elif code == -1:
         why = f"timed out after {timeout_min:.0f} min"
     else:
         why = "no tests collected" if code == 5 else f"pytest exit {code}"
-    if closing:
-        why = f"{why}; {closing}" if why else closing
+    if why and closing:
+        why = f"{why}; {closing}"
     if why:
-        why = PART_TITLES[part].strip(" ()") + ": " + why if part == RESTART_ONLY else why
+        why = f"{part.title.strip(' ()')}: {why}" if part.share else why
         result.why = f"{result.why}; {why}" if result.why else why
     if result.status != "failed":
         result.status = "passed" if passed else "failed"
@@ -379,67 +412,72 @@ def main(argv: list[str]) -> int:
                 continue
         runnable.append((leg, result, venv))
 
-    # A server leg whose tests include some that stop and restart the server (marked
-    # restarts_database_server) runs them apart, with that server to themselves; the rest of
-    # it shares the server with the other legs. Its two parts are one leg in the summary.
-    tasks: list[tuple[Leg, Result, Any, str]] = []
-    for leg, result, venv in runnable:
-        if leg.database in RESTARTED:
-            tasks += [(leg, result, venv, RESTART_ONLY), (leg, result, venv, RESTART_SKIP)]
-        else:
-            tasks.append((leg, result, venv, ""))
-    jobs = max(1, min(args.jobs, len(tasks)))
+    jobs = max(1, min(args.jobs, len(runnable)))
+    parts = [(leg, result, venv, part) for leg, result, venv in runnable for part in leg_parts(leg, jobs)]
     if jobs > 1:
-        print(f"\n[run.py] {len(runnable)} legs, {jobs} at a time; each leg's output follows when it ends")
-    # The short server-restart parts first (they wait for nothing then), then the longest legs
-    # first, so that the last one to start is a short one.
-    queue = sorted(tasks, key=lambda task: (task[3] != RESTART_ONLY, LEG_ORDER.index(task[0].name)))
-    running: dict[str, list[str]] = {}  # database -> the parts running on it
+        print(
+            f"\n[run.py] {len(runnable)} legs in {len(parts)} parts, {jobs} at a time;"
+            " each part's output follows when it ends",
+            flush=True,
+        )
+    # The short server-restart parts first (they wait for nothing then), then the first shares
+    # of the longest legs, so that the last to start are short ones.
+    queue = sorted(parts, key=lambda item: (item[3].order, LEG_ORDER.index(item[0].name)))
+    running: dict[str, list[Part]] = {}  # database -> the parts running on it
+    running_legs: set[str] = set()
     queue_lock = threading.Condition()
 
-    def may_start(leg: Leg, part: str) -> bool:
+    def may_start(leg: Leg, part: Part) -> bool:
+        # Two parts of one leg would share its test database.
+        if leg.name in running_legs:
+            return False
+        if leg.database == "sqlite":
+            return True
         now = running.get(leg.database, [])
-        return not now if part == RESTART_ONLY else RESTART_ONLY not in now
+        return not now if part.exclusive else not any(other.exclusive for other in now)
 
-    def next_task() -> tuple[Leg, Result, Any, str] | None:
+    def next_part() -> tuple[Leg, Result, Any, Part] | None:
         with queue_lock:
             while queue:
-                for task in queue:
-                    if may_start(task[0], task[3]):
-                        queue.remove(task)
-                        running.setdefault(task[0].database, []).append(task[3])
-                        return task
+                for item in queue:
+                    if may_start(item[0], item[3]):
+                        queue.remove(item)
+                        running.setdefault(item[0].database, []).append(item[3])
+                        running_legs.add(item[0].name)
+                        return item
                 queue_lock.wait()
             return None
 
-    def task_done(leg: Leg, part: str) -> None:
+    def part_done(leg: Leg, part: Part) -> None:
         with queue_lock:
             running[leg.database].remove(part)
+            running_legs.discard(leg.name)
             queue_lock.notify_all()
 
     print_lock = threading.Lock()
 
     def lane() -> None:
-        while (task := next_task()) is not None:
-            leg, result, venv, part = task
-            title = f"leg {leg.name}{PART_TITLES[part]}: Python {venv.python_version}"
+        while (item := next_part()) is not None:
+            leg, result, venv, part = item
+            title = f"leg {leg.name}{part.title}: Python {venv.python_version}"
             title += f", Django {venv.django_version}, {leg.database}"
             if jobs == 1:
                 banner(title)
             else:
                 with print_lock:
                     elapsed = time.monotonic() - started
-                    print(f"[run.py] {elapsed:6.1f} s: leg {leg.name}{PART_TITLES[part]} starts", flush=True)
-            env = leg_env(leg.url)
-            if part:
-                env[RESTART_ENV] = part
+                    print(f"[run.py] {elapsed:6.1f} s: leg {leg.name}{part.title} starts", flush=True)
             start = time.monotonic()
             try:
                 code, closing, output = run_pytest(
-                    venv.python, env, pytest_args, args.leg_timeout * 60, echo=jobs == 1
+                    venv.python,
+                    {**leg_env(leg.url), **dict(part.env)},
+                    pytest_args,
+                    args.leg_timeout * 60,
+                    echo=jobs == 1,
                 )
             finally:
-                task_done(leg, part)
+                part_done(leg, part)
             seconds = time.monotonic() - start
             with print_lock:
                 passed = record(result, part, code, closing, seconds, args.leg_timeout)
