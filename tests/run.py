@@ -2,9 +2,10 @@
 """Run the whole test matrix: ``python3 tests/run.py [options] [-- pytest arguments]``.
 
 Standard library only. Builds ``.venv`` (this Python, Django 5.2) and ``.venv-dj6`` (Python 3.13 or
-3.12, Django 6), runs the migration check and the linters, then pytest once per leg, two legs side
-by side on a machine with two cores or more (``--jobs``; each leg has its own test database; the
-tests marked ``restarts_database_server`` run apart, with their server to themselves):
+3.12, Django 6), runs the migration check and the linters, then pytest on each leg. On a machine
+with two cores or more two pytest processes run side by side (``--jobs``), each leg in parts: two
+shares of its test modules and, on PostgreSQL, the tests marked ``restarts_database_server``
+apart, with the server to themselves (see ``leg_parts``). The legs:
 
     sqlite        Python 3.11 + Django 5.2 + SQLite file
     postgres      Python 3.11 + Django 5.2 + PostgreSQL  postgres://postgres@127.0.0.1:5432/dsch
