@@ -146,7 +146,9 @@ def pytest_collection_modifyitems(config, items):
         restarts = item.get_closest_marker("restarts_database_server") is not None
         return restart not in ("skip", "only") or restarts == (restart == "only")
 
-    keep = [item for item in items if wanted(item)]
-    if len(keep) < len(items):
-        config.hook.pytest_deselected(items=[item for item in items if not wanted(item)])
+    keep, drop = [], []
+    for item in items:
+        (keep if wanted(item) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
         items[:] = keep

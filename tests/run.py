@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -78,14 +78,14 @@ class Leg:
 # Slowest first (as measured in CI): with legs side by side, the last to start is a short one.
 LEG_ORDER = ("postgres", "mariadb", "dj6-postgres", "sqlite", "dj6-sqlite")
 # With legs side by side, each leg runs in parts that tests/conftest.py selects from the
-# environment: its share SHARD_ENV=1 or 2 of the test modules (so that the lanes end
+# environment: its share SHARD_ENV=1 or 2 of the test modules (tests/conftest.py's
+# FIRST_SHARE and the rest, so that the lanes end
 # together), and, on the servers in RESTARTED, the tests marked restarts_database_server
 # (tests/test_crash.py stops PostgreSQL) apart, with the server to themselves, the rest of
 # the leg beside other legs. Parts of one leg never run at once (one test database).
 RESTARTED = frozenset({"postgres"})
 RESTART_ENV = "DSCH_SERVER_RESTART_TESTS"
 SHARD_ENV = "DSCH_TEST_SHARD"
-SHARDS = 2
 RAN = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
 
 
@@ -111,8 +111,8 @@ def leg_parts(leg: Leg, jobs: int) -> list[Part]:
     if leg.database in RESTARTED:
         parts.append(Part(" (server restart)", ((RESTART_ENV, "only"),), exclusive=True))
         shared = ((RESTART_ENV, "skip"),)
-    for n in range(1, SHARDS + 1):
-        parts.append(Part(f" (part {n} of {SHARDS})", ((SHARD_ENV, str(n)), *shared), order=n))
+    for n in (1, 2):
+        parts.append(Part(f" (part {n} of 2)", ((SHARD_ENV, str(n)), *shared), order=n))
     return parts
 
 
@@ -196,8 +196,9 @@ def run_pytest(
     if sys.stdout.isatty() and echo:
         cmd.append("--color=yes")
     cmd += args
+    command_line = "$ " + " ".join(cmd)
     if echo:
-        print("$ " + " ".join(cmd), flush=True)
+        print(command_line, flush=True)
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,
@@ -208,7 +209,7 @@ def run_pytest(
         start_new_session=True,  # so a timeout or Ctrl-C can end its worker subprocesses too
     )
     RUNNING.add(proc)
-    output: list[bytes] = [("$ " + " ".join(cmd) + "\n").encode()]
+    output: list[bytes] = [] if echo else [(command_line + "\n").encode()]
     tail: deque[str] = deque(maxlen=50)
 
     def pump() -> None:
@@ -343,35 +344,25 @@ def main(argv: list[str]) -> int:
 
     banner("virtualenvs")
     # Both venvs are built side by side (a fresh clone spends most of a minute in pip for each).
-    builders: dict[str, Callable[[], Any]] = {
-        "default": lambda: devenv.ensure_default_venv(install_system_deps=args.install_system_deps)
-    }
-    if any(leg.venv == "dj6" for leg in args.legs):
-        base = devenv.find_python()
-        if base is None:
-            wanted = " or ".join(f"{a}.{b}" for a, b in devenv.DJ6_PYTHONS)
-            unavailable["dj6"] = ("skipped", f"no Python {wanted} found")
-            print(f"[run.py] no Python {wanted} on PATH or in pyenv: no Django 6 legs", flush=True)
-        else:
-            builders["dj6"] = lambda: devenv.ensure_venv(
-                devenv.DJ6_VENV, base, install_system_deps=args.install_system_deps
-            )
-    built: dict[str, Any] = {}
-
-    def build(key: str) -> None:
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        builds = {
+            "default": pool.submit(devenv.ensure_default_venv, install_system_deps=args.install_system_deps)
+        }
+        if any(leg.venv == "dj6" for leg in args.legs):
+            base = devenv.find_python()
+            if base is None:
+                wanted = " or ".join(f"{a}.{b}" for a, b in devenv.DJ6_PYTHONS)
+                unavailable["dj6"] = ("skipped", f"no Python {wanted} found")
+                print(f"[run.py] no Python {wanted} on PATH or in pyenv: no Django 6 legs", flush=True)
+            else:
+                builds["dj6"] = pool.submit(
+                    devenv.ensure_venv, devenv.DJ6_VENV, base, install_system_deps=args.install_system_deps
+                )
+    for name, build in builds.items():
         try:
-            built[key] = builders[key]()
+            venvs[name] = build.result()
         except devenv.SetupError as exc:
-            unavailable[key] = ("failed", str(exc))
-        except Exception as exc:  # reported as the venv's failure, not lost with its thread
-            unavailable[key] = ("failed", f"{type(exc).__name__}: {exc}")
-
-    threads = [threading.Thread(target=build, args=(key,), name=f"venv-{key}") for key in builders]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    venvs.update((key, built[key]) for key in builders if key in built)
+            unavailable[name] = ("failed", str(exc))
     for venv in venvs.values():
         print(f"[run.py] {venv.path.name}: Python {venv.python_version}, Django {venv.django_version}")
         cmd = [str(venv.python), "-m", "django", "makemigrations", "--check", "--dry-run"]
@@ -424,17 +415,16 @@ def main(argv: list[str]) -> int:
     # The short server-restart parts first (they wait for nothing then), then the first shares
     # of the longest legs, so that the last to start are short ones.
     queue = sorted(parts, key=lambda item: (item[3].order, LEG_ORDER.index(item[0].name)))
-    running: dict[str, list[Part]] = {}  # database -> the parts running on it
-    running_legs: set[str] = set()
+    running: list[tuple[Leg, Part]] = []
     queue_lock = threading.Condition()
 
     def may_start(leg: Leg, part: Part) -> bool:
         # Two parts of one leg would share its test database.
-        if leg.name in running_legs:
+        if any(other.name == leg.name for other, _ in running):
             return False
         if leg.database == "sqlite":
             return True
-        now = running.get(leg.database, [])
+        now = [other for each, other in running if each.database == leg.database]
         return not now if part.exclusive else not any(other.exclusive for other in now)
 
     def next_part() -> tuple[Leg, Result, Any, Part] | None:
@@ -443,16 +433,14 @@ def main(argv: list[str]) -> int:
                 for item in queue:
                     if may_start(item[0], item[3]):
                         queue.remove(item)
-                        running.setdefault(item[0].database, []).append(item[3])
-                        running_legs.add(item[0].name)
+                        running.append((item[0], item[3]))
                         return item
                 queue_lock.wait()
             return None
 
     def part_done(leg: Leg, part: Part) -> None:
         with queue_lock:
-            running[leg.database].remove(part)
-            running_legs.discard(leg.name)
+            running.remove((leg, part))
             queue_lock.notify_all()
 
     print_lock = threading.Lock()
