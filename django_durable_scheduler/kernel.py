@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -452,7 +452,8 @@ def _insert_occurrence(
         raise JobDisabled(f"job {job.job_id!r} is disabled", {"job_id": job.job_id})
     default_payload = payload is _UNSET
     payload_value = job.payload if default_payload else normalize_json(payload, "payload")
-    occurrence = _new_occurrence(
+    new = _new_occurrence if known is None else known.new_occurrence
+    occurrence = new(
         job,
         scheduled_ms=scheduled_ms,
         trigger_key=trigger_key,
@@ -472,8 +473,13 @@ def _insert_occurrence(
         )
     else:
         event = _enqueued_event(occurrence, now)
-        guard = None if known is None else known.guard(alias, default_payload=default_payload)
-        created = dialect.insert_unless_present(alias, occurrence, then=[event], notify=True, guard=guard)
+        guard = template = None
+        if known is not None:
+            guard = known.guard(alias, default_payload=default_payload)
+            template = known.template(alias)
+        created = dialect.insert_unless_present(
+            alias, occurrence, then=[event], notify=True, guard=guard, template=template
+        )
         if created is None:
             try:
                 # A savepoint so that losing an insert race does not abort the caller's transaction.
@@ -505,23 +511,78 @@ def _insert_occurrence(
 # values, so it writes exactly what reading the job first would have written. The enqueue
 # function of migration 0011 (PostgreSQL) checks the same columns.
 _JOB_GUARD = ("revision", "enabled", "max_attempts", "authority")
+# The columns in which a remembered job's occurrences differ from its first one.
+_PER_OCCURRENCE = (
+    "occurrence_id",
+    "idempotency_key",
+    "trigger_key",
+    "scheduled_for",
+    "available_at",
+    "payload",
+    "created_at",
+    "updated_at",
+)
 
 
 class _KnownJob:
     """A job row this process read, and the guards (built once) that check it is unchanged."""
 
-    __slots__ = ("authority", "guards", "job")
+    __slots__ = ("authority", "digest_of", "guards", "job", "proto", "row_template")
 
     def __init__(self, job: Job) -> None:
         self.job = job
         self.guards: dict[bool, tuple[str, list[Any]]] = {}
         self.authority: str | None = None
+        self.digest_of: Callable[[int, str], str] | None = None
+        self.proto: Occurrence | None = None
+        self.row_template: dialect.RowTemplate | None = None
+
+    def new_occurrence(
+        self, job: Job, *, scheduled_ms: int, trigger_key: str, available_ms: int, payload: Any, now: datetime
+    ) -> Occurrence:
+        """What :func:`_new_occurrence` builds, cloned from the job's first one (its identity
+        function, principal key and the columns it copies from the job are computed once)."""
+        if self.proto is None or self.digest_of is None:
+            self.digest_of = identity_digester(job.job_id, job.revision)
+            self.proto = _new_occurrence(
+                job,
+                scheduled_ms=scheduled_ms,
+                trigger_key=trigger_key,
+                available_ms=available_ms,
+                payload=payload,
+                now=now,
+            )
+            self.proto._state.fields_cache.pop("job", None)
+            first: Occurrence = _clone(self.proto)
+            return first
+        digest = self.digest_of(scheduled_ms, trigger_key)
+        scheduled = from_ms(scheduled_ms)
+        # Exactly the _PER_OCCURRENCE columns differ from the first occurrence.
+        occurrence: Occurrence = _clone(
+            self.proto,
+            occurrence_id=OCCURRENCE_ID_PREFIX + digest,
+            idempotency_key=IDEMPOTENCY_KEY_PREFIX + digest,
+            trigger_key=trigger_key,
+            scheduled_for=scheduled,
+            available_at=scheduled if available_ms == scheduled_ms else from_ms(available_ms),
+            payload=payload,
+            created_at=now,
+            updated_at=now,
+        )
+        return occurrence
 
     def authority_text(self) -> str:
         """The job's authority as JSON, encoded once (every occurrence copies it)."""
         if self.authority is None:
             self.authority = json_text(self.job.authority)
         return self.authority
+
+    def template(self, alias: str) -> dialect.RowTemplate | None:
+        """The prepared values of the job's first occurrence, to build the next ones' rows
+        from (None before :meth:`new_occurrence` has built it)."""
+        if self.row_template is None and self.proto is not None:
+            self.row_template = dialect.RowTemplate(alias, self.proto, _PER_OCCURRENCE)
+        return self.row_template
 
     def guard(self, alias: str, *, default_payload: bool) -> tuple[str, list[Any]]:
         guard = self.guards.get(default_payload)
@@ -574,8 +635,11 @@ def enqueue(
     known = _KNOWN_JOBS.get((alias, job_id))
     if known is not None and known.job.enabled:
         try:
-            # PostgreSQL: one statement, atomic by itself. SQLite: two, in a transaction.
-            with _write(alias) if connections[alias].vendor == "sqlite" else nullcontext():
+            # PostgreSQL: one statement, atomic by itself. SQLite: two, in a transaction of
+            # their own (see dialect.insert_unless_present) or in a savepoint in the caller's.
+            connection = connections[alias]
+            alone = connection.vendor != "sqlite" or dialect.in_autocommit(connection)
+            with nullcontext() if alone else _write(alias):
                 return _insert_occurrence(known.job, now=now, alias=alias, known=known, **args)
         except dialect.GuardFailed:
             _KNOWN_JOBS.pop((alias, job_id), None)

@@ -23,6 +23,7 @@ import os
 import secrets
 import socket
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -62,10 +63,9 @@ def announce(alias: str) -> int:
     directory = wake_dir(alias)
     if directory is None:
         return 0
-    try:
-        entries = [entry.path for entry in os.scandir(directory) if entry.name.endswith(SUFFIX)]
-    except OSError:
-        return 0  # no directory: nobody listens
+    entries = _sockets(directory)
+    if not entries:
+        return 0
     reached = 0
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.setblocking(False)
@@ -76,9 +76,36 @@ def announce(alias: str) -> int:
             except BlockingIOError:
                 reached += 1  # its buffer is full of wake-ups already
             except OSError as exc:
+                _LISTINGS.pop(directory, None)
                 if exc.errno in (errno.ECONNREFUSED, errno.ENOTSOCK):
                     _remove(path)  # left behind by a worker that is gone
     return reached
+
+
+# Per wake-up directory: (its mtime in ns, the sockets listed in it then).
+_LISTINGS: dict[Path, tuple[int, list[str]]] = {}
+# A listing is reused only while the directory is unchanged and was last changed this long
+# ago: file times advance in clock ticks (milliseconds), so a socket bound in the same tick
+# as the listing would not change the mtime it is checked by.
+SETTLED_NS = 1_000_000_000
+
+
+def _sockets(directory: Path) -> list[str]:
+    """The sockets in ``directory`` (none when it does not exist). Listed again only when
+    the directory has changed: each enqueue announces, and most find the same workers."""
+    try:
+        mtime = os.stat(directory).st_mtime_ns
+    except OSError:
+        return []  # no directory: nobody listens
+    known = _LISTINGS.get(directory)
+    if known is not None and known[0] == mtime and time.time_ns() - mtime > SETTLED_NS:
+        return known[1]
+    try:
+        entries = [entry.path for entry in os.scandir(directory) if entry.name.endswith(SUFFIX)]
+    except OSError:
+        return []
+    _LISTINGS[directory] = (mtime, entries)
+    return entries
 
 
 def _remove(path: str) -> None:

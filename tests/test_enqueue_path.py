@@ -434,3 +434,134 @@ def test_insert_preparation_of_json_is_djangos(name, value):
     prep = next(p for column, p, _ in dialect._preparers("default", Occurrence) if column == name)
     field = Occurrence._meta.get_field(name)
     assert _bound(prep(value, connection)) == _bound(field.get_db_prep_save(value, connection))
+
+
+# --------------------------------------------------------------------------- SQLite, own transaction
+
+
+SQLITE = pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's enqueue path")
+
+
+def _statements_of(call):
+    """The statements ``call`` sends, as execute wrappers see them."""
+    seen = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        result = call()
+    return result, seen
+
+
+@SQLITE
+@pytest.mark.django_db(transaction=True)
+def test_sqlite_enqueue_outside_a_transaction_commits_one_of_its_own(clock):
+    """Called in autocommit (as user code does), the remembered job's enqueue is BEGIN
+    IMMEDIATE, the guarded insert, the event, COMMIT: no savepoint, and committed when it
+    returns (another connection sees both rows)."""
+    import sqlite3
+
+    _make()
+    scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a")
+    (occ, dedup), seen = _statements_of(
+        lambda: scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
+    )
+    assert not dedup
+    assert seen[0] == "BEGIN IMMEDIATE" and seen[-1] == "COMMIT" and len(seen) == 4, seen
+    assert seen[1].startswith("INSERT OR IGNORE INTO") and "WHERE EXISTS" in seen[1]
+    assert seen[2].startswith('INSERT INTO "durable_scheduler_events"')
+    assert not connection.in_atomic_block and not connection.connection.in_transaction
+    other = sqlite3.connect(connection.settings_dict["NAME"])
+    try:
+        assert other.execute(
+            "SELECT count(*) FROM durable_scheduler_occurrences WHERE occurrence_id = ?", [occ.pk]
+        ).fetchone() == (1,)
+        assert other.execute(
+            "SELECT event_type FROM durable_scheduler_events WHERE occurrence_id = ?", [occ.pk]
+        ).fetchall() == [("occurrence_enqueued",)]
+    finally:
+        other.close()
+    # A repeat is found, not written: the transaction is committed with nothing in it.
+    (again, dedup), seen = _statements_of(
+        lambda: scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
+    )
+    assert dedup and again.pk == occ.pk and seen[0] == "BEGIN IMMEDIATE"
+    assert Event.objects.filter(occurrence_id=occ.pk).count() == 1
+
+
+@SQLITE
+@pytest.mark.django_db(transaction=True)
+def test_sqlite_enqueue_that_fails_midway_writes_nothing_and_leaves_no_transaction(clock):
+    """An error after the occurrence's insert (here, its event's) rolls the occurrence back:
+    nothing of it is written, the connection is out of the transaction, and the next
+    enqueue works."""
+    from django.db import OperationalError
+
+    _make()
+    scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a")
+
+    def failing(execute, sql, params, many, context):
+        if sql.startswith('INSERT INTO "durable_scheduler_events"'):
+            raise OperationalError("disk I/O error (injected)")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(failing), pytest.raises(OperationalError, match="injected"):
+        scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
+    assert not connection.connection.in_transaction
+    assert not Occurrence.objects.filter(trigger_key="b").exists()
+    occ, dedup = scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
+    assert not dedup
+    assert Event.objects.filter(occurrence_id=occ.pk, event_type="occurrence_enqueued").count() == 1
+
+
+@SQLITE
+@pytest.mark.django_db(transaction=True)
+def test_sqlite_enqueue_inside_a_transaction_is_part_of_it(clock):
+    """In a caller's atomic block the enqueue begins nothing of its own: it takes a
+    savepoint, and the caller's rollback takes the occurrence and its event with it."""
+    _make()
+    scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a")
+
+    class Undo(Exception):
+        pass
+
+    with pytest.raises(Undo), transaction.atomic():
+        _, seen = _statements_of(lambda: scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b"))
+        assert not any(sql in ("BEGIN IMMEDIATE", "COMMIT") for sql in seen), seen
+        raise Undo
+    assert not Occurrence.objects.filter(trigger_key="b").exists()
+    assert not Event.objects.filter(data__triggerKey="b").exists()
+
+
+def test_remembered_jobs_occurrences_are_its_first_one_but_the_per_occurrence_columns(clock):
+    """An occurrence of a remembered job is a clone of the job's first one: it differs in
+    kernel._PER_OCCURRENCE only, and its row (built from the first one's prepared values)
+    is what reading the job would have written."""
+    _make(payload={"d": "ü"})
+    first, _ = scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a")
+    later = clock() + timedelta(minutes=5, milliseconds=7)
+    occ, _ = scheduler.enqueue(
+        "job-f", scheduled_for=later, trigger_key="b", available_at=later + timedelta(seconds=1), payload=[1]
+    )
+    fields = [f.attname for f in Occurrence._meta.concrete_fields]
+    differ = {name for name in fields if getattr(occ, name) != getattr(first, name)}
+    assert differ <= set(kernel._PER_OCCURRENCE)
+    assert differ >= {
+        "occurrence_id",
+        "idempotency_key",
+        "trigger_key",
+        "scheduled_for",
+        "available_at",
+        "payload",
+    }
+    kernel._KNOWN_JOBS.clear()  # read the job again: the plain path
+    scheduler.enqueue(
+        "job-f", scheduled_for=later, trigger_key="c", available_at=later + timedelta(seconds=1), payload=[1]
+    )
+    stored = {o.trigger_key: o for o in Occurrence.objects.filter(trigger_key__in=["b", "c"])}
+    for name in fields:
+        if name not in ("occurrence_id", "idempotency_key", "trigger_key"):
+            assert getattr(stored["b"], name) == getattr(stored["c"], name), name
+    assert _row_state(occ) == _row_state(stored["b"])

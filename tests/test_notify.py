@@ -59,11 +59,15 @@ def idle_worker(worker_id: str) -> Iterator[subprocess.Popen[str]]:
 def test_enqueue_wakes_an_idle_worker():
     with idle_worker("listener"):
         time.sleep(1.5)  # let it go idle (its next poll is a minute away)
-        occ, _ = scheduler.enqueue("job", scheduled_for=1_700_000_000_000, trigger_key="t")
-        started = time.monotonic()
-        while not Occurrence.objects.filter(pk=occ.pk, status="succeeded").exists():
-            assert time.monotonic() - started < 10, "the enqueue did not wake the worker"
-            time.sleep(0.02)
+        # The first enqueue of a job reads it; the second takes the path for a job this
+        # process has enqueued before (on SQLite, its own transaction): both wake.
+        for key in ("t", "t2"):
+            occ, _ = scheduler.enqueue("job", scheduled_for=1_700_000_000_000, trigger_key=key)
+            started = time.monotonic()
+            while not Occurrence.objects.filter(pk=occ.pk, status="succeeded").exists():
+                assert time.monotonic() - started < 10, f"the enqueue of {key!r} did not wake the worker"
+                time.sleep(0.02)
+            time.sleep(0.5)  # idle again
 
 
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="the wake-up sockets are SQLite's")
@@ -84,6 +88,38 @@ def test_wakeup_sockets_come_and_go_with_workers_and_stale_ones_are_removed():
         assert len(mine) == 1, "the worker listens on one socket"
         assert wakeup.announce("default") >= 1
     assert not mine[0].exists(), "a worker that stops removes its socket"
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="the wake-up sockets are SQLite's")
+def test_wakeup_listing_is_reused_only_while_the_directory_is_settled(tmp_path, monkeypatch):
+    """announce lists the directory again whenever it changed, and whenever it changed
+    within the last second (file times move in clock ticks: a socket bound in the tick of
+    the last listing would leave the time as it was)."""
+    listed = []
+    scandir = os.scandir
+    monkeypatch.setattr(wakeup.os, "scandir", lambda path: listed.append(path) or scandir(path))
+    directory = tmp_path / "wake"
+    assert wakeup._sockets(directory) == []  # no directory: nobody listens
+    directory.mkdir()
+    assert wakeup._sockets(directory) == [] and len(listed) == 1
+    assert wakeup._sockets(directory) == [] and len(listed) == 2, "changed within the second"
+    settled = time.time_ns() - 2 * wakeup.SETTLED_NS
+    os.utime(directory, ns=(settled, settled))
+    assert wakeup._sockets(directory) == [] and len(listed) == 3
+    assert wakeup._sockets(directory) == [] and len(listed) == 3, "settled and unchanged: reused"
+    path = str(directory / f"1-w{wakeup.SUFFIX}")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(path)
+        assert wakeup._sockets(directory) == [path] and len(listed) == 4
+        os.utime(directory, ns=(settled, settled))  # as if bound in the listing's tick
+        wakeup._sockets(directory)
+        os.unlink(path)
+        os.utime(directory, ns=(settled, settled))
+        assert wakeup._sockets(directory) == [path], "the listing of the same settled time"
+        # A send that fails drops the listing: the next announce lists again.
+        monkeypatch.setattr(wakeup, "wake_dir", lambda alias: directory)
+        assert wakeup.announce("default") == 0
+        assert wakeup._sockets(directory) == [] and len(listed) == 6
 
 
 def test_no_wakeup_directory_where_there_is_nothing_to_wake():
