@@ -674,7 +674,7 @@ def _sqlite_insert_unless_present(
     guard: tuple[str, list[Any]] | None,
 ) -> bool:
     """:func:`insert_unless_present` on SQLite: ``INSERT OR IGNORE`` (from a ``SELECT``
-    that checks the guard), then the rows ``then`` with the same cursor.
+    that checks the guard), then the rows ``then``.
 
     Outside an atomic block these statements run in a transaction of their own, begun with
     ``BEGIN IMMEDIATE`` and committed here, and the wake-up is sent once it has committed:
@@ -702,24 +702,16 @@ def _sqlite_insert_unless_present(
                 cursor.execute(*guard)
                 if cursor.fetchone() is None:
                     raise GuardFailed
-            if inserted and then:
-                then_table, then_columns, then_rows = _insert_parts(alias, then)
-                sql = f"INSERT INTO {then_table} {then_columns} VALUES {_placeholders(then_rows[0])}"
-                for then_row in then_rows:
-                    cursor.execute(sql, then_row)
+            if inserted:
+                insert_rows(alias, then)
             if alone:
                 cursor.execute("COMMIT")
         except BaseException:
             if alone and connection.connection.in_transaction:
                 cursor.execute("ROLLBACK")
             raise
-    if inserted:
-        _saved([*then], alias)
-        if notify:
-            if alone:
-                wakeup.announce(alias)
-            else:
-                transaction.on_commit(lambda: wakeup.announce(alias), using=alias)
+    if inserted and notify:
+        notify_new_work(alias)  # outside a transaction (committed above), at once
     return inserted
 
 
@@ -1082,8 +1074,12 @@ def insert_rows(alias: str, objs: Sequence[Model]) -> None:
             insert_many(alias, objs, varying=varying)
             return
     table, columns, rows = _insert_parts(alias, objs)
+    sql = f"INSERT INTO {table} {columns} VALUES {_placeholders(rows[0])}"
     with connection.cursor() as cursor:
-        cursor.executemany(f"INSERT INTO {table} {columns} VALUES {_placeholders(rows[0])}", rows)
+        if len(rows) == 1:  # an enqueue's one event: no executemany machinery for one row
+            cursor.execute(sql, rows[0])
+        else:
+            cursor.executemany(sql, rows)
     _saved(objs, alias)
 
 

@@ -542,7 +542,7 @@ class _KnownJob:
     ) -> Occurrence:
         """What :func:`_new_occurrence` builds, cloned from the job's first one (its identity
         function, principal key and the columns it copies from the job are computed once)."""
-        if self.proto is None or self.digest_of is None:
+        if self.proto is None or self.digest_of is None:  # set together, on the first call
             self.digest_of = identity_digester(job.job_id, job.revision)
             self.proto = _new_occurrence(
                 job,
@@ -555,21 +555,17 @@ class _KnownJob:
             self.proto._state.fields_cache.pop("job", None)
             first: Occurrence = _clone(self.proto)
             return first
-        digest = self.digest_of(scheduled_ms, trigger_key)
         scheduled = from_ms(scheduled_ms)
-        # Exactly the _PER_OCCURRENCE columns differ from the first occurrence.
-        occurrence: Occurrence = _clone(
+        available = scheduled if available_ms == scheduled_ms else from_ms(available_ms)
+        return _sibling(
             self.proto,
-            occurrence_id=OCCURRENCE_ID_PREFIX + digest,
-            idempotency_key=IDEMPOTENCY_KEY_PREFIX + digest,
-            trigger_key=trigger_key,
-            scheduled_for=scheduled,
-            available_at=scheduled if available_ms == scheduled_ms else from_ms(available_ms),
-            payload=payload,
-            created_at=now,
-            updated_at=now,
+            self.digest_of(scheduled_ms, trigger_key),
+            trigger_key,
+            scheduled,
+            available,
+            payload,
+            now,
         )
-        return occurrence
 
     def authority_text(self) -> str:
         """The job's authority as JSON, encoded once (every occurrence copies it)."""
@@ -701,6 +697,31 @@ def _clone(proto: Any, **values: Any) -> Any:
     return obj
 
 
+def _sibling(
+    first: Occurrence,
+    digest: str,
+    trigger_key: str,
+    scheduled: datetime,
+    available: datetime,
+    payload: Any,
+    now: datetime,
+) -> Occurrence:
+    """An occurrence of ``first``'s job revision for another slot: a clone of ``first`` with
+    its own identity (``digest``), slot, payload and times, the _PER_OCCURRENCE columns."""
+    occurrence: Occurrence = _clone(
+        first,
+        occurrence_id=OCCURRENCE_ID_PREFIX + digest,
+        idempotency_key=IDEMPOTENCY_KEY_PREFIX + digest,
+        trigger_key=trigger_key,
+        scheduled_for=scheduled,
+        available_at=available,
+        payload=payload,
+        created_at=now,
+        updated_at=now,
+    )
+    return occurrence
+
+
 def _new_occurrences(job: Job, parsed: list[tuple[int, str, int, Any]], now: datetime) -> list[Occurrence]:
     """Queued occurrences of ``job`` for ``(scheduled_ms, trigger_key, available_ms,
     payload)`` items (checked; not saved): what :func:`_new_occurrence` builds, one clone
@@ -727,15 +748,7 @@ def _new_occurrences(job: Job, parsed: list[tuple[int, str, int, Any]], now: dat
         available = scheduled
         if available_ms != scheduled_ms:
             available = times.get(available_ms) or times.setdefault(available_ms, from_ms(available_ms))
-        row = _clone(
-            first,
-            occurrence_id=OCCURRENCE_ID_PREFIX + digest,
-            idempotency_key=IDEMPOTENCY_KEY_PREFIX + digest,
-            trigger_key=key,
-            scheduled_for=scheduled,
-            available_at=available,
-            payload=value,
-        )
+        row = _sibling(first, digest, key, scheduled, available, value, now)
         row._state.fields_cache["job"] = job
         rows.append(row)
     return rows
