@@ -715,21 +715,21 @@ def _sqlite_insert_unless_present(
     return inserted
 
 
-# The stored function of migration 0011 (PostgreSQL): one occurrence's enqueue, planned once
-# per session instead of once per call.
-ENQUEUE_FUNCTION = "durable_scheduler_enqueue_v1"
+# The stored function of migration 0015 (PostgreSQL): one occurrence's enqueue, planned once
+# per session instead of once per call. Version 1 (migration 0011) is there for processes
+# started before 0015; this code calls version 2 only.
+ENQUEUE_FUNCTION = "durable_scheduler_enqueue_v2"
 _ENQUEUE_CALL = (
     f"SELECT {ENQUEUE_FUNCTION}(%s::text, %s::text, %s::integer, %s::text, %s::text,"
-    " %s::timestamptz, %s::timestamptz, %s::text, %s::smallint, %s::smallint, %s::bigint,"
-    " %s::jsonb, %s::jsonb, %s::text, %s::timestamptz, %s::timestamptz, %s::text, %s::jsonb,"
-    " %s::integer, %s::text)"
+    " %s::timestamptz, %s::timestamptz, %s::smallint, %s::jsonb, %s::jsonb, %s::text,"
+    " %s::timestamptz, %s::jsonb, %s::integer, %s::text)"
 )
 # Per open database connection (the driver's object): whether it sees the function.
 _HAS_ENQUEUE_FUNCTION: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 
 
 def has_enqueue_function(alias: str) -> bool:
-    """Whether :func:`insert_enqueued` can be used: PostgreSQL with migration 0011 applied.
+    """Whether :func:`insert_enqueued` can be used: PostgreSQL with migration 0015 applied.
     Asked once per database connection (a test database built without migrations, or a
     project that has not migrated yet, takes the plain statement instead)."""
     connection = connections[alias]
@@ -784,20 +784,22 @@ def insert_enqueued(
     alias: str,
     occurrence: Occurrence,
     *,
-    event_type: str,
     event_data: dict[str, Any],
     guard: int,
     notify: bool,
     authority_text: str | None = None,
 ) -> bool:
-    """Insert a new queued ``occurrence`` with its event (``event_type``, ``event_data``)
-    and, if ``notify``, a wake-up, through the function of migration 0011 (only where
-    :func:`has_enqueue_function`): True if inserted, False if an occurrence with its id or
-    idempotency key was there (nothing written). ``guard``: 0, none; 1, the job row must
-    still hold the occurrence's revision, ``max_attempts`` and authority and be enabled; 2,
-    and its payload too; else :class:`GuardFailed`, nothing written. ``authority_text``:
-    the occurrence's authority as JSON, when the caller has it already."""
+    """Insert a new queued ``occurrence`` (attempt 0, fence 0, updated when created) with
+    its ``occurrence_enqueued`` event (``event_data``) and, if ``notify``, a wake-up,
+    through the function of migration 0015 (only where :func:`has_enqueue_function`).
+    True if inserted, False if an occurrence with its id or idempotency key was there
+    (nothing written). ``guard``: 0, none; 1, the job row must still hold the occurrence's
+    revision, ``max_attempts`` and authority and be enabled; 2, and its payload too; else
+    :class:`GuardFailed`, nothing written. ``authority_text``: the occurrence's authority as
+    JSON, when the caller has it already."""
     o = occurrence
+    if o.status != OccurrenceStatus.QUEUED or o.attempt or o.fence or o.updated_at != o.created_at:
+        raise ValueError(f"insert_enqueued writes new queued occurrences, not {o.occurrence_id!r} as it is")
     payload = o.payload
     params: list[Any] = [
         o.occurrence_id,
@@ -807,16 +809,11 @@ def insert_enqueued(
         o.trigger_key,
         o.scheduled_for,
         o.available_at,
-        o.status,
-        o.attempt,
         o.max_attempts,
-        o.fence,
         authority_text if authority_text is not None else json_text(o.authority),
         None if payload is None else json_text(payload),
         o.principal_key,
         o.created_at,
-        o.updated_at,
-        event_type,
         json_text(event_data),
         guard,
         CHANNEL if notify else None,

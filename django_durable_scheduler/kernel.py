@@ -465,7 +465,6 @@ def _insert_occurrence(
         created: bool | None = dialect.insert_enqueued(
             alias,
             occurrence,
-            event_type=OCCURRENCE_ENQUEUED,
             event_data=_enqueued_data(occurrence.job_revision, scheduled_ms, trigger_key),
             guard=0 if known is None else 2 if default_payload else 1,
             notify=True,
@@ -509,7 +508,7 @@ def _insert_occurrence(
 # The job fields an enqueued occurrence copies (its identity comes from the revision): the
 # enqueue fast path inserts from a remembered job only while the stored row still has these
 # values, so it writes exactly what reading the job first would have written. The enqueue
-# function of migration 0011 (PostgreSQL) checks the same columns.
+# function of migration 0015 (PostgreSQL) checks the same columns.
 _JOB_GUARD = ("revision", "enabled", "max_attempts", "authority")
 # The columns in which a remembered job's occurrences differ from its first one.
 _PER_OCCURRENCE = (
@@ -617,7 +616,7 @@ def enqueue(
     On PostgreSQL, enqueueing a job this process has enqueued before is one statement
     (no job read, no transaction of its own: the insert, its event and the wake-up commit
     together), guarded so that it inserts only if the job row is still as remembered. It
-    calls the stored function of migration 0011, whose plans PostgreSQL keeps per session.
+    calls the stored function of migration 0015, whose plans PostgreSQL keeps per session.
     """
     job_id, scheduled_ms, key, available_ms = _enqueue_args(job_id, scheduled_for, trigger_key, available_at)
     now = conf.now()

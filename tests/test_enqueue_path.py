@@ -22,6 +22,8 @@ from .conftest import authority_for
 
 pytestmark = pytest.mark.django_db
 
+CLOCK_LATER = datetime(2026, 1, 5, 13, 0, 0, tzinfo=UTC)
+
 FAST = connection.vendor in ("postgresql", "sqlite")
 
 
@@ -220,7 +222,7 @@ def test_enqueue_function_parameters_travel_apart_from_the_statement(clock):
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="the enqueue function is PostgreSQL's")
 def test_without_the_enqueue_function_the_plain_statement_writes_the_same(clock, monkeypatch):
-    """A database built without migration 0011 (or not migrated yet) enqueues through the
+    """A database built without migration 0015 (or not migrated yet) enqueues through the
     plain statement: same rows, same events, same guard."""
     _make(payload={"d": 1})
     scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a", payload={"p": "ü"})
@@ -558,3 +560,66 @@ def test_remembered_jobs_occurrences_are_its_first_one_but_the_per_occurrence_co
         if name not in ("occurrence_id", "idempotency_key", "trigger_key"):
             assert getattr(stored["b"], name) == getattr(stored["c"], name), name
     assert _row_state(occ) == _row_state(stored["b"])
+
+
+def _function_call(job, trigger_key, at, guard, **changes):
+    """One call of the enqueue function with an occurrence of ``job`` (its outcome, as the
+    function returns it: 1, 0 or -1)."""
+    occ = kernel._new_occurrence(
+        job,
+        scheduled_ms=kernel.to_ms(at, "at"),
+        trigger_key=trigger_key,
+        available_ms=kernel.to_ms(at, "at"),
+        payload=changes.pop("payload", job.payload),
+        now=at,
+    )
+    for name, value in changes.items():
+        setattr(occ, name, value)
+    try:
+        return (
+            1
+            if dialect.insert_enqueued(
+                "default", occ, event_data={"k": trigger_key}, guard=guard, notify=False
+            )
+            else 0
+        )
+    except dialect.GuardFailed:
+        return -1
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the enqueue function is PostgreSQL's")
+def test_enqueue_function_outcomes(clock):
+    """1: inserted with its event; 0: the occurrence was there; -1: the guard failed, and the
+    guard's failure wins when the occurrence is there too (the caller reads the job again)."""
+    job = _make(payload={"d": 1})
+    at = clock()
+    assert _function_call(job, "a", at, guard=2) == 1
+    assert _function_call(job, "a", at, guard=2) == 0
+    assert _function_call(job, "a", at, guard=0) == 0
+    assert (Occurrence.objects.count(), Event.objects.filter(event_type="occurrence_enqueued").count()) == (
+        1,
+        1,
+    )
+    assert _function_call(job, "b", at, guard=2, payload={"other": 1}) == -1  # not the job's payload
+    assert _function_call(job, "b", at, guard=1, payload={"other": 1}) == 1  # a payload of its own
+    Job.objects.filter(pk=job.pk).update(max_attempts=7)  # behind the remembered row's back
+    assert _function_call(job, "c", at, guard=1) == -1
+    assert _function_call(job, "a", at, guard=1) == -1  # there, but the guard fails
+    assert _function_call(job, "c", at, guard=0) == 1  # no guard: the caller's values
+    Job.objects.filter(pk=job.pk).update(max_attempts=job.max_attempts, enabled=False)
+    assert _function_call(job, "d", at, guard=1) == -1
+    assert set(Occurrence.objects.values_list("trigger_key", flat=True)) == {"a", "b", "c"}
+    assert Event.objects.filter(event_type="occurrence_enqueued").count() == 3
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the enqueue function is PostgreSQL's")
+@pytest.mark.parametrize(
+    "changes", [{"status": "running"}, {"attempt": 1}, {"fence": 2}, {"updated_at": CLOCK_LATER}]
+)
+def test_enqueue_function_takes_new_queued_occurrences_only(clock, changes):
+    """The function writes a queued occurrence at attempt 0 and fence 0, updated when it was
+    created: asked for anything else, it refuses before sending a statement."""
+    job = _make()
+    with CaptureQueriesContext(connection) as ctx, pytest.raises(ValueError, match="new queued occurrences"):
+        _function_call(job, "a", clock(), guard=1, **changes)
+    assert not ctx.captured_queries and not Occurrence.objects.exists()
