@@ -15,6 +15,7 @@ import json
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from datetime import UTC, datetime
 from operator import attrgetter
 from typing import Any
@@ -506,10 +507,14 @@ def _prepared(obj: Model, prep: list[tuple[str, Any, bool]], connection: BaseDat
     return row
 
 
-def _insert_parts(alias: str, objs: Sequence[Model]) -> tuple[str, str, list[list[Any]]]:
+def _insert_parts(
+    alias: str, objs: Sequence[Model], connection: BaseDatabaseWrapper | None = None
+) -> tuple[str, str, list[list[Any]]]:
     """(quoted table, "(columns)", one list of prepared values per object) for a plain
-    INSERT of ``objs`` (all of one model; no field of ours computes its value on save)."""
-    connection = connections[alias]
+    INSERT of ``objs`` (all of one model; no field of ours computes its value on save).
+    ``connection``: ``alias``'s, when the caller has it."""
+    if connection is None:
+        connection = connections[alias]
     table, columns, _ = _insert_columns(alias, type(objs[0]))
     prep = _preparers(alias, type(objs[0]))
     return table, columns, [_prepared(obj, prep, connection) for obj in objs]
@@ -703,7 +708,7 @@ def _sqlite_insert_unless_present(
                 if cursor.fetchone() is None:
                     raise GuardFailed
             if inserted:
-                insert_rows(alias, then)
+                insert_rows(alias, then, cursor=cursor)
             if alone:
                 cursor.execute("COMMIT")
         except BaseException:
@@ -1048,17 +1053,17 @@ def settle_reserved(
         return [(pk, int(revision), int(units)) for pk, revision, units in cursor.fetchall()]
 
 
-def insert_rows(alias: str, objs: Sequence[Model]) -> None:
+def insert_rows(alias: str, objs: Sequence[Model], *, cursor: Any = None) -> None:
     """Insert ``objs`` (all of one model), for the hot path's events and reservations, where
     nothing reads the new rows' keys back (an auto-increment key is left to the database
     and not set on the objects). PostgreSQL: one statement (:func:`insert_many`, the
     columns that differ between the rows sent as one ``jsonb_to_recordset`` parameter),
     parsed and planned once instead of once per row. Elsewhere one prepared ``INSERT`` run
     for all of them (``executemany``: SQLite steps one compiled statement, mysqlclient
-    sends one multi-row statement)."""
+    sends one multi-row statement). ``cursor``: an open cursor of ``alias`` to run it on."""
     if not objs:
         return
-    connection = connections[alias]
+    connection = connections[alias] if cursor is None else cursor.db
     if connection.vendor == "postgresql" and len(objs) > 1:
         _, _, fields = _insert_columns(alias, type(objs[0]))
         first = objs[0]
@@ -1070,13 +1075,13 @@ def insert_rows(alias: str, objs: Sequence[Model]) -> None:
         if varying:
             insert_many(alias, objs, varying=varying)
             return
-    table, columns, rows = _insert_parts(alias, objs)
+    table, columns, rows = _insert_parts(alias, objs, connection)
     sql = f"INSERT INTO {table} {columns} VALUES {_placeholders(rows[0])}"
-    with connection.cursor() as cursor:
+    with nullcontext(cursor) if cursor is not None else connection.cursor() as run:
         if len(rows) == 1:  # an enqueue's one event: no executemany machinery for one row
-            cursor.execute(sql, rows[0])
+            run.execute(sql, rows[0])
         else:
-            cursor.executemany(sql, rows)
+            run.executemany(sql, rows)
     _saved(objs, alias)
 
 
@@ -1117,7 +1122,10 @@ def notify_new_work(alias: str) -> None:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
     elif connection.vendor == "sqlite":
-        transaction.on_commit(lambda: wakeup.announce(alias), using=alias)
+        if in_autocommit(connection):
+            wakeup.announce(alias)  # what on_commit does here, without its machinery
+        else:
+            transaction.on_commit(lambda: wakeup.announce(alias), using=alias)
 
 
 def listener(alias: str, wake: Any, log: Any) -> Listener | wakeup.SocketListener:

@@ -138,3 +138,29 @@ def test_no_wakeup_directory_where_there_is_nothing_to_wake():
         assert wakeup.wake_dir("default") is None
     finally:
         conn.settings_dict["NAME"] = saved
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's wake-up is sent by the enqueuing process")
+@pytest.mark.parametrize("remembered", [False, True], ids=["first enqueue", "remembered job"])
+def test_sqlite_wakeup_is_sent_once_the_enqueue_has_committed(monkeypatch, remembered):
+    """Outside a transaction the wake-up follows the enqueue's own commit at once; inside
+    the caller's it waits for that commit, and a rollback sends none."""
+    from django.db import transaction
+
+    scheduler.ensure_policy(AUTHORITY)
+    scheduler.create_job("job", "test.ok", authority=AUTHORITY)
+    if remembered:
+        scheduler.enqueue("job", scheduled_for=0, trigger_key="first")
+    sent: list[bool] = []
+    monkeypatch.setattr(wakeup, "announce", lambda alias: sent.append(connection.in_atomic_block) or 0)
+    scheduler.enqueue("job", scheduled_for=0, trigger_key="alone")
+    assert sent == [False]
+    with transaction.atomic():
+        scheduler.enqueue("job", scheduled_for=0, trigger_key="inside")
+        assert sent == [False]
+    assert sent == [False, False]
+    with pytest.raises(RuntimeError), transaction.atomic():
+        scheduler.enqueue("job", scheduled_for=0, trigger_key="undone")
+        raise RuntimeError
+    assert sent == [False, False]
+    assert not Occurrence.objects.filter(trigger_key="undone").exists()
