@@ -4,14 +4,14 @@ smaller form (``constraints.OneOf`` and ``constraints.SameTruth``).
 PostgreSQL rebuilds every check constraint of a table from its stored tree for each
 statement that writes to it. Those three made up most of that tree. The new forms hold the
 same rows and refuse the same rows; the enqueue, claim and settle statements rebuild
-half as much (one-by-one enqueue: about 20 us of server time a call). The names stay.
+about half as much. The names stay.
 
 Only PostgreSQL's constraints are replaced. SQLite and MySQL/MariaDB compile a constraint
 once, so there the new form would save nothing. Replacing a constraint there copies the
 whole table (SQLite) or rebuilds it (MariaDB), so the old, equivalent expressions stay in
 those databases and only Django's model state changes. On PostgreSQL, adding each
-constraint reads the table once under the migration's lock: about a second for a million
-occurrences.
+constraint reads the table once under the migration's lock: with 1,000,000 occurrences the
+whole ``migrate`` command took 1.4 s (1.5 s back to 0013) on this project's test machine.
 """
 
 from __future__ import annotations

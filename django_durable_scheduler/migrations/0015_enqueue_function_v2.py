@@ -5,9 +5,10 @@ Version 1 (migration 0011) read the job row for the guard in one statement and i
 the next. Version 2 inserts ``SELECT ... FROM durable_scheduler_jobs WHERE <guard>``: one
 statement, whose snapshot is both the guard's and the insert's. It also takes fewer
 parameters: a new occurrence is queued, at attempt 0 and fence 0, created and updated at the
-same time, and its event is ``occurrence_enqueued``. With migration 0014 this takes the
-one-by-one enqueue's server time from about 430 to 330 us a call on this project's
-benchmark machine (README, performance section).
+same time, and its event is ``occurrence_enqueued``. With migration 0014, the server's CPU
+time for a one-by-one enqueue went from 412-475 to 327-335 us a call (medians of two runs
+of 7 x 2,000 calls, on a slow day of this project's test machine; README, performance
+section).
 
 Returns what version 1 returns: 1 (inserted, with its event and wake-up), 0 (an
 occurrence with this id or idempotency key was there: nothing written) or -1 (the guard
