@@ -139,3 +139,59 @@ def test_expressions_compare_and_deconstruct_by_their_arguments():
     assert a != SameTruth(OneOf("status", "queued"), Q(settled_at__isnull=True))
     path, args, kwargs = OneOf("status", "queued").deconstruct()
     assert (path, args, kwargs) == ("django_durable_scheduler.constraints.OneOf", ("status", "queued"), {})
+
+
+COMPACT = ("dsch_occ_status_valid", "dsch_occ_running_has_lease", "dsch_occ_terminal_settled")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_table_built_from_the_models_refuses_the_same_rows(clock):
+    """The constraints as the models declare them, built into a table of their own by the
+    schema editor (as ``--nomigrations`` or a squashed migration would build them): on
+    SQLite and MySQL/MariaDB migration 0014 leaves the old expressions in place, so only
+    this builds the new ones there."""
+    from django.db import models
+    from django.test.utils import isolate_apps
+
+    at = clock() + timedelta(seconds=30)
+    with isolate_apps("django_durable_scheduler"):
+
+        class Probe(models.Model):
+            status = models.CharField(max_length=16)
+            lease_owner = models.CharField(max_length=256, null=True)
+            lease_expires_at = models.DateTimeField(null=True)
+            settled_at = models.DateTimeField(null=True)
+
+            class Meta:
+                app_label = "durable_scheduler"
+                db_table = "dsch_test_constraint_probe"
+                constraints = [
+                    models.CheckConstraint(
+                        condition=c.condition, name=c.name.replace("dsch_occ_", "dsch_probe_")
+                    )
+                    for c in Occurrence._meta.constraints
+                    if c.name in COMPACT
+                ]
+
+            def __str__(self) -> str:
+                return self.status
+
+        with connection.schema_editor() as editor:
+            editor.create_model(Probe)
+        try:
+            for status in OccurrenceStatus:
+                values = {k: v for k, v in _valid(status.value, at).items() if k != "attempt"}
+                Probe.objects.create(**values)
+            for what, name, status, changes in BAD:
+                if name not in COMPACT:
+                    continue
+                values = {**_valid(status, at), **_resolve(changes, at)}
+                values.pop("attempt")
+                with pytest.raises(IntegrityError) as caught, transaction.atomic():
+                    Probe.objects.create(**values)
+                if connection.vendor != "sqlite" or connection.Database.sqlite_version_info >= (3, 38):
+                    assert name.replace("dsch_occ_", "dsch_probe_") in str(caught.value), what
+            assert Probe.objects.count() == len(OccurrenceStatus)
+        finally:
+            with connection.schema_editor() as editor:
+                editor.delete_model(Probe)
