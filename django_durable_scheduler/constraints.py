@@ -23,6 +23,7 @@ from typing import Any
 
 from django.core.exceptions import EmptyResultSet, FullResultSet
 from django.db.models import BooleanField, Func, Q, Value
+from django.db.models.lookups import In
 from django.db.models.sql.compiler import SQLCompiler
 from django.utils.deconstruct import deconstructible
 
@@ -51,9 +52,9 @@ class OneOf(Func):
         return f"{type(self).__name__}({self.source_expressions[0]!r}, {', '.join(map(repr, self.values))})"
 
     def as_sql(self, compiler: SQLCompiler, connection: Any, **extra: Any) -> tuple[str, list[Any]]:  # type: ignore[override]
-        sql, params = compiler.compile(self.source_expressions[0])
-        listed = ", ".join(f"'{value}'" for value in self.values)
-        return f"{sql} IN ({listed})", list(params)
+        # Django's own ``__in`` lookup: its quoting, its parameters.
+        sql, params = compiler.compile(In(self.source_expressions[0], list(self.values)))
+        return sql, list(params)
 
     def as_postgresql(self, compiler: SQLCompiler, connection: Any, **extra: Any) -> tuple[str, list[Any]]:
         sql, params = compiler.compile(self.source_expressions[0])

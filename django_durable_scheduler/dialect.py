@@ -716,7 +716,7 @@ def _sqlite_insert_unless_present(
                 cursor.execute("ROLLBACK")
             raise
     if inserted and notify:
-        notify_new_work(alias)  # outside a transaction (committed above), at once
+        notify_new_work(alias)  # at once after our own COMMIT above, else at the caller's commit
     return inserted
 
 

@@ -62,6 +62,11 @@ def _resolve(changes: dict, at) -> dict:
     return {k: (at if v in ("lease", "now") else v) for k, v in changes.items()}
 
 
+def _bad(status: str, changes: dict, at) -> dict:
+    """A valid row of ``status`` with ``changes`` made to it."""
+    return {**_valid(status, at), **_resolve(changes, at)}
+
+
 @pytest.mark.parametrize("status", [s.value for s in OccurrenceStatus])
 def test_every_status_as_the_kernel_leaves_it_is_held(occurrence, clock, status):
     values = _valid(status, clock() + timedelta(seconds=30))
@@ -74,7 +79,7 @@ def test_every_status_as_the_kernel_leaves_it_is_held(occurrence, clock, status)
 @pytest.mark.parametrize(("what", "name", "status", "changes"), BAD, ids=[b[0] for b in BAD])
 def test_the_database_refuses_a_row_that_breaks_a_constraint(occurrence, clock, what, name, status, changes):
     at = clock() + timedelta(seconds=30)
-    values = {**_valid(status, at), **_resolve(changes, at)}
+    values = _bad(status, changes, at)
     before = Occurrence.objects.filter(pk=occurrence.pk).values().get()
     with pytest.raises(IntegrityError) as caught, transaction.atomic():
         Occurrence.objects.filter(pk=occurrence.pk).update(**values)
@@ -91,7 +96,7 @@ def test_model_validation_names_the_broken_constraint(occurrence, clock, what, n
         # case-insensitive collation; the table's own check is case-sensitive (tested above).
         pytest.skip("MySQL compares the literals case-insensitively")
     at = clock() + timedelta(seconds=30)
-    for field, value in {**_valid(status, at), **_resolve(changes, at)}.items():
+    for field, value in _bad(status, changes, at).items():
         setattr(occurrence, field, value)
     with pytest.raises(ValidationError) as caught:
         occurrence.validate_constraints()
@@ -185,7 +190,7 @@ def test_a_table_built_from_the_models_refuses_the_same_rows(clock):
             for what, name, status, changes in BAD:
                 if name not in COMPACT:
                     continue
-                values = {**_valid(status, at), **_resolve(changes, at)}
+                values = _bad(status, changes, at)
                 values.pop("attempt")
                 with pytest.raises(IntegrityError) as caught, transaction.atomic():
                     Probe.objects.create(**values)
