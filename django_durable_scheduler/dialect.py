@@ -29,7 +29,7 @@ from django.utils.dateparse import parse_datetime
 
 from . import wakeup
 from .identity import json_text
-from .models import PENDING_STATUSES, Occurrence, OccurrenceStatus
+from .models import PENDING_STATUSES, Event, Occurrence, OccurrenceStatus
 
 # PostgreSQL channel on which enqueues announce new work (LISTEN/NOTIFY wake-ups).
 CHANNEL = "durable_scheduler"
@@ -720,34 +720,78 @@ def _sqlite_insert_unless_present(
     return inserted
 
 
-# The stored function of migration 0015 (PostgreSQL): one occurrence's enqueue, planned once
-# per session instead of once per call. Version 1 (migration 0011) is there for processes
-# started before 0015; this code calls version 2 only.
+# The stored function of migration 0015 (PostgreSQL) and the view of migration 0016 (SQLite):
+# one occurrence's enqueue as one statement. Version 1 (migration 0011, PostgreSQL) is there
+# for processes started before 0015; this code calls version 2 only.
 ENQUEUE_FUNCTION = "durable_scheduler_enqueue_v2"
 _ENQUEUE_CALL = (
     f"SELECT {ENQUEUE_FUNCTION}(%s::text, %s::text, %s::integer, %s::text, %s::text,"
     " %s::timestamptz, %s::timestamptz, %s::smallint, %s::jsonb, %s::jsonb, %s::text,"
     " %s::timestamptz, %s::jsonb, %s::integer, %s::text)"
 )
-# Per open database connection (the driver's object): whether it sees the function.
-_HAS_ENQUEUE_FUNCTION: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_ENQUEUE_INSERT = (
+    f"INSERT INTO {ENQUEUE_FUNCTION} (occurrence_id, job_id, job_revision, idempotency_key,"
+    " trigger_key, scheduled_for, available_at, max_attempts, authority, payload, principal_key,"
+    " now, event_data, guard) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+# SQLite, when an insert through the view wrote nothing under a guard: whether the guard
+# holds and whether the occurrence is there (what the function's -1 tells on PostgreSQL).
+_ENQUEUE_GUARD = (
+    "SELECT EXISTS (SELECT 1 FROM durable_scheduler_jobs WHERE job_id = %s AND revision = %s"
+    " AND enabled AND max_attempts = %s AND authority = %s AND (%s = 1 OR payload IS %s)),"
+    " EXISTS (SELECT 1 FROM durable_scheduler_occurrences WHERE occurrence_id = %s"
+    " OR idempotency_key = %s)"
+)
+# Per Django connection: (its driver connection when asked, whether it sees the function or
+# view). Keyed by the wrapper, whose driver connection changes on reconnect (SQLite's
+# connection objects take no weak references).
+_HAS_ENQUEUE_FUNCTION: weakref.WeakKeyDictionary[BaseDatabaseWrapper, tuple[Any, bool]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def has_enqueue_function(alias: str) -> bool:
-    """Whether :func:`insert_enqueued` can be used: PostgreSQL with migration 0015 applied.
-    Asked once per database connection (a test database built without migrations, or a
-    project that has not migrated yet, takes the plain statement instead)."""
+    """Whether :func:`insert_enqueued` can be used: PostgreSQL with migration 0015 applied,
+    SQLite with migration 0016 applied (and Django's own JSON text, which the view's guard
+    compares). Asked once per database connection (a test database built without
+    migrations, or a project that has not migrated yet, takes the plain statements
+    instead)."""
     connection = connections[alias]
-    if connection.vendor != "postgresql":
+    vendor = connection.vendor
+    if vendor not in ("postgresql", "sqlite"):
         return False
     connection.ensure_connection()
     raw = connection.connection
-    known = _HAS_ENQUEUE_FUNCTION.get(raw)
-    if known is None:
-        with connection.cursor() as cursor:
+    known = _HAS_ENQUEUE_FUNCTION.get(connection)
+    if known is not None and known[0] is raw:
+        return known[1]
+    with connection.cursor() as cursor:
+        if vendor == "postgresql":
             cursor.execute("SELECT to_regproc(%s) IS NOT NULL", [ENQUEUE_FUNCTION])
-            known = _HAS_ENQUEUE_FUNCTION[raw] = bool(cursor.fetchone()[0])
-    return known
+        else:
+            cursor.execute(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'trigger' AND name = %s)",
+                [f"{ENQUEUE_FUNCTION}_insert"],
+            )
+        found = bool(cursor.fetchone()[0])
+    if vendor == "sqlite":
+        found = (
+            found
+            and all(
+                _plain_json_text(connection, Occurrence._meta.get_field(name))
+                for name in ("authority", "payload")
+            )
+            and _plain_json_text(connection, Event._meta.get_field("data"))
+        )
+    _HAS_ENQUEUE_FUNCTION[connection] = (raw, found)
+    return found
+
+
+def enqueue_json(alias: str, value: Any) -> str:
+    """``value`` (plain JSON) as :func:`insert_enqueued` binds it: PostgreSQL parses it
+    into ``jsonb``; SQLite stores the text, so it is the text Django stores (``json.dumps``),
+    which the view's guard compares with the job's columns."""
+    return json_text(value) if connections[alias].vendor == "postgresql" else _dumps(value)
 
 
 def _binding_cursor(alias: str) -> Any:
@@ -795,16 +839,23 @@ def insert_enqueued(
     authority_text: str | None = None,
 ) -> bool:
     """Insert a new queued ``occurrence`` (attempt 0, fence 0, updated when created) with
-    its ``occurrence_enqueued`` event (``event_data``) and, if ``notify``, a wake-up,
-    through the function of migration 0015 (only where :func:`has_enqueue_function`).
-    True if inserted, False if an occurrence with its id or idempotency key was there
-    (nothing written). ``guard``: 0, none; 1, the job row must still hold the occurrence's
-    revision, ``max_attempts`` and authority and be enabled; 2, and its payload too; else
-    :class:`GuardFailed`, nothing written. ``authority_text``: the occurrence's authority as
-    JSON, when the caller has it already."""
+    its ``occurrence_enqueued`` event (``event_data``) and, if ``notify``, a wake-up, in
+    one statement: the function of migration 0015 (PostgreSQL) or the view of migration
+    0016 (SQLite), only where :func:`has_enqueue_function`. True if inserted, False if an
+    occurrence with its id or idempotency key was there (nothing written). ``guard``: 0,
+    none; 1, the job row must still hold the occurrence's revision, ``max_attempts`` and
+    authority and be enabled; 2, and its payload too; else :class:`GuardFailed`, nothing
+    written. ``authority_text``: the occurrence's authority as :func:`enqueue_json` gives
+    it, when the caller has it already."""
     o = occurrence
     if o.status != OccurrenceStatus.QUEUED or o.attempt or o.fence or o.updated_at != o.created_at:
         raise ValueError(f"insert_enqueued writes new queued occurrences, not {o.occurrence_id!r} as it is")
+    connection = connections[alias]
+    if connection.vendor == "sqlite":
+        inserted = _sqlite_insert_enqueued(alias, connection, o, event_data, guard, authority_text)
+        if inserted and notify:
+            notify_new_work(alias)  # at once in autocommit, else at the caller's commit
+        return inserted
     payload = o.payload
     params: list[Any] = [
         o.occurrence_id,
@@ -831,6 +882,61 @@ def insert_enqueued(
     if outcome:
         _saved([o], alias)
     return bool(outcome)
+
+
+_TIME_PREPARERS: dict[str, Any] = {}
+
+
+def _sqlite_insert_enqueued(
+    alias: str,
+    connection: BaseDatabaseWrapper,
+    o: Occurrence,
+    event_data: dict[str, Any],
+    guard: int,
+    authority_text: str | None,
+) -> bool:
+    """:func:`insert_enqueued` on SQLite: one ``INSERT`` into the view of migration 0016.
+    The view answers nothing, so what it wrote is read from the driver's count of changed
+    rows (triggers' included; 2 inserted, 0 not), and, when it wrote nothing under a guard,
+    one more query tells a failed guard from a present occurrence."""
+    time_text = _TIME_PREPARERS.get(alias)
+    if time_text is None:
+        preparers = {name: prep for name, prep, _ in _preparers(alias, Occurrence)}
+        time_text = _TIME_PREPARERS[alias] = preparers["scheduled_for"]
+    payload = None if o.payload is None else _dumps(o.payload)
+    authority = authority_text if authority_text is not None else _dumps(o.authority)
+    available = o.available_at
+    scheduled = time_text(o.scheduled_for, connection)
+    params = [
+        o.occurrence_id,
+        o.job_id,
+        o.job_revision,
+        o.idempotency_key,
+        o.trigger_key,
+        scheduled,
+        scheduled if available is o.scheduled_for else time_text(available, connection),
+        o.max_attempts,
+        authority,
+        payload,
+        o.principal_key,
+        time_text(o.created_at, connection),
+        _dumps(event_data),
+        guard,
+    ]
+    raw = connection.connection
+    with connection.cursor() as cursor:
+        before = raw.total_changes
+        cursor.execute(_ENQUEUE_INSERT, params)
+        inserted = bool(raw.total_changes != before)
+        if not inserted and guard:
+            job: list[Any] = [o.job_id, o.job_revision, o.max_attempts, authority, guard, payload]
+            cursor.execute(_ENQUEUE_GUARD, [*job, o.occurrence_id, o.idempotency_key])
+            holds, present = cursor.fetchone()
+            if not (holds and present):
+                raise GuardFailed
+    if inserted:
+        _saved([o], alias)
+    return inserted
 
 
 def supports_insert_enqueued_many(alias: str) -> bool:

@@ -41,7 +41,6 @@ from .identity import (
     from_ms,
     identity_digester,
     iso_ms,
-    json_text,
     normalize_bool,
     normalize_identifier,
     normalize_int,
@@ -468,7 +467,7 @@ def _insert_occurrence(
             event_data=_enqueued_data(occurrence.job_revision, scheduled_ms, trigger_key),
             guard=0 if known is None else 2 if default_payload else 1,
             notify=True,
-            authority_text=None if known is None else known.authority_text(),
+            authority_text=None if known is None else known.authority_text(alias),
         )
     else:
         event = _enqueued_event(occurrence, now)
@@ -566,10 +565,11 @@ class _KnownJob:
             now,
         )
 
-    def authority_text(self) -> str:
-        """The job's authority as JSON, encoded once (every occurrence copies it)."""
+    def authority_text(self, alias: str) -> str:
+        """The job's authority as :func:`dialect.enqueue_json` binds it, encoded once (every
+        occurrence copies it; a remembered job belongs to one database)."""
         if self.authority is None:
-            self.authority = json_text(self.job.authority)
+            self.authority = dialect.enqueue_json(alias, self.job.authority)
         return self.authority
 
     def template(self, alias: str) -> dialect.RowTemplate | None:
@@ -613,10 +613,11 @@ def enqueue(
     current revision, ``scheduled_for`` and ``trigger_key``; reusing it with another
     payload raises ``SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH``.
 
-    On PostgreSQL, enqueueing a job this process has enqueued before is one statement
-    (no job read, no transaction of its own: the insert, its event and the wake-up commit
-    together), guarded so that it inserts only if the job row is still as remembered. It
-    calls the stored function of migration 0015, whose plans PostgreSQL keeps per session.
+    On PostgreSQL and SQLite, enqueueing a job this process has enqueued before is one
+    statement (no job read, no transaction of its own: the insert and its event commit
+    together, and the wake-up with them), guarded so that it inserts only if the job row is
+    still as remembered. It calls the stored function of migration 0015 (PostgreSQL, whose
+    plans it keeps per session) or inserts into the view of migration 0016 (SQLite).
     """
     job_id, scheduled_ms, key, available_ms = _enqueue_args(job_id, scheduled_for, trigger_key, available_at)
     now = conf.now()
@@ -630,10 +631,15 @@ def enqueue(
     known = _KNOWN_JOBS.get((alias, job_id))
     if known is not None and known.job.enabled:
         try:
-            # PostgreSQL: one statement, atomic by itself. SQLite: two, in a transaction of
-            # their own (see dialect.insert_unless_present) or in a savepoint in the caller's.
+            # One statement, atomic by itself (PostgreSQL; SQLite with migration 0016). Else
+            # SQLite's two, in a transaction of their own (see dialect.insert_unless_present)
+            # or in a savepoint in the caller's.
             connection = connections[alias]
-            alone = connection.vendor != "sqlite" or dialect.in_autocommit(connection)
+            alone = (
+                connection.vendor != "sqlite"
+                or dialect.in_autocommit(connection)
+                or dialect.has_enqueue_function(alias)
+            )
             with nullcontext() if alone else _write(alias):
                 return _insert_occurrence(known.job, now=now, alias=alias, known=known, **args)
         except dialect.GuardFailed:

@@ -47,11 +47,11 @@ def test_second_enqueue_of_a_job_does_not_read_the_job(clock):
     assert not dedup and occ.status == "queued"
     statements = _writes(ctx)
     assert not any('FROM "durable_scheduler_jobs" WHERE' in sql and "INSERT" not in sql for sql in statements)
-    if connection.vendor == "postgresql":
-        assert len(statements) == 1  # occurrence, event and NOTIFY in one call of the function
+    if FAST:
+        # PostgreSQL: occurrence, event and NOTIFY in one call of the function; SQLite: the
+        # occurrence and its event in one insert into the view (the wake-up is a datagram).
+        assert len(statements) == 1
         assert dialect.ENQUEUE_FUNCTION in statements[0]
-    elif connection.vendor == "sqlite":
-        assert len(statements) == 2  # the guarded insert, then the event
     stored = Occurrence.objects.get(pk=occ.pk)
     assert (stored.job_revision, stored.max_attempts, stored.payload) == (1, 3, None)
     assert Event.objects.filter(occurrence_id=occ.pk, event_type="occurrence_enqueued").count() == 1
@@ -220,10 +220,11 @@ def test_enqueue_function_parameters_travel_apart_from_the_statement(clock):
     assert Event.objects.get(occurrence=stored).data["triggerKey"] == "it's %s"
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="the enqueue function is PostgreSQL's")
+@pytest.mark.skipif(not FAST, reason="the enqueue function is PostgreSQL's, the view SQLite's")
 def test_without_the_enqueue_function_the_plain_statement_writes_the_same(clock, monkeypatch):
-    """A database built without migration 0015 (or not migrated yet) enqueues through the
-    plain statement: same rows, same events, same guard."""
+    """A database built without migration 0015 (PostgreSQL) or 0016 (SQLite), or not
+    migrated yet, enqueues through the plain statements: same rows, same events, same
+    guard."""
     _make(payload={"d": 1})
     scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a", payload={"p": "ü"})
     scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
@@ -231,12 +232,14 @@ def test_without_the_enqueue_function_the_plain_statement_writes_the_same(clock,
     Event.objects.all().delete()
     Occurrence.objects.all().delete()
     with connection.cursor() as cursor:  # undone with the test's transaction
-        cursor.execute(f"DROP FUNCTION {dialect.ENQUEUE_FUNCTION}")
+        kind = "FUNCTION" if connection.vendor == "postgresql" else "VIEW"
+        cursor.execute(f"DROP {kind} {dialect.ENQUEUE_FUNCTION}")
     monkeypatch.setattr(dialect, "_HAS_ENQUEUE_FUNCTION", weakref.WeakKeyDictionary())
     with CaptureQueriesContext(connection) as ctx:
         scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a", payload={"p": "ü"})
         scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
-    assert not any(dialect.ENQUEUE_FUNCTION + "(" in q["sql"] for q in ctx.captured_queries)
+    calls = (f"{dialect.ENQUEUE_FUNCTION}(", f"INTO {dialect.ENQUEUE_FUNCTION} ")
+    assert not any(call in q["sql"] for q in ctx.captured_queries for call in calls)
     assert _stored("a", "b") == with_function
     Job.objects.filter(pk="job-f").update(max_attempts=9)  # behind the remembered row's back
     occ, _ = scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="c")
@@ -438,10 +441,17 @@ def test_insert_preparation_of_json_is_djangos(name, value):
     assert _bound(prep(value, connection)) == _bound(field.get_db_prep_save(value, connection))
 
 
-# --------------------------------------------------------------------------- SQLite, own transaction
+# --------------------------------------------------------------------------- SQLite
 
 
 SQLITE = pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's enqueue path")
+# The view of migration 0016, or the plain statements of a database built without it.
+PATHS = pytest.mark.parametrize("path", ["view", "plain"])
+
+
+def _take(path, monkeypatch):
+    if path == "plain":
+        monkeypatch.setattr(dialect, "has_enqueue_function", lambda alias: False)
 
 
 def _statements_of(call):
@@ -457,14 +467,54 @@ def _statements_of(call):
     return result, seen
 
 
-@SQLITE
-@pytest.mark.django_db(transaction=True)
-def test_sqlite_enqueue_outside_a_transaction_commits_one_of_its_own(clock):
-    """Called in autocommit (as user code does), the remembered job's enqueue is BEGIN
-    IMMEDIATE, the guarded insert, the event, COMMIT: no savepoint, and committed when it
-    returns (another connection sees both rows)."""
+def _committed(occurrence_id):
+    """(occurrences, event types) with this id, as another connection sees them."""
     import sqlite3
 
+    other = sqlite3.connect(connection.settings_dict["NAME"])
+    try:
+        count = other.execute(
+            "SELECT count(*) FROM durable_scheduler_occurrences WHERE occurrence_id = ?", [occurrence_id]
+        ).fetchone()[0]
+        events = other.execute(
+            "SELECT event_type FROM durable_scheduler_events WHERE occurrence_id = ?", [occurrence_id]
+        ).fetchall()
+    finally:
+        other.close()
+    return count, [event_type for (event_type,) in events]
+
+
+@SQLITE
+@pytest.mark.django_db(transaction=True)
+def test_sqlite_enqueue_outside_a_transaction_is_one_statement(clock):
+    """Called in autocommit (as user code does), the remembered job's enqueue is one insert
+    into the view: no BEGIN, no COMMIT, no savepoint, and committed when it returns (another
+    connection sees the occurrence and its event). A repeat is one statement that writes
+    nothing."""
+    _make()
+    scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a")
+    (occ, dedup), seen = _statements_of(
+        lambda: scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
+    )
+    assert not dedup
+    assert len(seen) == 1 and seen[0].startswith(f"INSERT INTO {dialect.ENQUEUE_FUNCTION} "), seen
+    assert not connection.in_atomic_block and not connection.connection.in_transaction
+    assert _committed(occ.pk) == (1, ["occurrence_enqueued"])
+    (again, dedup), seen = _statements_of(
+        lambda: scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
+    )
+    assert dedup and again.pk == occ.pk
+    # The insert that wrote nothing, the guard's check, the row read back.
+    assert seen[0].startswith(f"INSERT INTO {dialect.ENQUEUE_FUNCTION} ") and len(seen) == 3, seen
+    assert _committed(occ.pk) == (1, ["occurrence_enqueued"])
+
+
+@SQLITE
+@pytest.mark.django_db(transaction=True)
+def test_sqlite_plain_enqueue_outside_a_transaction_commits_one_of_its_own(clock, monkeypatch):
+    """Without the view, the remembered job's enqueue in autocommit is BEGIN IMMEDIATE, the
+    guarded insert, the event, COMMIT: no savepoint, and committed when it returns."""
+    _take("plain", monkeypatch)
     _make()
     scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a")
     (occ, dedup), seen = _statements_of(
@@ -475,16 +525,7 @@ def test_sqlite_enqueue_outside_a_transaction_commits_one_of_its_own(clock):
     assert seen[1].startswith("INSERT OR IGNORE INTO") and "WHERE EXISTS" in seen[1]
     assert seen[2].startswith('INSERT INTO "durable_scheduler_events"')
     assert not connection.in_atomic_block and not connection.connection.in_transaction
-    other = sqlite3.connect(connection.settings_dict["NAME"])
-    try:
-        assert other.execute(
-            "SELECT count(*) FROM durable_scheduler_occurrences WHERE occurrence_id = ?", [occ.pk]
-        ).fetchone() == (1,)
-        assert other.execute(
-            "SELECT event_type FROM durable_scheduler_events WHERE occurrence_id = ?", [occ.pk]
-        ).fetchall() == [("occurrence_enqueued",)]
-    finally:
-        other.close()
+    assert _committed(occ.pk) == (1, ["occurrence_enqueued"])
     # A repeat is found, not written: the transaction is committed with nothing in it.
     (again, dedup), seen = _statements_of(
         lambda: scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
@@ -494,23 +535,35 @@ def test_sqlite_enqueue_outside_a_transaction_commits_one_of_its_own(clock):
 
 
 @SQLITE
+@PATHS
 @pytest.mark.django_db(transaction=True)
-def test_sqlite_enqueue_that_fails_midway_writes_nothing_and_leaves_no_transaction(clock):
+def test_sqlite_enqueue_that_fails_midway_writes_nothing_and_leaves_no_transaction(clock, monkeypatch, path):
     """An error after the occurrence's insert (here, its event's) rolls the occurrence back:
     nothing of it is written, the connection is out of the transaction, and the next
-    enqueue works."""
-    from django.db import OperationalError
+    enqueue works. Through the view the event's insert fails inside the statement (a
+    temporary trigger of this connection refuses it)."""
+    from django.db import DatabaseError
 
+    _take(path, monkeypatch)
     _make()
     scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a")
 
     def failing(execute, sql, params, many, context):
         if sql.startswith('INSERT INTO "durable_scheduler_events"'):
-            raise OperationalError("disk I/O error (injected)")
+            raise DatabaseError("disk I/O error (injected)")
         return execute(sql, params, many, context)
 
-    with connection.execute_wrapper(failing), pytest.raises(OperationalError, match="injected"):
-        scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE TEMP TRIGGER test_refuse_events BEFORE INSERT ON durable_scheduler_events"
+            " WHEN NEW.data LIKE '%\"b\"%' BEGIN SELECT RAISE(ABORT, 'disk I/O error (injected)'); END"
+        )
+    try:
+        with connection.execute_wrapper(failing), pytest.raises(DatabaseError, match="injected"):
+            scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER temp.test_refuse_events")
     assert not connection.connection.in_transaction
     assert not Occurrence.objects.filter(trigger_key="b").exists()
     occ, dedup = scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
@@ -519,10 +572,13 @@ def test_sqlite_enqueue_that_fails_midway_writes_nothing_and_leaves_no_transacti
 
 
 @SQLITE
+@PATHS
 @pytest.mark.django_db(transaction=True)
-def test_sqlite_enqueue_inside_a_transaction_is_part_of_it(clock):
-    """In a caller's atomic block the enqueue begins nothing of its own: it takes a
-    savepoint, and the caller's rollback takes the occurrence and its event with it."""
+def test_sqlite_enqueue_inside_a_transaction_is_part_of_it(clock, monkeypatch, path):
+    """In a caller's atomic block the enqueue begins nothing of its own (the plain statements
+    take a savepoint; the view's one statement needs none), and the caller's rollback takes
+    the occurrence and its event with it."""
+    _take(path, monkeypatch)
     _make()
     scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a")
 
@@ -532,9 +588,59 @@ def test_sqlite_enqueue_inside_a_transaction_is_part_of_it(clock):
     with pytest.raises(Undo), transaction.atomic():
         _, seen = _statements_of(lambda: scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b"))
         assert not any(sql in ("BEGIN IMMEDIATE", "COMMIT") for sql in seen), seen
+        if path == "view":
+            assert len(seen) == 1 and dialect.ENQUEUE_FUNCTION in seen[0], seen
+        assert Occurrence.objects.filter(trigger_key="b").exists()
         raise Undo
     assert not Occurrence.objects.filter(trigger_key="b").exists()
     assert not Event.objects.filter(data__triggerKey="b").exists()
+
+
+@SQLITE
+def test_sqlite_view_stores_the_text_the_plain_statements_store(clock, monkeypatch):
+    """Column by column, the view writes the text the plain statements write (times as
+    Django's text, JSON as ``json.dumps``): SQLite compares and orders that text."""
+    later = datetime(2026, 1, 5, 13, 0, 0, 120_000, tzinfo=UTC)
+    _make(payload={"d": "ü", "n": [1.5, None]})
+
+    def enqueue_all(prefix):
+        scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key=f"{prefix}first")
+        scheduler.enqueue("job-f", scheduled_for=later, trigger_key=f"{prefix}same")
+        scheduler.enqueue(
+            "job-f",
+            scheduled_for=datetime(2026, 1, 5, 14, tzinfo=UTC),  # no microseconds
+            trigger_key=f"{prefix}other",
+            available_at=later + timedelta(seconds=1),
+            payload={"own": "😀"},
+        )
+
+    def raw(prefix):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT substr(trigger_key, 2), scheduled_for, available_at, status, attempt,"
+                " max_attempts, fence, lease_owner, lease_expires_at, authority, payload, last_error,"
+                " result, created_at, updated_at, settled_at, principal_key, metadata, receipt, job_id,"
+                " job_revision FROM durable_scheduler_occurrences WHERE trigger_key LIKE %s"
+                " ORDER BY trigger_key",
+                [prefix + "%"],
+            )
+            occurrences = cursor.fetchall()
+            cursor.execute(
+                "SELECT e.job_id, e.event_type, e.occurred_at, e.owner_id, e.fence,"
+                ' replace(e.data, \'"triggerKey": "\' || %s, \'"triggerKey": "\')'
+                " FROM durable_scheduler_events AS e"
+                " JOIN durable_scheduler_occurrences AS o USING (occurrence_id)"
+                " WHERE o.trigger_key LIKE %s ORDER BY o.trigger_key",
+                [prefix, prefix + "%"],
+            )
+            return occurrences, cursor.fetchall()
+
+    enqueue_all("v")
+    kernel._KNOWN_JOBS.clear()
+    _take("plain", monkeypatch)
+    enqueue_all("p")
+    assert raw("v") == raw("p")
+    assert len(raw("v")[0]) == 3 and len(raw("v")[1]) == 3
 
 
 def test_remembered_jobs_occurrences_are_its_first_one_but_the_per_occurrence_columns(clock):
@@ -587,7 +693,7 @@ def _function_call(job, trigger_key, at, guard, **changes):
         return -1
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="the enqueue function is PostgreSQL's")
+@pytest.mark.skipif(not FAST, reason="the enqueue function is PostgreSQL's, the view SQLite's")
 def test_enqueue_function_outcomes(clock):
     """1: inserted with its event; 0: the occurrence was there; -1: the guard failed, and the
     guard's failure wins when the occurrence is there too (the caller reads the job again)."""
@@ -612,7 +718,7 @@ def test_enqueue_function_outcomes(clock):
     assert Event.objects.filter(event_type="occurrence_enqueued").count() == 3
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="the enqueue function is PostgreSQL's")
+@pytest.mark.skipif(not FAST, reason="the enqueue function is PostgreSQL's, the view SQLite's")
 @pytest.mark.parametrize(
     "changes", [{"status": "running"}, {"attempt": 1}, {"fence": 2}, {"updated_at": CLOCK_LATER}]
 )
