@@ -301,3 +301,29 @@ def test_update_column_gives_each_row_its_own_value_across_chunks(v1_apps):
     stored = list(Occurrence.objects.order_by("pk").values_list(*fields))
     assert stored[:total] == [tuple(getattr(row, f) for f in fields) for row in rows]
     assert stored[total] == (None, T0, f"t{total}")
+
+
+def test_sqlite_enqueue_view_comes_and_goes_with_0016():
+    """0016 makes SQLite's enqueue view and its trigger, and takes them away going back;
+    other databases get none."""
+
+    def enqueue_objects():
+        if connection.vendor != "sqlite":
+            with connection.cursor() as cursor:
+                names = {info.name for info in connection.introspection.get_table_list(cursor)}
+            return {("view", name) for name in names if name.startswith("durable_scheduler_enqueue")}
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT type, name FROM sqlite_master WHERE name LIKE 'durable_scheduler_enqueue%'"
+            )
+            return set(cursor.fetchall())
+
+    view = "durable_scheduler_enqueue_v2"
+    made = {("view", view), ("trigger", f"{view}_insert")} if connection.vendor == "sqlite" else set()
+    assert enqueue_objects() == made
+    migrate([(APP, "0015_enqueue_function_v2")])
+    try:
+        assert enqueue_objects() == set()
+    finally:
+        migrate(latest())
+    assert enqueue_objects() == made
