@@ -28,7 +28,7 @@ from django.db.models.fields import AutoFieldMixin
 from django.utils.dateparse import parse_datetime
 
 from . import wakeup
-from .identity import json_text
+from .identity import json_text, to_ms
 from .models import PENDING_STATUSES, Event, Occurrence, OccurrenceStatus
 
 # PostgreSQL channel on which enqueues announce new work (LISTEN/NOTIFY wake-ups).
@@ -940,8 +940,13 @@ def _sqlite_insert_enqueued(
 
 
 def supports_insert_enqueued_many(alias: str) -> bool:
-    """Whether :func:`insert_enqueued_many` can be used (PostgreSQL)."""
-    return connections[alias].vendor == "postgresql"
+    """Whether :func:`insert_enqueued_many` can be used: PostgreSQL; SQLite where
+    :func:`insert_many` reports what it inserted and the events' data is Django's own JSON
+    text (which it writes as text)."""
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        return True
+    return supports_insert_many(alias) and _plain_json_text(connection, Event._meta.get_field("data"))
 
 
 def supports_insert_many(alias: str) -> bool:
@@ -985,14 +990,18 @@ def insert_many(
 def insert_enqueued_many(
     alias: str, objs: Sequence[Occurrence], *, varying: Sequence[str], event: Model
 ) -> set[Any]:
-    """PostgreSQL: :func:`insert_many` of new queued occurrences ``objs`` with
-    ``skip_present``, and in the same statement, for each occurrence inserted (in the order
-    inserted), its ``occurrence_enqueued`` event: ``event``'s values (job, type, time, owner,
-    fence) with the occurrence's id and, as data, the occurrence's ``{"jobRevision",
-    "scheduledFor"`` (epoch milliseconds), ``"triggerKey"}`` (what the kernel writes for one
-    occurrence), built by the database from the row it inserted. Nothing to build, send and
-    parse per event, and one statement instead of two."""
+    """:func:`insert_many` of new queued occurrences ``objs`` with ``skip_present``, and for
+    each occurrence inserted (in the order inserted), its ``occurrence_enqueued`` event:
+    ``event``'s values (job, type, time, owner, fence) with the occurrence's id and, as data,
+    the occurrence's ``{"jobRevision", "scheduledFor"`` (epoch milliseconds),
+    ``"triggerKey"}`` (what the kernel writes for one occurrence). No event objects.
+    PostgreSQL: in the same statement, the data built by the database from the row it
+    inserted. SQLite (no ``INSERT`` in a ``WITH``): a second statement per chunk, its rows
+    one JSON parameter of (occurrence id, data text) pairs, instead of a ``VALUES`` list of
+    two parameters a row. See :func:`supports_insert_enqueued_many`."""
     connection = connections[alias]
+    if connection.vendor == "sqlite":
+        return _sqlite_insert_enqueued_many(alias, connection, objs, varying, event)
     if connection.vendor != "postgresql":
         raise ValueError(f"no insert_enqueued_many on {connection.vendor}")
     quote = connection.ops.quote_name
@@ -1023,6 +1032,57 @@ def insert_enqueued_many(
         )
 
     return _insert_many(alias, objs, varying=varying, skip_present=True, then=then)
+
+
+def _sqlite_insert_enqueued_many(
+    alias: str,
+    connection: BaseDatabaseWrapper,
+    objs: Sequence[Occurrence],
+    varying: Sequence[str],
+    event: Model,
+) -> set[Any]:
+    """:func:`insert_enqueued_many` on SQLite: the occurrences with :func:`insert_many`,
+    then the events of those it inserted, in ``objs``' order, each chunk's rows read by
+    ``json_each`` from one parameter. The data is stored as the text Django stores for it
+    (``json.dumps`` of the dict the kernel writes for one occurrence), formatted here."""
+    inserted = _insert_many(alias, objs, varying=varying, skip_present=True)
+    if not inserted:
+        return inserted
+    table, columns, fields = _insert_columns(alias, type(event))
+    select: list[str] = []
+    constants: list[Any] = []
+    prep = {name: dump for name, dump, _ in _preparers(alias, type(event))}
+    for field in fields:
+        if field.attname == "occurrence_id":
+            select.append("json_extract(j.value, '$[0]')")
+        elif field.attname == "data":
+            select.append("json_extract(j.value, '$[1]')")
+        else:
+            select.append("%s")
+            constants.append(prep[field.attname](getattr(event, field.attname), connection))
+    sql = f"INSERT INTO {table} {columns} SELECT {', '.join(select)} FROM json_each(%s) AS j ORDER BY j.key"
+    times: dict[datetime, int] = {}  # rows built together often share their time
+    pairs: list[tuple[str, str]] = []
+    for o in objs:
+        if o.occurrence_id not in inserted:
+            continue
+        scheduled = o.scheduled_for
+        ms = times.get(scheduled)
+        if ms is None:
+            ms = times[scheduled] = to_ms(scheduled, "scheduled_for")
+        pairs.append((o.occurrence_id, enqueued_data_text(o.job_revision, ms, o.trigger_key)))
+    with connection.cursor() as cursor:
+        for start in range(0, len(pairs), 5000):
+            cursor.execute(sql, [*constants, _dumps(pairs[start : start + 5000], ensure_ascii=False)])
+    return inserted
+
+
+def enqueued_data_text(job_revision: int, scheduled_ms: int, trigger_key: str) -> str:
+    """``json.dumps({"jobRevision": job_revision, "scheduledFor": scheduled_ms,
+    "triggerKey": trigger_key})`` (the text Django stores for an ``occurrence_enqueued``
+    event's data), formatted without building the dict (0.6 us against 2.1 us)."""
+    key = _dumps(trigger_key)
+    return f'{{"jobRevision": {job_revision:d}, "scheduledFor": {scheduled_ms:d}, "triggerKey": {key}}}'
 
 
 def _insert_many(

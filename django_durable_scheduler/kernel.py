@@ -848,7 +848,8 @@ def _insert_many_new(
     ordered = _in_key_order(fresh)
     if dialect.supports_insert_enqueued_many(alias):
         # PostgreSQL: the statement that inserts the rows writes their events too, from the
-        # rows (the data _enqueued_data gives), in the order inserted.
+        # rows (the data _enqueued_data gives), in the order inserted; SQLite: a statement
+        # after it, without an Event object per row.
         event = _enqueued_event(rows[0], now)
         inserted = dialect.insert_enqueued_many(alias, ordered, varying=_VARYING, event=event)
     else:

@@ -4,6 +4,7 @@ replaced behind the process's back still gets exactly what reading it first woul
 
 from __future__ import annotations
 
+import json
 import weakref
 from datetime import UTC, datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
@@ -641,6 +642,73 @@ def test_sqlite_view_stores_the_text_the_plain_statements_store(clock, monkeypat
     enqueue_all("p")
     assert raw("v") == raw("p")
     assert len(raw("v")[0]) == 3 and len(raw("v")[1]) == 3
+
+
+# Trigger keys whose JSON text needs escapes: quotes, backslashes, non-ASCII, outside the BMP.
+AWKWARD_KEYS = [
+    'q"uote',
+    "back\\slash",
+    "ü-umlaut",
+    "emoji-😀",
+    "per%cent",
+    "  padded-inside  x",
+    "tab\u2028sep",
+]
+
+
+def test_enqueued_data_text_is_what_json_dumps_gives():
+    for key in AWKWARD_KEYS:
+        for revision, ms in ((1, 0), (7, 253_402_300_799_999)):
+            data = kernel._enqueued_data(revision, ms, key)
+            assert dialect.enqueued_data_text(revision, ms, key) == json.dumps(data)
+
+
+@SQLITE
+@pytest.mark.parametrize("path", ["json_each", "values"])
+def test_sqlite_bulk_events_store_the_text_one_by_one_enqueues_store(clock, monkeypatch, path):
+    """A bulk enqueue's events (one ``json_each`` parameter a statement, or the ``VALUES``
+    list of Event rows where it cannot) hold the text the one-by-one enqueue stores, for
+    trigger keys that need escaping, and only the inserted occurrences get one."""
+    if path == "values":
+        monkeypatch.setattr(dialect, "supports_insert_enqueued_many", lambda alias: False)
+    _make()
+    slots = [clock(), clock() + timedelta(milliseconds=1), datetime(2026, 1, 5, 14, tzinfo=UTC)]
+
+    def data_text(keys):
+        with connection.cursor() as cursor:
+            marks = ", ".join(["%s"] * len(keys))
+            cursor.execute(
+                "SELECT o.trigger_key, e.job_id, e.event_type, e.occurred_at, e.owner_id, e.fence, e.data"
+                " FROM durable_scheduler_events AS e JOIN durable_scheduler_occurrences AS o"
+                f" USING (occurrence_id) WHERE o.trigger_key IN ({marks}) ORDER BY e.event_id",
+                keys,
+            )
+            return cursor.fetchall()
+
+    one = [f"1{key}" for key in AWKWARD_KEYS]
+    bulk = [f"b{key}" for key in AWKWARD_KEYS]
+    for i, key in enumerate(one):
+        scheduler.enqueue("job-f", scheduled_for=slots[i % 3], trigger_key=key)
+    scheduler.enqueue("job-f", scheduled_for=slots[1], trigger_key=bulk[1])  # present: no new event
+    items = [{"scheduled_for": slots[i % 3], "trigger_key": key} for i, key in enumerate(bulk)]
+    results = scheduler.enqueue_many("job-f", items)
+    assert [dedup for _, dedup in results] == [i == 1 for i in range(len(bulk))]
+    assert Event.objects.filter(event_type="occurrence_enqueued").count() == 2 * len(AWKWARD_KEYS)
+
+    def by_key(rows):
+        # Each row by its key without the prefix, its data with the key's prefix taken out.
+        return {
+            key[1:]: (*rest, data.replace(f'"triggerKey": "{key[0]}', '"triggerKey": "', 1))
+            for key, *rest, data in rows
+        }
+
+    assert by_key(data_text(bulk)) == by_key(data_text(one))
+    texts = [row[-1] for row in data_text(bulk)]
+    assert all(json.loads(text)["triggerKey"].startswith("b") for text in texts)
+    # In occurrence id order, whatever the items' order (the present one's event came first).
+    new = sorted(occ.pk for occ, dedup in results if not dedup)
+    events = Event.objects.filter(occurrence_id__in=new).order_by("pk")
+    assert [event.occurrence_id for event in events] == new
 
 
 def test_remembered_jobs_occurrences_are_its_first_one_but_the_per_occurrence_columns(clock):
