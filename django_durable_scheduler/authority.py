@@ -7,10 +7,9 @@ deduplicated and sorted, absent optional values written as explicit nulls.
 from __future__ import annotations
 
 import re
-from datetime import datetime
 from typing import Any
 
-from .exceptions import AuthoritySettlementConflict, InvalidArgument
+from .exceptions import InvalidArgument
 from .identity import canonical_json, normalize_identifier
 
 SCHEMA_VERSION = 1
@@ -158,45 +157,3 @@ def bind(authority: dict[str, Any], revision: int) -> dict[str, Any]:
     refs = dict(authority.get("authorizationRefs") or {})
     refs["schedulerPolicyRevision"] = policy_ref(revision)
     return {**authority, "authorizationRefs": refs}
-
-
-def settle_reservations(
-    occurrence_ids: list[str], status: str, outcome: dict[str, Any], now: datetime, alias: str
-) -> dict[str, dict[str, Any]]:
-    """Settle the ``reserved`` reservations of occurrences that reached a terminal status.
-
-    Called by the kernel inside its transaction. Returns, by occurrence id, the event data
-    the seed adds for each settled reservation (policy revision and units).
-    """
-    from . import dialect
-    from .models import AuthorityReservation, OccurrenceStatus, ReservationStatus
-
-    if not occurrence_ids:
-        return {}
-    new_status = (
-        ReservationStatus.SUCCEEDED if status == OccurrenceStatus.SUCCEEDED else ReservationStatus.FAILED
-    )
-    returned = dialect.settle_reserved(alias, occurrence_ids, new_status.value, outcome, now)
-    if returned is not None:
-        return {
-            pk: {"authorityPolicyRevision": revision, "authorityUnits": units}
-            for pk, revision, units in returned
-        }
-    reservations = list(
-        AuthorityReservation.objects.using(alias)
-        .select_for_update()
-        .filter(occurrence_id__in=occurrence_ids, status=ReservationStatus.RESERVED)
-    )
-    if not reservations:
-        return {}
-    updated = (
-        AuthorityReservation.objects.using(alias)
-        .filter(occurrence_id__in=[r.pk for r in reservations], status=ReservationStatus.RESERVED)
-        .update(status=new_status, outcome=outcome, settled_at=now)
-    )
-    if updated != len(reservations):
-        raise AuthoritySettlementConflict("authority reservation could not be settled")
-    return {
-        r.occurrence_id: {"authorityPolicyRevision": r.policy_revision, "authorityUnits": r.units}
-        for r in reservations
-    }

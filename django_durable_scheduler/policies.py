@@ -10,7 +10,7 @@ Lock order (PostgreSQL, MySQL/MariaDB): policy row, then job rows, then occurren
 Reservations (``reservations.py``) lock the policy row before the occurrence row, and the
 kernel locks occurrences before reservations, so no two of these can wait on each other in
 a cycle. Readers that only need the current revision (``bind_to_current_policy``) read the
-policy row without locking it. SQLite has one writer at a time (``kernel._write``).
+policy row without locking it. SQLite has one writer at a time (``dialect.write_transaction``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connections, transaction
 
-from . import conf, kernel
+from . import conf
 from .authority import (
     DEFAULT_MAX_RUNS,
     DEFAULT_MAX_UNITS,
@@ -36,6 +36,7 @@ from .authority import (
     normalize_capabilities,
     principal_key,
 )
+from .dialect import write_transaction
 from .exceptions import AuthorityPolicyConflict, InvalidArgument
 from .identity import (
     from_ms,
@@ -411,7 +412,7 @@ def _change_policy(
     )
     actor = None if changed_by is None else normalize_identifier(changed_by, "changed_by")
     now = conf.now()
-    with kernel._write(alias):
+    with write_transaction(alias):
         policy = _lock_policy(ptype, pid, alias)
         previous = 0 if policy is None else policy.revision
         if expected is not None and expected != previous:

@@ -3,13 +3,14 @@
 ``reserve_authority`` is the seed's reservation primitive. ``authorize`` is what the worker
 runs after claiming an occurrence and before calling its handler: the policy checks in the
 SPEC's order, then a reservation (or the reuse of the one a previous attempt made). Denials
-dead-letter the occurrence without retry (``kernel.deny``); an exhausted budget puts it
-back to wait for the next window without using an attempt (``kernel.defer``).
+dead-letter the occurrence without retry (``leases.deny``); an exhausted budget puts it
+back to wait for the next window without using an attempt (``leases.defer``). The charge
+itself is ``budgets.charge``.
 
 Concurrency: every reservation of a principal locks that principal's policy row
 (``SELECT ... FOR UPDATE``) before it reads the usage row, so on PostgreSQL and
 MySQL/MariaDB reservations of one principal are serialized and two workers racing for the
-last unit of a budget cannot both get it. SQLite has one writer at a time (``kernel._write``
+last unit of a budget cannot both get it. SQLite has one writer at a time (``dialect.write_transaction``
 takes the database write lock first). The policy row is locked before the occurrence row,
 the order ``set_policy`` uses too (see ``policies.py``).
 """
@@ -20,11 +21,12 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db import connections
-from django.db.models import Model, Q
+from django.db.models import Q
 
-from . import conf, dialect, kernel
+from . import budgets, conf, leases
 from .authority import MAX_BUDGET, bound_revision, policy_ref
+from .budgets import principal_details
+from .dialect import write_transaction
 from .exceptions import (
     AuthorityBudgetExhausted,
     AuthorityBudgetStateInvalid,
@@ -39,16 +41,14 @@ from .exceptions import (
     NotFound,
     SchedulerError,
 )
-from .identity import iso_ms, normalize_identifier, normalize_int, to_ms
+from .identity import normalize_identifier, normalize_int, to_ms
 from .models import (
     AuthorityPolicy,
     AuthorityReservation,
-    AuthorityUsage,
     Occurrence,
     OccurrenceStatus,
-    ReservationStatus,
 )
-from .policies import _alias, window_bounds
+from .policies import _alias
 
 RESERVED = "reserved"
 REUSED = "reused"
@@ -77,10 +77,6 @@ def _units(value: Any, field: str = "units") -> int:
     return normalize_int(value, field, minimum=1, maximum=MAX_BUDGET)
 
 
-def _principal_details(principal: dict[str, Any]) -> dict[str, Any]:
-    return {"principal": {"type": principal["type"], "id": principal["id"]}}
-
-
 def _read_occurrence(occurrence_id: str, alias: str) -> Occurrence:
     # Unlocked: only the principal is needed before the policy row is locked, and an
     # occurrence's principal never changes. The row is locked (and re-read) afterwards.
@@ -105,7 +101,7 @@ def _require(policy: AuthorityPolicy | None, principal: dict[str, Any]) -> Autho
         state = "missing" if policy is None else "disabled"
         raise AuthorityPolicyRequired(
             f"authority policy of {principal['type']}:{principal['id']} is {state}",
-            {**_principal_details(principal), "policy": state},
+            {**principal_details(principal), "policy": state},
         )
     return policy
 
@@ -116,7 +112,7 @@ def _check_revision(policy: AuthorityPolicy, expected: int, principal: dict[str,
             f"authority policy of {principal['type']}:{principal['id']} is at revision "
             f"{policy.revision}, not {expected}",
             {
-                **_principal_details(principal),
+                **principal_details(principal),
                 "expected_revision": expected,
                 "actual_revision": policy.revision,
             },
@@ -162,159 +158,6 @@ def _mismatch(reservation: AuthorityReservation, occurrence_id: str) -> Authorit
     )
 
 
-def _exhausted(
-    principal: dict[str, Any],
-    policy: AuthorityPolicy,
-    window: tuple[datetime, datetime],
-    used: tuple[int, int],
-    units: int,
-) -> AuthorityBudgetExhausted:
-    start, end = window
-    return AuthorityBudgetExhausted(
-        f"authority budget of {principal['type']}:{principal['id']} is spent until {iso_ms(end)}",
-        {
-            "windowStartedAt": iso_ms(start),
-            "windowEndsAt": iso_ms(end),
-            "usedRuns": used[0],
-            "usedUnits": used[1],
-            "requestedUnits": units,
-            "maxRuns": policy.max_runs,
-            "maxUnits": policy.max_units,
-        },
-    )
-
-
-def _window_key(policy: AuthorityPolicy, now: datetime) -> tuple[str, str, int, datetime]:
-    start, _ = window_bounds(policy.window_ms, now)
-    return policy.principal_type, policy.principal_id, policy.revision, start
-
-
-_KEY_FIELDS = ("principal_type", "principal_id", "policy_revision", "window_started_at")
-
-
-def _window_state(
-    keys: list[tuple[str, str, int, datetime]], alias: str
-) -> tuple[dict[tuple[str, str], AuthorityUsage], dict[tuple[str, str], tuple[int, int]]]:
-    """For each (principal, revision, window) of ``keys``: its usage row, locked, and the
-    count and units of its reservations, keyed by principal (one window each). Two plain
-    statements however many principals there are."""
-    connection = connections[alias]
-    quote = connection.ops.quote_name
-    one = " AND ".join(f"{quote(field)} = %s" for field in _KEY_FIELDS)
-    match = " OR ".join([f"({one})"] * len(keys))
-    params: list[Any] = []
-    for principal_type, principal_id, revision, start in keys:
-        params += [principal_type, principal_id, revision, connection.ops.adapt_datetimefield_value(start)]
-    principal = f"{quote('principal_type')}, {quote('principal_id')}"
-    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
-    usage_pk = quote(str(AuthorityUsage._meta.pk.column))
-    usages: dict[tuple[str, str], AuthorityUsage] = {}
-    counted: dict[tuple[str, str], tuple[int, int]] = {}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {usage_pk}, {principal}, {quote('runs')}, {quote('units')}"
-            f" FROM {quote(AuthorityUsage._meta.db_table)} WHERE {match} ORDER BY {principal}{lock}",
-            params,
-        )
-        for pk, principal_type, principal_id, runs, units in cursor.fetchall():
-            usages[principal_type, principal_id] = AuthorityUsage(pk=pk, runs=runs, units=units)
-        cursor.execute(
-            f"SELECT {principal}, COUNT(*), COALESCE(SUM({quote('units')}), 0)"
-            f" FROM {quote(AuthorityReservation._meta.db_table)} WHERE {match} GROUP BY {principal}",
-            params,
-        )
-        for principal_type, principal_id, runs, units in cursor.fetchall():
-            counted[principal_type, principal_id] = (int(runs), int(units))
-    return usages, counted
-
-
-Charged = list[AuthorityReservation | AuthorityBudgetExhausted] | AuthorityBudgetStateInvalid
-
-
-def _charge(
-    groups: list[tuple[AuthorityPolicy, list[tuple[Occurrence, int]]]], now: datetime, alias: str
-) -> list[Charged]:
-    """Charge occurrences against their principals' current-window budgets, each group one
-    principal's (its policy row locked by the caller), in order. For all groups at once:
-    read the windows' usage rows (locked) and their reservations' totals, which must agree
-    (else that group gets ``AuthorityBudgetStateInvalid`` and nothing is written for it);
-    reserve each occurrence that still fits; write the usage rows and the reservations in
-    bulk. The statements do not grow with the number of principals. Returns, per group,
-    per occurrence, its reservation or why the budget refused it."""
-    if not groups:
-        return []
-    keys = [_window_key(policy, now) for policy, _ in groups]
-    usages, counted = _window_state(keys, alias)
-    results: list[Charged] = []
-    fresh: list[AuthorityReservation] = []
-    created: list[AuthorityUsage] = []
-    changed: list[Model] = []
-    for (policy, charges), key in zip(groups, keys, strict=True):
-        principal = {"type": policy.principal_type, "id": policy.principal_id}
-        start, end = window_bounds(policy.window_ms, now)
-        usage = usages.get(key[:2])
-        used_runs, used_units = (0, 0) if usage is None else (usage.runs, usage.units)
-        reserved = counted.get(key[:2], (0, 0))
-        if (int(reserved[0]), int(reserved[1])) != (used_runs, used_units):
-            results.append(
-                AuthorityBudgetStateInvalid(
-                    f"authority usage of {principal['type']}:{principal['id']} "
-                    "does not match its reservations",
-                    {
-                        **_principal_details(principal),
-                        "policy_revision": policy.revision,
-                        "windowStartedAt": iso_ms(start),
-                        "usage": {"runs": used_runs, "units": used_units},
-                        "reservations": {"runs": int(reserved[0]), "units": int(reserved[1])},
-                    },
-                )
-            )
-            continue
-        out: list[AuthorityReservation | AuthorityBudgetExhausted] = []
-        before = len(fresh)
-        for occurrence, units in charges:
-            if used_runs + 1 > policy.max_runs or used_units + units > policy.max_units:
-                out.append(_exhausted(principal, policy, (start, end), (used_runs, used_units), units))
-                continue
-            used_runs += 1
-            used_units += units
-            reservation = kernel._clone(
-                kernel._blank(AuthorityReservation),
-                occurrence_id=occurrence.pk,
-                job_id=occurrence.job_id,
-                principal_type=policy.principal_type,
-                principal_id=policy.principal_id,
-                policy_revision=policy.revision,
-                window_started_at=start,
-                units=units,
-                status=ReservationStatus.RESERVED,
-                created_at=now,
-            )
-            fresh.append(reservation)
-            out.append(reservation)
-        results.append(out)
-        if len(fresh) == before:
-            continue
-        if usage is None:
-            created.append(
-                AuthorityUsage(
-                    **dict(zip(_KEY_FIELDS, key, strict=True)),
-                    runs=used_runs,
-                    units=used_units,
-                    updated_at=now,
-                )
-            )
-        else:
-            usage.runs, usage.units, usage.updated_at = used_runs, used_units, now
-            changed.append(usage)
-    if created:
-        AuthorityUsage.objects.using(alias).bulk_create(created)
-    dialect.update_rows(alias, changed, ["runs", "units", "updated_at"])
-    if fresh:
-        dialect.insert_rows(alias, fresh)
-    return results
-
-
 # --------------------------------------------------------------------------- public
 
 
@@ -343,7 +186,7 @@ def reserve_authority(
     requested = _units(units)
     alias = _alias(using)
     now = conf.now()
-    with kernel._write(alias):
+    with write_transaction(alias):
         principal = _read_occurrence(occurrence_id, alias).authority["principal"]
         policy = _lock_policy(principal, alias)
         occurrence = Occurrence.objects.using(alias).select_for_update().filter(pk=occurrence_id).first()
@@ -367,7 +210,7 @@ def reserve_authority(
         policy = _require(policy, principal)
         _check_revision(policy, revision, principal)
         _check_capabilities(policy, occurrence.authority)
-        (group,) = _charge([(policy, [(occurrence, requested)])], now, alias)
+        (group,) = budgets.charge([(policy, [(occurrence, requested)])], now, alias)
         if isinstance(group, AuthorityBudgetStateInvalid):
             raise group
         (charged,) = group
@@ -405,7 +248,7 @@ def _check_held(held: Occurrence, policy: AuthorityPolicy | None) -> AuthorityPo
     if bound is None:
         raise AuthorityPolicyUnbound(
             f"occurrence {held.pk!r} is not bound to a scheduler policy revision",
-            {**_principal_details(principal), "expected": policy_ref(policy.revision)},
+            {**principal_details(principal), "expected": policy_ref(policy.revision)},
         )
     _check_revision(policy, bound, principal)
     _check_capabilities(policy, authority)
@@ -418,7 +261,7 @@ def _authorize_locked(
     """Inside the transaction: lock the principals' policy rows (sorted, so concurrent
     authorizers cannot deadlock, and before the occurrence rows, the order ``set_policy``
     uses), then the occurrences, check each, charge what passes per principal, and write
-    the refusals through the kernel."""
+    the refusals through the lease code."""
     keys = sorted({_policy_key(occurrence.authority) for occurrence, _ in items})
     match = Q()
     for principal_type, principal_id in keys:
@@ -451,8 +294,8 @@ def _authorize_locked(
     charges: dict[tuple[str, str], list[tuple[int, Occurrence, int]]] = {}
     for index, (occurrence, units) in enumerate(items):
         held = locked.get(occurrence.pk)
-        if held is None or not kernel._holds_lease(held, owner, occurrence.fence, now):
-            verdicts[index] = kernel._lease_lost(occurrence.pk, held, owner, occurrence.fence, now)
+        if held is None or not leases.holds_lease(held, owner, occurrence.fence, now):
+            verdicts[index] = leases.lease_lost(occurrence.pk, held, owner, occurrence.fence, now)
             continue
         key = _policy_key(held.authority)
         try:
@@ -470,7 +313,7 @@ def _authorize_locked(
             continue
         charges.setdefault(key, []).append((index, held, units))
     groups = list(charges.items())
-    charged = _charge(
+    charged = budgets.charge(
         [(policies[key], [(held, units) for _, held, units in group]) for key, group in groups], now, alias
     )
     for (_, group), outcome in zip(groups, charged, strict=True):
@@ -484,10 +327,10 @@ def _authorize_locked(
         fence = items[index][0].fence
         if isinstance(why, AuthorityBudgetExhausted):
             until = to_ms(datetime.fromisoformat(why.details["windowEndsAt"]), "until")
-            kernel.defer(held.pk, owner=owner, fence=fence, until=until, details=why.details, using=alias)
+            leases.defer(held.pk, owner=owner, fence=fence, until=until, details=why.details, using=alias)
             verdicts[index] = DEFERRED
         else:
-            kernel.deny(
+            leases.deny(
                 held.pk,
                 owner=owner,
                 fence=fence,
@@ -522,7 +365,7 @@ def authorize(occurrence: Occurrence, *, units: Units = 1, owner: str, using: st
     requested = resolve_units(units, occurrence)
     alias = _alias(using)
     now = conf.now()
-    with kernel._write(alias):
+    with write_transaction(alias):
         (verdict,) = _authorize_locked([(occurrence, requested)], owner, now, alias)
     if isinstance(verdict, LeaseLost):
         raise verdict
@@ -548,6 +391,6 @@ def authorize_many(items: list[tuple[Occurrence, int]], *, owner: str, using: st
         return []
     alias = _alias(using)
     now = conf.now()
-    with kernel._write(alias):
+    with write_transaction(alias):
         verdicts = _authorize_locked(checked, owner, now, alias)
     return [LEASE_LOST if isinstance(v, LeaseLost) else v for v in verdicts]

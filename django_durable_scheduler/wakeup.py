@@ -1,4 +1,8 @@
-"""Wake-ups between processes for SQLite, which has no LISTEN/NOTIFY.
+"""Wake-ups: telling idle workers that new work was enqueued, so they need not wait for
+their next poll. PostgreSQL has LISTEN/NOTIFY (:class:`Listener`, :func:`notify_new_work`);
+SQLite gets the datagram sockets described below; elsewhere workers poll.
+
+SQLite has no LISTEN/NOTIFY.
 
 A SQLite database is a file on one machine, so every process that writes to it runs there
 too. Each ``runscheduler`` using a file-backed SQLite database binds a Unix datagram
@@ -27,11 +31,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from django.db import connections
+from django.db import connections, transaction
 
 logger = logging.getLogger("django_durable_scheduler")
 
 SUFFIX = ".sock"
+# PostgreSQL channel on which enqueues announce new work.
+CHANNEL = "durable_scheduler"
 
 
 _DIRS: dict[str, Path | None] = {}
@@ -164,3 +170,68 @@ class SocketListener:
             sock.close()
             if self.path is not None:
                 _remove(self.path)
+
+
+def notify_new_work(alias: str) -> None:
+    """Tell listening workers that work was enqueued. PostgreSQL: ``pg_notify``, sent
+    inside the transaction, so PostgreSQL delivers it only if (and when) the transaction
+    commits. SQLite: a datagram to each worker's wake-up socket (:mod:`.wakeup`), sent once
+    the transaction has committed (at once in autocommit)."""
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
+    elif connection.vendor == "sqlite":
+        if not connection.in_atomic_block and connection.get_autocommit():
+            announce(alias)  # what on_commit does here, without its machinery
+        else:
+            transaction.on_commit(lambda: announce(alias), using=alias)
+
+
+def listener(alias: str, wake: Callable[[], None], log: logging.Logger) -> Listener | SocketListener:
+    """The wake-up listener for database ``alias``: LISTEN on PostgreSQL, a datagram
+    socket for a file-backed SQLite database; ``supported`` is False elsewhere."""
+    if connections[alias].vendor == "sqlite":
+        return SocketListener(alias, wake, log)
+    return Listener(alias, wake, log)
+
+
+class Listener:
+    """A dedicated PostgreSQL connection that LISTENs for new work and calls ``wake()``.
+
+    Elsewhere ``supported`` is False (see :func:`listener` for SQLite).
+    """
+
+    def __init__(self, alias: str, wake: Callable[[], None], log: logging.Logger) -> None:
+        self.alias = alias
+        self.wake = wake
+        self.log = log
+        self.supported = connections[alias].vendor == "postgresql"
+        self._stop = False
+
+    def open(self) -> bool:
+        return self.supported
+
+    def stop(self) -> None:
+        self._stop = True
+
+    def run(self) -> None:
+        import psycopg
+
+        failures = 0
+        while not self._stop:
+            try:
+                params = connections[self.alias].get_connection_params()
+                params.pop("cursor_factory", None)
+                params.pop("context", None)
+                with psycopg.connect(**params, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    failures = 0
+                    self.wake()  # work may have arrived while we were not listening
+                    while not self._stop:
+                        for _ in conn.notifies(timeout=1.0, stop_after=1):
+                            self.wake()
+            except Exception:
+                failures += 1
+                self.log.warning("LISTEN connection lost; polling until it is back", exc_info=True)
+                time.sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))

@@ -25,7 +25,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
 
-from . import conf, dialect, kernel, registry, reservations, wakeup
+from . import conf, kernel, registry, reservations, wakeup
 from .context import ExecutionContext
 from .exceptions import InvalidArgument, LeaseLost, PermanentFailure, Retry, SchedulerError
 from .identity import to_duration_ms
@@ -124,7 +124,7 @@ class Worker:
         self._handler_seconds = 1.0  # moving average of handler run time (starts "slow")
         self._handler_runs = 0
         self._retry_wait = 0.0  # the current back-off while due work is held elsewhere
-        self._listener: dialect.Listener | wakeup.SocketListener | None = None
+        self._listener: wakeup.Listener | wakeup.SocketListener | None = None
         self._listener_thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ control
@@ -187,7 +187,7 @@ class Worker:
         )
         # Listening before the first heartbeat: a worker that shows as started already hears
         # the wake-ups of enqueues made from then on.
-        listener = dialect.listener(self.using or DEFAULT_DB_ALIAS, self._wake.set, logger)
+        listener = wakeup.listener(self.using or DEFAULT_DB_ALIAS, self._wake.set, logger)
         if listener.supported and not (self.once or self.burst) and listener.open():
             self._listener = listener
             self._listener_thread = threading.Thread(target=listener.run, name="dsch-listen", daemon=True)

@@ -1,0 +1,240 @@
+"""Jobs: creating and editing job definitions. Part of the kernel: a trigger change cancels
+the pending occurrences the old trigger materialized, in the same transaction.
+
+Every change is compare-and-set on the job's revision and appends its event.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
+
+from . import conf
+from .authority import normalize_authority
+from .budgets import settle_cancelled
+from .dialect import insert_rows, write_transaction
+from .events import JOB_CREATED, JOB_UPDATED, OCCURRENCE_CANCELLED, new_event
+from .exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
+from .identity import (
+    canonical_json,
+    normalize_bool,
+    normalize_identifier,
+    normalize_int,
+    normalize_json,
+    to_duration_ms,
+)
+from .leases import MAX_LEASE_MS
+from .models import PENDING_STATUSES, Job, Occurrence, OccurrenceStatus
+from .policies import bind_to_current_policy
+from .schedules import initial_fire_time
+from .triggers import validate_trigger
+
+MAX_ATTEMPTS_LIMIT = 32
+SUPERSEDED = "superseded"
+
+
+def _job_fields(changes: dict[str, Any], *, creating: bool) -> dict[str, Any]:
+    """Validate job attributes; returns model field values."""
+    out: dict[str, Any] = {}
+    for key, value in changes.items():
+        if key == "kind":
+            out["kind"] = normalize_identifier(value, "kind", max_length=128)
+        elif key == "trigger":
+            out["trigger"] = validate_trigger({} if value is None else value, "trigger")
+        elif key == "payload":
+            out["payload"] = normalize_json(value, "payload")
+        elif key == "authority":
+            out["authority"] = normalize_authority(value, "authority")
+        elif key == "enabled":
+            out["enabled"] = normalize_bool(value, "enabled")
+        elif key == "max_attempts":
+            out["max_attempts"] = normalize_int(value, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
+        elif key == "retry_base_delay":
+            out["retry_base_delay_ms"] = to_duration_ms(value, "retry_base_delay", maximum_ms=MAX_LEASE_MS)
+        elif key == "retry_max_delay":
+            out["retry_max_delay_ms"] = to_duration_ms(value, "retry_max_delay", maximum_ms=31 * MAX_LEASE_MS)
+        else:
+            raise InvalidArgument(
+                key, "is not a job attribute that can be " + ("set" if creating else "changed")
+            )
+    return out
+
+
+def _bind_current(authority: dict[str, Any], alias: str) -> dict[str, Any]:
+    """An envelope that names no policy revision is bound to its principal's current policy
+    when that policy covers it (else it stays unbound and the worker denies it)."""
+    if (authority.get("authorizationRefs") or {}).get("schedulerPolicyRevision") is not None:
+        return authority
+    return bind_to_current_policy(authority, using=alias)
+
+
+def _check_retry_delays(base_ms: int, max_ms: int) -> None:
+    if max_ms < base_ms:
+        raise InvalidArgument("retry_max_delay", "must not be shorter than retry_base_delay")
+
+
+def get_job(job_id: str, *, using: str | None = None) -> Job:
+    job_id = normalize_identifier(job_id, "job_id")
+    try:
+        return Job.objects.using(using or DEFAULT_DB_ALIAS).get(pk=job_id)
+    except Job.DoesNotExist:
+        raise NotFound(f"job {job_id!r} does not exist", {"job_id": job_id}) from None
+
+
+def get_occurrence(occurrence_id: str, *, using: str | None = None) -> Occurrence:
+    occurrence_id = normalize_identifier(occurrence_id, "occurrence_id")
+    try:
+        return Occurrence.objects.using(using or DEFAULT_DB_ALIAS).get(pk=occurrence_id)
+    except Occurrence.DoesNotExist:
+        raise NotFound(
+            f"occurrence {occurrence_id!r} does not exist", {"occurrence_id": occurrence_id}
+        ) from None
+
+
+def create_job(
+    job_id: str,
+    kind: str,
+    *,
+    authority: dict[str, Any],
+    trigger: dict[str, Any] | None = None,
+    payload: Any = None,
+    enabled: bool = True,
+    max_attempts: int = 3,
+    retry_base_delay: float | timedelta | None = None,
+    retry_max_delay: float | timedelta | None = None,
+    using: str | None = None,
+) -> Job:
+    """Create a job at revision 1. ``SCHEDULER_CONFLICT`` if the id is taken."""
+    job_id = normalize_identifier(job_id, "job_id")
+    fields = _job_fields(
+        {
+            "kind": kind,
+            "trigger": trigger,
+            "payload": payload,
+            "authority": authority,
+            "enabled": enabled,
+            "max_attempts": max_attempts,
+            "retry_base_delay": conf.settings.RETRY_BASE_DELAY
+            if retry_base_delay is None
+            else retry_base_delay,
+            "retry_max_delay": conf.settings.RETRY_MAX_DELAY if retry_max_delay is None else retry_max_delay,
+        },
+        creating=True,
+    )
+    _check_retry_delays(fields["retry_base_delay_ms"], fields["retry_max_delay_ms"])
+    now = conf.now()
+    with write_transaction(using) as alias:
+        if Job.objects.using(alias).filter(pk=job_id).exists():
+            raise Conflict(f"job {job_id!r} already exists", {"job_id": job_id})
+        job = Job(job_id=job_id, revision=1, created_at=now, updated_at=now, **fields)
+        job.authority = _bind_current(job.authority, alias)
+        job.next_fire_at = initial_fire_time(job.trigger, now=now, anchor=now)
+        try:
+            with transaction.atomic(using=alias):
+                job.save(using=alias, force_insert=True)
+        except IntegrityError:
+            if Job.objects.using(alias).filter(pk=job_id).exists():
+                raise Conflict(f"job {job_id!r} already exists", {"job_id": job_id}) from None
+            raise
+        new_event(job_id, JOB_CREATED, now, data={"revision": 1, "kind": job.kind}).save(using=alias)
+    return job
+
+
+def update_job(job_id: str, *, expected_revision: int, using: str | None = None, **changes: Any) -> Job:
+    """Compare-and-set update: applies ``changes`` only if the job is at ``expected_revision``.
+
+    A trigger change cancels (``superseded``) the queued/retry_wait occurrences that the
+    old trigger materialized; explicitly enqueued ones keep their snapshot.
+    """
+    job_id = normalize_identifier(job_id, "job_id")
+    expected = normalize_int(expected_revision, "expected_revision", minimum=1)
+    if not changes:
+        raise InvalidArgument("changes", "give at least one attribute to change")
+    fields = _job_fields(changes, creating=False)
+    now = conf.now()
+    with write_transaction(using) as alias:
+        try:
+            job = Job.objects.using(alias).select_for_update().get(pk=job_id)
+        except Job.DoesNotExist:
+            raise NotFound(f"job {job_id!r} does not exist", {"job_id": job_id}) from None
+        if job.revision != expected:
+            raise RevisionConflict(
+                f"job {job_id!r} is at revision {job.revision}, not {expected}",
+                {"job_id": job_id, "expected_revision": expected, "actual_revision": job.revision},
+            )
+        _check_retry_delays(
+            fields.get("retry_base_delay_ms", job.retry_base_delay_ms),
+            fields.get("retry_max_delay_ms", job.retry_max_delay_ms),
+        )
+        changed = sorted(
+            name
+            for name, value in fields.items()
+            if canonical_json(getattr(job, name)) != canonical_json(value)
+        )
+        if "authority" in fields:
+            fields["authority"] = _bind_current(fields["authority"], alias)
+            changed = sorted(
+                name
+                for name, value in fields.items()
+                if canonical_json(getattr(job, name)) != canonical_json(value)
+            )
+        if not changed:
+            return job  # nothing differs: no new revision, no event
+        for name, value in fields.items():
+            setattr(job, name, value)
+        job.revision += 1
+        job.updated_at = now
+        job.save(using=alias)
+        superseded: list[str] = []
+        if "trigger" in changed:
+            superseded = _supersede_schedule(job, now, alias)
+            # From now on, and never at or before a slot already materialized.
+            after = now if job.last_slot_at is None else max(now, job.last_slot_at)
+            job.next_fire_at = initial_fire_time(job.trigger, now=after, anchor=job.created_at)
+            job.save(using=alias, update_fields=["next_fire_at"])
+        new_event(
+            job_id,
+            JOB_UPDATED,
+            now,
+            data={
+                "revision": job.revision,
+                "previousRevision": expected,
+                "changed": changed,
+                "superseded": len(superseded),
+            },
+        ).save(using=alias)
+    return job
+
+
+def _supersede_schedule(job: Job, now: datetime, alias: str) -> list[str]:
+    pending = list(
+        Occurrence.objects.using(alias)
+        .select_for_update()
+        .filter(job=job, status__in=PENDING_STATUSES, trigger_key__startswith="schedule:")
+        .values_list("pk", "status")
+    )
+    ids = [pk for pk, _ in pending]
+    if ids:
+        Occurrence.objects.using(alias).filter(pk__in=ids).update(
+            status=OccurrenceStatus.CANCELLED,
+            settled_at=now,
+            updated_at=now,
+            last_error={"code": "SCHEDULER_CANCELLED", "message": SUPERSEDED},
+        )
+        settle_cancelled(ids, SUPERSEDED, now, alias)
+        insert_rows(
+            alias,
+            [
+                new_event(
+                    job.job_id,
+                    OCCURRENCE_CANCELLED,
+                    now,
+                    occurrence_id=pk,
+                    data={"reason": SUPERSEDED, "previousStatus": status},
+                )
+                for pk, status in pending
+            ],
+        )
+    return ids

@@ -1,0 +1,747 @@
+"""Leases: claim, renew, settle and release occurrences, and the authority verdicts that end a
+claim without running it (deny, defer). Part of the kernel, the only writer of occurrence
+state: each operation is one short transaction that appends the event recording it.
+
+A lease is held by (owner, fence) until it expires at ``lease_expires_at <= now``; every
+operation on a held occurrence checks all three, so a worker that lost its lease can never
+overwrite the newer owner's outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS
+from django.db.models import Case, F, PositiveSmallIntegerField, Q, When
+from django.db.models.functions import Greatest
+
+from . import conf
+from .budgets import settle_reservations
+from .claim_query import LEASE_FIELDS, claim_candidates, pending_due, reclaim_due, waiting_principals
+from .dialect import insert_rows, lock_rows, write_transaction
+from .events import (
+    AUTHORITY_DEFERRED,
+    AUTHORITY_DENIED,
+    OCCURRENCE_CLAIMED,
+    OCCURRENCE_DEAD_LETTERED,
+    OCCURRENCE_RECLAIMED,
+    OCCURRENCE_RELEASED,
+    OCCURRENCE_RENEWED,
+    OCCURRENCE_RETRY_SCHEDULED,
+    OCCURRENCE_SUCCEEDED,
+    new_event,
+)
+from .exceptions import InvalidArgument, LeaseLost
+from .identity import (
+    from_ms,
+    iso_ms,
+    normalize_bool,
+    normalize_identifier,
+    normalize_int,
+    normalize_json,
+    to_duration_ms,
+    to_ms,
+)
+from .models import Job, Occurrence, OccurrenceStatus
+
+MAX_LEASE_MS = 24 * 60 * 60 * 1000
+MAX_RESULT_BYTES = 64 * 1024
+MAX_ERROR_MESSAGE = 4096
+_UNSET: Any = object()
+
+
+def _lease_ms(lease: Any) -> int:
+    return to_duration_ms(lease, "lease", minimum_ms=1, maximum_ms=MAX_LEASE_MS)
+
+
+def _owner(owner: Any) -> str:
+    return normalize_identifier(owner, "owner")
+
+
+def _kinds(kinds: Any) -> list[str] | None:
+    if kinds is None:
+        return None
+    if isinstance(kinds, str) or not isinstance(kinds, Iterable):
+        raise InvalidArgument("kinds", "must be a list of kinds or None")
+    return sorted({normalize_identifier(k, f"kinds[{i}]", max_length=128) for i, k in enumerate(kinds)})
+
+
+# --------------------------------------------------------------------------- claim
+
+
+def _dead_letter_rows(rows: Sequence[Occurrence], now: datetime, alias: str, *, reason: str) -> None:
+    error = {"code": "SCHEDULER_LEASE_EXPIRED", "message": "lease expired on the final attempt"}
+    ids = [row.pk for row in rows]
+    Occurrence.objects.using(alias).filter(pk__in=ids).update(
+        status=OccurrenceStatus.DEAD_LETTER,
+        lease_owner=None,
+        lease_expires_at=None,
+        settled_at=now,
+        updated_at=now,
+        last_error=error,
+    )
+    settle_reservations(
+        ids, OccurrenceStatus.DEAD_LETTER, {"status": "dead_letter", "error": error}, now, alias
+    )
+    insert_rows(
+        alias,
+        [
+            new_event(
+                row.job_id,
+                OCCURRENCE_DEAD_LETTERED,
+                now,
+                occurrence_id=row.pk,
+                owner_id=row.lease_owner,
+                fence=row.fence,
+                data={"reason": reason, "attempt": row.attempt, "maxAttempts": row.max_attempts},
+            )
+            for row in rows
+        ],
+    )
+
+
+def dead_letter_expired(*, limit: int = 500, using: str | None = None) -> int:
+    """Dead-letter running occurrences whose lease expired on their final attempt."""
+    now = conf.now()
+    expired = Occurrence.objects.using(using or DEFAULT_DB_ALIAS).filter(
+        status=OccurrenceStatus.RUNNING, lease_expires_at__lte=now, attempt__gte=F("max_attempts")
+    )
+    # Usually there is nothing to do: find out without taking a write lock.
+    if not expired.exists():
+        return 0
+    with write_transaction(using) as alias:
+        rows = list(
+            lock_rows(
+                expired.using(alias)
+                .order_by("lease_expires_at", "pk")
+                .only("pk", "job_id", "lease_owner", "fence", "attempt", "max_attempts"),
+                alias,
+            )[:limit]
+        )
+        if rows:
+            _dead_letter_rows(rows, now, alias, reason="lease_expired")
+    return len(rows)
+
+
+def _due(now: datetime) -> Q:
+    return pending_due(now) | reclaim_due(now)
+
+
+def _job_filter(kinds: list[str] | None) -> Q:
+    condition = Q(job__enabled=True)
+    if kinds is not None:
+        condition &= Q(job__kind__in=kinds)
+    return condition
+
+
+def claim_batch(
+    *,
+    owner: str,
+    lease: float | timedelta,
+    limit: int = 1,
+    kinds: Iterable[str] | None = None,
+    after_principal: str | None = None,
+    sweep_expired: bool = True,
+    using: str | None = None,
+) -> list[Occurrence]:
+    """Claim up to ``limit`` due occurrences in one transaction, fairly across principals
+    (``after_principal``: the ``principal_key`` this claimer served last, for round-robin).
+
+    Due: queued/retry_wait whose time has come, or running with an expired lease and
+    attempts left (a reclaim). Each becomes running with attempt+1 and fence+1.
+    """
+    owner = _owner(owner)
+    lease_ms = _lease_ms(lease)
+    limit = normalize_int(limit, "limit", minimum=1, maximum=conf.settings.MAX_CLAIM_BATCH)
+    kind_list = _kinds(kinds)
+    if sweep_expired:  # the worker sweeps on its own schedule instead of before every claim
+        dead_letter_expired(using=using)
+    now = conf.now()
+    expires = now + timedelta(milliseconds=lease_ms)
+    # Who has work is read before the transaction: when nobody has (an idle worker's every
+    # turn), the claim is one statement and no transaction. The rows are re-checked under
+    # the lock anyway.
+    waiting = waiting_principals(using or DEFAULT_DB_ALIAS, now)
+    if not waiting:
+        return []
+    with write_transaction(using) as alias:
+        rows = claim_candidates(alias, now, kind_list, limit, after_principal, waiting)
+        if not rows:
+            return []
+        ids = [row.pk for row in rows]
+        Occurrence.objects.using(alias).filter(pk__in=ids).update(
+            status=OccurrenceStatus.RUNNING,
+            attempt=F("attempt") + 1,
+            fence=F("fence") + 1,
+            lease_owner=owner,
+            lease_expires_at=expires,
+            updated_at=now,
+        )
+        events = []
+        for row in rows:
+            reclaimed = row.status == OccurrenceStatus.RUNNING
+            data: dict[str, Any] = {
+                "attempt": row.attempt + 1,
+                "maxAttempts": row.max_attempts,
+                "leaseExpiresAt": iso_ms(expires),
+            }
+            if reclaimed:
+                data.update(previousOwner=row.lease_owner, previousFence=row.fence)
+            events.append(
+                new_event(
+                    row.job_id,
+                    OCCURRENCE_RECLAIMED if reclaimed else OCCURRENCE_CLAIMED,
+                    now,
+                    occurrence_id=row.pk,
+                    owner_id=owner,
+                    fence=row.fence + 1,
+                    data=data,
+                )
+            )
+            row.status = OccurrenceStatus.RUNNING
+            row.attempt += 1
+            row.fence += 1
+            row.lease_owner = owner
+            row.lease_expires_at = expires
+            row.updated_at = now
+        insert_rows(alias, events)
+    return list(rows)
+
+
+def has_due(*, kinds: Iterable[str] | None = None, using: str | None = None) -> bool:
+    """Whether anything is claimable now (a read without locks: rows another claimer holds
+    count too)."""
+    kind_list = _kinds(kinds)
+    now = conf.now()
+    return (
+        Occurrence.objects.using(using or DEFAULT_DB_ALIAS)
+        .filter(_due(now) & _job_filter(kind_list))
+        .exists()
+    )
+
+
+def claim(
+    *, owner: str, lease: float | timedelta, kinds: Iterable[str] | None = None, using: str | None = None
+) -> Occurrence | None:
+    """Claim the next due occurrence, or return None when nothing is due."""
+    rows = claim_batch(owner=owner, lease=lease, limit=1, kinds=kinds, using=using)
+    return rows[0] if rows else None
+
+
+# --------------------------------------------------------------------------- renew / settle
+
+
+def lease_lost(
+    occurrence_id: str, current: Occurrence | None, owner: str, fence: int, now: datetime
+) -> LeaseLost:
+    if current is None:
+        reason = "not_found"
+    elif current.status != OccurrenceStatus.RUNNING:
+        reason = "not_running"
+    elif current.lease_owner != owner:
+        reason = "wrong_owner"
+    elif current.fence != fence:
+        reason = "wrong_fence"
+    else:
+        reason = "lease_expired"
+    details: dict[str, Any] = {
+        "occurrence_id": occurrence_id,
+        "reason": reason,
+        "owner": owner,
+        "fence": fence,
+    }
+    if current is not None:
+        details.update(status=current.status, current_fence=current.fence)
+    return LeaseLost(f"lease on occurrence {occurrence_id!r} is lost ({reason.replace('_', ' ')})", details)
+
+
+def holds_lease(occurrence: Occurrence, owner: str, fence: int, now: datetime) -> bool:
+    return (
+        occurrence.status == OccurrenceStatus.RUNNING
+        and occurrence.lease_owner == owner
+        and occurrence.fence == fence
+        and occurrence.lease_expires_at is not None
+        and occurrence.lease_expires_at > now
+    )
+
+
+def lease_args(occurrence_id: Any, owner: Any, fence: Any) -> tuple[str, str, int]:
+    return (
+        normalize_identifier(occurrence_id, "occurrence_id"),
+        _owner(owner),
+        normalize_int(fence, "fence", minimum=1),
+    )
+
+
+def renew(
+    occurrence_id: str, *, owner: str, fence: int, lease: float | timedelta, using: str | None = None
+) -> Occurrence:
+    """Extend a held lease to at least now + ``lease`` (never shortens it)."""
+    occurrence_id, owner, fence = lease_args(occurrence_id, owner, fence)
+    lease_ms = _lease_ms(lease)
+    now = conf.now()
+    wanted = now + timedelta(milliseconds=lease_ms)
+    with write_transaction(using) as alias:
+        updated = (
+            Occurrence.objects.using(alias)
+            .filter(
+                pk=occurrence_id,
+                status=OccurrenceStatus.RUNNING,
+                lease_owner=owner,
+                fence=fence,
+                lease_expires_at__gt=now,
+            )
+            .update(lease_expires_at=Greatest(F("lease_expires_at"), wanted), updated_at=now)
+        )
+        current = Occurrence.objects.using(alias).filter(pk=occurrence_id).first()
+        if not updated or current is None:
+            raise lease_lost(occurrence_id, current, owner, fence, now)
+        new_event(
+            current.job_id,
+            OCCURRENCE_RENEWED,
+            now,
+            occurrence_id=occurrence_id,
+            owner_id=owner,
+            fence=fence,
+            data={"leaseExpiresAt": iso_ms(current.lease_expires_at or wanted)},
+        ).save(using=alias)
+    return current
+
+
+def _normalize_error(error: Any, field: str = "error") -> dict[str, Any] | None:
+    if error is None:
+        return None
+    if isinstance(error, BaseException):
+        error = {"type": type(error).__name__, "message": str(error)}
+    elif isinstance(error, str):
+        error = {"message": error}
+    elif not isinstance(error, dict):
+        raise InvalidArgument(field, "must be a string, a dict or an exception")
+    error = dict(error)
+    for key in ("message", "traceback"):
+        value = error.get(key)
+        if isinstance(value, str):
+            # Exception text can hold anything; keep it storable rather than fail the settle.
+            value = error[key] = value.encode("utf-8", "replace").decode("utf-8")
+            limit = MAX_ERROR_MESSAGE if key == "message" else 4 * MAX_ERROR_MESSAGE
+            encoded = value.encode("utf-8")
+            if len(encoded) > limit:
+                # Keep the end of a traceback (where the error is), the start of a message.
+                cut = encoded[-limit:] if key == "traceback" else encoded[:limit]
+                error[key] = cut.decode("utf-8", "ignore")
+                error[f"{key}_truncated"] = True
+    return normalize_json(error, field, max_bytes=MAX_RESULT_BYTES)  # type: ignore[no-any-return]
+
+
+def backoff_delay_ms(attempt: int, base_ms: int, max_ms: int, jitter: float | None = None) -> int:
+    """Exponential backoff with jitter: base * 2**(attempt-1), capped, +/- jitter."""
+    jitter = conf.settings.RETRY_JITTER if jitter is None else jitter
+    raw = min(max_ms, base_ms * (2 ** max(0, min(attempt - 1, 40))))
+    spread = raw * jitter
+    return max(1, min(max_ms, int(raw + random.uniform(-spread, spread))))
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """One validated settle request."""
+
+    occurrence_id: str
+    fence: int
+    outcome: str
+    result: Any
+    error: dict[str, Any] | None
+    retryable: bool
+    retry_ms: int | None
+
+
+SETTLE_ITEM_KEYS = frozenset(
+    {"occurrence_id", "fence", "outcome", "result", "error", "retryable", "retry_at"}
+)
+
+
+def _settle_args(
+    occurrence_id: Any,
+    fence: Any,
+    outcome: Any,
+    result: Any,
+    error: Any,
+    retryable: Any,
+    retry_at: Any,
+    prefix: str = "",
+) -> _Outcome:
+    occurrence_id = normalize_identifier(occurrence_id, f"{prefix}occurrence_id")
+    fence = normalize_int(fence, f"{prefix}fence", minimum=1)
+    if outcome not in ("succeeded", "failed"):
+        raise InvalidArgument(f"{prefix}outcome", "must be 'succeeded' or 'failed'")
+    result_value = check_result(result, f"{prefix}result")
+    return _Outcome(
+        occurrence_id=occurrence_id,
+        fence=fence,
+        outcome=outcome,
+        result=result_value,
+        error=_normalize_error(error, f"{prefix}error"),
+        retryable=normalize_bool(retryable, f"{prefix}retryable"),
+        retry_ms=None if retry_at is None else to_ms(retry_at, f"{prefix}retry_at"),
+    )
+
+
+def check_result(result: Any, field: str = "result") -> Any:
+    """A handler result as it will be stored (JSON, at most 64 KiB), or ``InvalidArgument``."""
+    return normalize_json(result, field, max_bytes=MAX_RESULT_BYTES)
+
+
+def settle(
+    occurrence_id: str,
+    *,
+    owner: str,
+    fence: int,
+    outcome: str,
+    result: Any = None,
+    error: Any = None,
+    retryable: bool = True,
+    retry_at: datetime | int | None = None,
+    using: str | None = None,
+) -> Occurrence:
+    """Record the outcome of a held occurrence.
+
+    ``succeeded`` stores ``result``. ``failed`` goes to retry_wait (at ``retry_at`` or the
+    job's backoff) when ``retryable`` and attempts remain, else to dead_letter.
+    ``SCHEDULER_LEASE_LOST`` unless the caller holds an unexpired lease with this fence.
+    Returns the settled occurrence; its fields other than state, lease, attempts and the
+    written outcome (``payload``, ``authority`` ...) are loaded on first access.
+    """
+    spec = _settle_args(occurrence_id, fence, outcome, result, error, retryable, retry_at)
+    owner = _owner(owner)
+    now = conf.now()
+    with write_transaction(using) as alias:
+        (settled,) = _settle_held([spec], owner, now, alias)
+    if isinstance(settled, LeaseLost):
+        raise settled
+    return settled
+
+
+def settle_many(
+    items: Iterable[dict[str, Any]], *, owner: str, using: str | None = None
+) -> list[Occurrence | LeaseLost]:
+    """Settle many held occurrences in one transaction (what the worker does with the
+    outcomes of a batch). Each item is a dict of :func:`settle`'s arguments
+    (``occurrence_id``, ``fence``, ``outcome`` and optionally ``result``, ``error``,
+    ``retryable``, ``retry_at``). Bad input raises ``InvalidArgument`` naming the item and
+    writes nothing. Returns, per item in order, the settled occurrence, or the
+    ``LeaseLost`` error of an item whose lease is no longer held (the others settle).
+    """
+    owner = _owner(owner)
+    if isinstance(items, dict | str) or not isinstance(items, Iterable):
+        raise InvalidArgument("items", "must be a list of dicts")
+    specs: list[_Outcome] = []
+    for index, item in enumerate(items):
+        prefix = f"items[{index}]."
+        if not isinstance(item, dict):
+            raise InvalidArgument(f"items[{index}]", "must be a dict")
+        unknown = set(item) - SETTLE_ITEM_KEYS
+        if unknown:
+            raise InvalidArgument(f"{prefix}{sorted(unknown)[0]}", "is not a settle argument")
+        specs.append(
+            _settle_args(
+                item.get("occurrence_id"),
+                item.get("fence"),
+                item.get("outcome"),
+                item.get("result"),
+                item.get("error"),
+                item.get("retryable", True),
+                item.get("retry_at"),
+                prefix,
+            )
+        )
+    seen: set[str] = set()
+    for index, spec in enumerate(specs):
+        if spec.occurrence_id in seen:
+            raise InvalidArgument(f"items[{index}].occurrence_id", "appears twice")
+        seen.add(spec.occurrence_id)
+    if not specs:
+        return []
+    now = conf.now()
+    with write_transaction(using) as alias:
+        return _settle_held(specs, owner, now, alias)
+
+
+def _group_key(values: dict[str, Any]) -> str:
+    """A key under which rows that get equal values are written with one statement. Any
+    deterministic text will do (1 and 1.0 merely form two groups): the C JSON encoder,
+    not the canonical one, as this runs for every settled occurrence."""
+    return json.dumps(values, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _settle_held(
+    specs: Sequence[_Outcome], owner: str, now: datetime, alias: str
+) -> list[Occurrence | LeaseLost]:
+    """The body of settle/settle_many, inside the transaction: lock the rows, refuse those
+    whose lease is not held, then one UPDATE per group of rows that get the same values,
+    the reservations settled and one event per row, in bulk."""
+    locked = {
+        row.pk: row
+        for row in Occurrence.objects.using(alias)
+        .select_for_update()
+        .filter(pk__in=[spec.occurrence_id for spec in specs])
+        .order_by("pk")
+        .only(*LEASE_FIELDS)
+    }
+    needs_backoff = {
+        locked[spec.occurrence_id].job_id
+        for spec in specs
+        if spec.occurrence_id in locked
+        and spec.outcome == "failed"
+        and spec.retryable
+        and spec.retry_ms is None
+    }
+    # Read, not locked: locking the job row would serialize every settle of a job.
+    delays = {
+        job_id: (base_ms, max_ms)
+        for job_id, base_ms, max_ms in Job.objects.using(alias)
+        .filter(pk__in=needs_backoff)
+        .values_list("pk", "retry_base_delay_ms", "retry_max_delay_ms")
+    }
+    out: list[Occurrence | LeaseLost] = []
+    updates: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    terminal: dict[str, tuple[str, dict[str, Any], list[str]]] = {}
+    pending_events: list[tuple[Occurrence, str, dict[str, Any], int]] = []
+    for spec in specs:
+        current = locked.get(spec.occurrence_id)
+        if current is None or not holds_lease(current, owner, spec.fence, now):
+            out.append(lease_lost(spec.occurrence_id, current, owner, spec.fence, now))
+            continue
+        data: dict[str, Any] = {"attempt": current.attempt, "maxAttempts": current.max_attempts}
+        values: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None, "updated_at": now}
+        if spec.outcome == "succeeded":
+            values.update(status=OccurrenceStatus.SUCCEEDED, result=spec.result, settled_at=now)
+            event_type = OCCURRENCE_SUCCEEDED
+        elif spec.retryable and current.attempt < current.max_attempts:
+            if spec.retry_ms is None:
+                base_ms, max_ms = delays[current.job_id]
+                available = now + timedelta(milliseconds=backoff_delay_ms(current.attempt, base_ms, max_ms))
+            else:
+                available = max(now, from_ms(spec.retry_ms))
+            values.update(status=OccurrenceStatus.RETRY_WAIT, available_at=available, last_error=spec.error)
+            event_type = OCCURRENCE_RETRY_SCHEDULED
+            data["retryAt"] = iso_ms(available)
+        else:
+            values.update(status=OccurrenceStatus.DEAD_LETTER, last_error=spec.error, settled_at=now)
+            event_type = OCCURRENCE_DEAD_LETTERED
+            data["reason"] = "max_attempts" if spec.retryable else "not_retryable"
+        for name, value in values.items():
+            setattr(current, name, value)
+        group = _group_key(values)
+        updates.setdefault(group, (values, []))[1].append(current.pk)
+        if current.status != OccurrenceStatus.RETRY_WAIT:
+            outcome_data: dict[str, Any] = {"status": current.status}
+            if current.status == OccurrenceStatus.SUCCEEDED:
+                outcome_data["result"] = spec.result
+            else:
+                outcome_data["error"] = spec.error
+            key = _group_key(outcome_data)
+            terminal.setdefault(key, (current.status, outcome_data, []))[2].append(current.pk)
+        pending_events.append((current, event_type, data, spec.fence))
+        out.append(current)
+    for values, ids in updates.values():
+        Occurrence.objects.using(alias).filter(pk__in=ids).update(**values)
+    reserved: dict[str, dict[str, Any]] = {}
+    for status, outcome_data, ids in terminal.values():
+        reserved.update(settle_reservations(ids, status, outcome_data, now, alias))
+    insert_rows(
+        alias,
+        [
+            new_event(
+                current.job_id,
+                event_type,
+                now,
+                occurrence_id=current.pk,
+                owner_id=owner,
+                fence=fence,
+                data={**data, **reserved.get(current.pk, {})},
+            )
+            for current, event_type, data, fence in pending_events
+        ],
+    )
+    return out
+
+
+def _requeue_unattempted(occurrence_id: str, *, available: datetime, now: datetime, alias: str) -> None:
+    """Back to queued, due at ``available``, lease dropped, and the claim's attempt given
+    back (the fence stays: it only ever grows)."""
+    Occurrence.objects.using(alias).filter(pk=occurrence_id).update(
+        status=OccurrenceStatus.QUEUED,
+        attempt=Case(
+            When(attempt__gt=0, then=F("attempt") - 1),
+            default=F("attempt"),
+            output_field=PositiveSmallIntegerField(),
+        ),
+        lease_owner=None,
+        lease_expires_at=None,
+        available_at=available,
+        updated_at=now,
+    )
+
+
+def release(occurrence_id: str, *, owner: str, fence: int, using: str | None = None) -> Occurrence:
+    """Give a held lease up without using an attempt, so another worker can take it at once
+    (graceful shutdown). The occurrence goes back to queued, due now."""
+    occurrence_id, owner, fence = lease_args(occurrence_id, owner, fence)
+    now = conf.now()
+    with write_transaction(using) as alias:
+        current = _take_held(occurrence_id, owner, fence, now, alias)
+        _requeue_unattempted(occurrence_id, available=now, now=now, alias=alias)
+        new_event(
+            current.job_id, OCCURRENCE_RELEASED, now, occurrence_id=occurrence_id, owner_id=owner, fence=fence
+        ).save(using=alias)
+        current.refresh_from_db(using=alias)
+    return current
+
+
+def record_execution(
+    occurrence_id: str,
+    *,
+    owner: str,
+    fence: int,
+    metadata: Any = _UNSET,
+    receipt: Any = _UNSET,
+    using: str | None = None,
+) -> Occurrence:
+    """Persist a running handler's metadata and/or execution receipt (64 KiB each) at once.
+    ``SCHEDULER_LEASE_LOST`` unless the caller still holds the lease."""
+    occurrence_id, owner, fence = lease_args(occurrence_id, owner, fence)
+    values: dict[str, Any] = {}
+    if metadata is not _UNSET:
+        values["metadata"] = normalize_json(metadata, "metadata", max_bytes=MAX_RESULT_BYTES)
+    if receipt is not _UNSET:
+        values["receipt"] = normalize_json(receipt, "receipt", max_bytes=MAX_RESULT_BYTES)
+    if not values:
+        raise InvalidArgument("metadata", "give metadata or receipt")
+    now = conf.now()
+    with write_transaction(using) as alias:
+        updated = (
+            Occurrence.objects.using(alias)
+            .filter(
+                pk=occurrence_id,
+                status=OccurrenceStatus.RUNNING,
+                lease_owner=owner,
+                fence=fence,
+                lease_expires_at__gt=now,
+            )
+            .update(updated_at=now, **values)
+        )
+        current = Occurrence.objects.using(alias).filter(pk=occurrence_id).first()
+        if not updated or current is None:
+            raise lease_lost(occurrence_id, current, owner, fence, now)
+    return current
+
+
+def _take_held(occurrence_id: str, owner: str, fence: int, now: datetime, alias: str) -> Occurrence:
+    current = Occurrence.objects.using(alias).select_for_update().filter(pk=occurrence_id).first()
+    if current is None or not holds_lease(current, owner, fence, now):
+        raise lease_lost(occurrence_id, current, owner, fence, now)
+    return current
+
+
+def deny(
+    occurrence_id: str,
+    *,
+    owner: str,
+    fence: int,
+    code: str,
+    reason: str,
+    details: dict[str, Any] | None = None,
+    using: str | None = None,
+) -> Occurrence:
+    """Dead-letter a held occurrence that authority refused, without retry (event
+    ``authority_denied`` with the reason and details)."""
+    occurrence_id, owner, fence = lease_args(occurrence_id, owner, fence)
+    reason = normalize_identifier(reason, "reason", max_length=64)
+    code = normalize_identifier(code, "code", max_length=64)
+    detail_value = normalize_json(details or {}, "details", max_bytes=MAX_RESULT_BYTES)
+    now = conf.now()
+    with write_transaction(using) as alias:
+        current = _take_held(occurrence_id, owner, fence, now, alias)
+        error = {
+            "code": code,
+            "reason": reason,
+            "details": detail_value,
+            "message": f"authority denied: {reason}",
+        }
+        current.status = OccurrenceStatus.DEAD_LETTER
+        current.lease_owner = None
+        current.lease_expires_at = None
+        current.settled_at = now
+        current.updated_at = now
+        current.last_error = error
+        current.save(
+            using=alias,
+            update_fields=[
+                "status",
+                "lease_owner",
+                "lease_expires_at",
+                "settled_at",
+                "updated_at",
+                "last_error",
+            ],
+        )
+        settled = settle_reservations(
+            [occurrence_id],
+            OccurrenceStatus.DEAD_LETTER,
+            {"status": "dead_letter", "error": error},
+            now,
+            alias,
+        )
+        data: dict[str, Any] = {
+            "reason": reason,
+            "code": code,
+            "details": detail_value,
+            "attempt": current.attempt,
+        }
+        data.update(settled.get(occurrence_id, {}))
+        new_event(
+            current.job_id,
+            AUTHORITY_DENIED,
+            now,
+            occurrence_id=occurrence_id,
+            owner_id=owner,
+            fence=fence,
+            data=data,
+        ).save(using=alias)
+    return current
+
+
+def defer(
+    occurrence_id: str,
+    *,
+    owner: str,
+    fence: int,
+    until: datetime | int,
+    details: dict[str, Any] | None = None,
+    using: str | None = None,
+) -> Occurrence:
+    """Put a held occurrence back to wait until ``until`` without using an attempt (its
+    principal's budget is spent until the window ends; event ``authority_deferred``)."""
+    occurrence_id, owner, fence = lease_args(occurrence_id, owner, fence)
+    until_ms = to_ms(until, "until")
+    detail_value = normalize_json(details or {}, "details", max_bytes=MAX_RESULT_BYTES)
+    now = conf.now()
+    with write_transaction(using) as alias:
+        current = _take_held(occurrence_id, owner, fence, now, alias)
+        available = max(now, from_ms(until_ms))
+        _requeue_unattempted(occurrence_id, available=available, now=now, alias=alias)
+        new_event(
+            current.job_id,
+            AUTHORITY_DEFERRED,
+            now,
+            occurrence_id=occurrence_id,
+            owner_id=owner,
+            fence=fence,
+            data={"until": iso_ms(available), "details": detail_value},
+        ).save(using=alias)
+        current.refresh_from_db(using=alias)
+    return current
