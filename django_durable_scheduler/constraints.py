@@ -8,9 +8,7 @@ enqueue writes one row a statement, so that rebuild is paid on every call. A lis
 constants, as Django writes ``field__in``, is stored as one node per constant with its
 bytes spelled out, and a condition written as ``(a and b) or (not a and not b)`` names each
 side twice. The same conditions written as one array constant (:class:`OneOf`) and as an
-equality of two truth values (:class:`SameTruth`) halve what is rebuilt: 20-30 us of
-server time for each row written one by one, measured on this project's test machine (a
-loop of 2,000 enqueues inside the server, 8 runs; README, performance section).
+equality of two truth values (:class:`SameTruth`) halve what is rebuilt.
 
 Elsewhere (SQLite, MySQL/MariaDB) the same expressions are the plain SQL they stand for:
 those databases compile a constraint once per table or per prepared statement.
