@@ -1,0 +1,168 @@
+"""The scheduler's operations for tests/test_schema_change.py, run in a subprocess against the
+scratch database, with whichever code ``PYTHONPATH`` puts first (the repository's, or the
+test's copy with edited models). ``python -m tests.procs.schema_steps seed|new|old`` prints
+one line ``RESULT <json>``: what the test asserts on."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+
+import django
+
+BASE_MS = 1_700_000_000_000
+AUTHORITY = {
+    "schemaVersion": 1,
+    "principal": {"type": "user", "id": "alice"},
+    "requestedCapabilities": ["reports.send"],
+}
+OCC_TABLE = "durable_scheduler_occurrences"
+TABLES = ("durable_scheduler_jobs", OCC_TABLE, "durable_scheduler_events")
+
+
+def schema() -> dict:
+    """Columns of the three tables, the size of jobs.kind, the names of occurrences' indexes."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        intro = connection.introspection
+        columns = {t: sorted(c.name for c in intro.get_table_description(cursor, t)) for t in TABLES}
+        kind = next(c for c in intro.get_table_description(cursor, TABLES[0]) if c.name == "kind")
+        indexes = sorted(n for n, c in intro.get_constraints(cursor, OCC_TABLE).items() if c["index"])
+    return {"columns": columns, "kind_size": kind.internal_size or kind.display_size, "indexes": indexes}
+
+
+def statuses(ids) -> dict[str, str]:
+    from django_durable_scheduler.models import Occurrence
+
+    return dict(Occurrence.objects.filter(pk__in=list(ids)).values_list("pk", "status"))
+
+
+def seed() -> dict:
+    import django_durable_scheduler as scheduler
+
+    scheduler.set_policy(
+        "user", "alice", capabilities=["reports.send"], window=3600, max_runs=1000, max_units=1000
+    )
+    scheduler.create_job("job-a", "reports.send", authority=AUTHORITY, payload={"n": 1})
+    for i in range(6):
+        scheduler.enqueue("job-a", scheduled_for=BASE_MS + i, trigger_key=f"t{i}")
+    done, dead, held = scheduler.claim_batch(owner="w-seed", lease=3600, limit=3)
+    scheduler.settle(done.pk, owner="w-seed", fence=done.fence, outcome="succeeded", result={"phase": "seed"})
+    scheduler.settle(
+        dead.pk, owner="w-seed", fence=dead.fence, outcome="failed", error="boom", retryable=False
+    )
+    now = statuses([done.pk, dead.pk, held.pk])
+    return {"statuses": [now[done.pk], now[dead.pk], now[held.pk]], "schema": schema()}
+
+
+def exercise(tag: str) -> dict:
+    """enqueue (a job read, then the remembered job's path: a new row and a duplicate),
+    enqueue_many (49 new and one duplicate of a row from before the migration), a new job,
+    claim_batch, claim, settle (succeeded, failed for good, failed to retry), and the rows
+    leased before the migration settled."""
+    import django_durable_scheduler as scheduler
+    from django_durable_scheduler import dialect, kernel
+    from django_durable_scheduler.models import Event, Job, Occurrence
+
+    facts: dict = {"module": scheduler.__file__, "schema": schema()}
+    facts["before"] = {"occurrences": Occurrence.objects.count(), "events": Event.objects.count()}
+    first_event = Event.objects.order_by("-event_id").values_list("event_id", flat=True).first() or 0
+
+    one, d1 = scheduler.enqueue("job-a", scheduled_for=BASE_MS + 1000, trigger_key=f"{tag}-1")
+    remembered = ("default", "job-a") in kernel._KNOWN_JOBS
+    two, d2 = scheduler.enqueue("job-a", scheduled_for=BASE_MS + 1001, trigger_key=f"{tag}-2")
+    again, d3 = scheduler.enqueue("job-a", scheduled_for=BASE_MS + 1000, trigger_key=f"{tag}-1")
+    facts["enqueue"] = {
+        "deduplicated": [d1, d2, d3],
+        "same_row": again.pk == one.pk,
+        "remembered": remembered,
+        "guarded_insert": dialect.supports_guarded_insert("default"),
+    }
+    items = [{"scheduled_for": BASE_MS + 2000 + i, "trigger_key": f"{tag}-m{i}"} for i in range(49)]
+    items.insert(17, {"scheduled_for": BASE_MS, "trigger_key": "t0"})  # seeded before the migration
+    many = scheduler.enqueue_many("job-a", items)
+    seeded_t0 = Occurrence.objects.get(job_id="job-a", trigger_key="t0").pk
+    facts["enqueue_many"] = {
+        "deduplicated": [i for i, (_, dedup) in enumerate(many) if dedup],
+        "duplicate_is_seeded_row": many[17][0].pk == seeded_t0,
+        "distinct": len({occ.pk for occ, _ in many}),
+    }
+    scheduler.create_job(f"job-{tag}", "reports.send", authority=AUTHORITY)
+    other, d4 = scheduler.enqueue(f"job-{tag}", scheduled_for=BASE_MS + 3000, trigger_key="x")
+    facts["other_job_deduplicated"] = d4
+
+    inserted = {one.pk, two.pk, other.pk} | {occ.pk for occ, dedup in many if not dedup}
+    facts["inserted"] = len(inserted)
+    enqueued = list(
+        Event.objects.filter(event_id__gt=first_event, event_type="occurrence_enqueued").values_list(
+            "occurrence_id", flat=True
+        )
+    )
+    facts["enqueued_events"] = {"count": len(enqueued), "for_inserted_rows": set(enqueued) == inserted}
+
+    owner = f"w-{tag}"
+    leased_before = list(
+        Occurrence.objects.filter(status="running").values_list("pk", "lease_owner", "fence")
+    )
+    batch = scheduler.claim_batch(owner=owner, lease=3600, limit=10)
+    single = scheduler.claim(owner=owner, lease=3600)
+    claimed = [*batch, single]
+    facts["claimed"] = {
+        "batch": len(batch),
+        "single": single is not None,
+        "distinct": len({o.pk for o in claimed}),
+    }
+    facts["claimed_running"] = Counter(statuses(o.pk for o in claimed).values()) == {"running": len(claimed)}
+    ok, dead, retry = batch[:3]
+    later = int(time.time() * 1000) + 86_400_000  # not due again while the test runs
+    scheduler.settle(ok.pk, owner=owner, fence=ok.fence, outcome="succeeded", result={"phase": tag})
+    scheduler.settle(dead.pk, owner=owner, fence=dead.fence, outcome="failed", error="boom", retryable=False)
+    scheduler.settle(
+        retry.pk, owner=owner, fence=retry.fence, outcome="failed", error="again", retry_at=later
+    )
+    scheduler.settle(single.pk, owner=owner, fence=single.fence, outcome="succeeded", result={"phase": tag})
+    settled = statuses([ok.pk, dead.pk, retry.pk, single.pk])
+    facts["settled"] = [settled[ok.pk], settled[dead.pk], settled[retry.pk], settled[single.pk]]
+    facts["result"] = Occurrence.objects.get(pk=ok.pk).result
+    for pk, lease_owner, fence in leased_before:
+        scheduler.settle(pk, owner=lease_owner, fence=fence, outcome="succeeded", result={"by": lease_owner})
+    facts["leased_before"] = {
+        "owners": sorted({lease_owner for _, lease_owner, _ in leased_before}),
+        "statuses": sorted(set(statuses(pk for pk, _, _ in leased_before).values())),
+        "count": len(leased_before),
+    }
+
+    facts["after"] = {
+        "occurrences": Occurrence.objects.count(),
+        "statuses": dict(Counter(Occurrence.objects.values_list("status", flat=True))),
+        "events": Event.objects.count(),
+        "jobs": Job.objects.count(),
+    }
+    # The columns of the edited models, where they exist: their values in the rows written in
+    # this phase and in all rows.
+    for model, field, mine in (
+        (Occurrence, "priority", Occurrence.objects.filter(pk__in=inserted)),
+        (Job, "team", Job.objects.filter(pk=f"job-{tag}")),
+        (Event, "source", Event.objects.filter(event_id__gt=first_event)),
+    ):
+        if any(f.name == field for f in model._meta.get_fields()):
+            facts[field] = {
+                "new_rows": sorted(set(mine.values_list(field, flat=True))),
+                "new_count": mine.count(),
+                "all_rows": sorted(set(model.objects.values_list(field, flat=True))),
+            }
+    return facts
+
+
+def main() -> None:
+    django.setup()
+    step = sys.argv[1]
+    facts = seed() if step == "seed" else exercise(step)
+    print("RESULT " + json.dumps(facts, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main()
