@@ -64,7 +64,7 @@ def exercise(tag: str) -> dict:
     claim_batch, claim, settle (succeeded, failed for good, failed to retry), and the rows
     leased before the migration settled."""
     import django_durable_scheduler as scheduler
-    from django_durable_scheduler import dialect, kernel
+    from django_durable_scheduler import dialect, enqueuing
     from django_durable_scheduler.models import Event, Job, Occurrence
 
     facts: dict = {"module": scheduler.__file__, "schema": schema()}
@@ -72,7 +72,7 @@ def exercise(tag: str) -> dict:
     first_event = Event.objects.order_by("-event_id").values_list("event_id", flat=True).first() or 0
 
     one, d1 = scheduler.enqueue("job-a", scheduled_for=BASE_MS + 1000, trigger_key=f"{tag}-1")
-    remembered = ("default", "job-a") in kernel._KNOWN_JOBS
+    remembered = ("default", "job-a") in enqueuing._REMEMBERED
     two, d2 = scheduler.enqueue("job-a", scheduled_for=BASE_MS + 1001, trigger_key=f"{tag}-2")
     again, d3 = scheduler.enqueue("job-a", scheduled_for=BASE_MS + 1000, trigger_key=f"{tag}-1")
     facts["enqueue"] = {
