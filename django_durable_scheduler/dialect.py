@@ -22,7 +22,6 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, Model, QuerySet
-from django.db.models.fields import AutoFieldMixin
 
 from .wakeup import CHANNEL
 
@@ -77,14 +76,27 @@ def lock_rows(qs: QuerySet[Any], alias: str) -> QuerySet[Any]:
 
 @cache
 def insert_fields(model: type[Model]) -> tuple[Field[Any, Any], ...]:
-    """The columns a plain ``INSERT`` into ``model``'s table writes: every concrete field
-    but a database-generated key or column."""
+    """The columns a plain ``INSERT`` into ``model``'s table may write: every concrete field
+    but an auto-increment key or a generated column (what ``Model.save()`` leaves out)."""
+    meta = model._meta
     return tuple(
-        field
-        for field in model._meta.local_concrete_fields
-        if not getattr(field, "generated", False)
-        and not (field.primary_key and isinstance(field, AutoFieldMixin))
+        field for field in meta.local_concrete_fields if field is not meta.auto_field and not field.generated
     )
+
+
+def _columns(objs: Sequence[Model]) -> list[Field[Any, Any]]:
+    """The columns to write for ``objs``: :func:`insert_fields`, less those whose value is
+    left to the database (a field with ``db_default`` that no row sets)."""
+    fields = []
+    for field in insert_fields(type(objs[0])):
+        if field.has_db_default():
+            unset = [hasattr(getattr(obj, field.attname), "resolve_expression") for obj in objs]
+            if all(unset):
+                continue
+            if any(unset):
+                raise ValueError(f"{field.name} is set on some rows and left to its db_default on others")
+        fields.append(field)
+    return fields
 
 
 def can_skip_conflicts(alias: str) -> bool:
@@ -114,14 +126,18 @@ def _rows_per_statement(connection: BaseDatabaseWrapper, width: int) -> int:
     return max(1, min(2000, limit // max(1, width)))
 
 
-def _table_and_columns(connection: BaseDatabaseWrapper, model: type[Model]) -> tuple[str, str]:
+def _table_and_columns(
+    connection: BaseDatabaseWrapper, model: type[Model], fields: Sequence[Field[Any, Any]]
+) -> tuple[str, str]:
     quote = connection.ops.quote_name
-    columns = ", ".join(quote(str(field.column)) for field in insert_fields(model))
+    columns = ", ".join(quote(str(field.column)) for field in fields)
     return quote(model._meta.db_table), f"({columns})"
 
 
 def _prepared(obj: Model, fields: Sequence[Field[Any, Any]], connection: BaseDatabaseWrapper) -> list[Any]:
-    return [field.get_db_prep_save(getattr(obj, field.attname), connection) for field in fields]
+    """``obj``'s values of ``fields`` as an insert binds them (``pre_save``, as ``save()``
+    does, so ``auto_now_add`` and the like get their values too)."""
+    return [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
 
 
 def _placeholders(width: int) -> str:
@@ -146,8 +162,8 @@ def insert_rows(alias: str, objs: Sequence[Model], *, skip_conflicts: bool = Fal
         return set()
     connection = connections[alias]
     model = type(objs[0])
-    fields = insert_fields(model)
-    table, columns = _table_and_columns(connection, model)
+    fields = _columns(objs)
+    table, columns = _table_and_columns(connection, model, fields)
     tail = ""
     if skip_conflicts:
         if not can_skip_conflicts(alias):
@@ -219,8 +235,8 @@ def insert_guarded(
     atomic by itself, so it needs no transaction of its own. SQLite: the insert, then the
     rest, so the caller runs it inside a write transaction."""
     connection = connections[alias]
-    fields = insert_fields(type(obj))
-    table, columns = _table_and_columns(connection, type(obj))
+    fields = _columns([obj])
+    table, columns = _table_and_columns(connection, type(obj), fields)
     row = _prepared(obj, fields, connection)
     guard_sql, guard_params = guard
     select = ", ".join(["%s"] * len(row))
@@ -252,8 +268,8 @@ def insert_guarded(
     ]
     params: list[Any] = [*guard_params, *row]
     if then:
-        then_fields = insert_fields(type(then[0]))
-        then_table, then_columns = _table_and_columns(connection, type(then[0]))
+        then_fields = _columns(then)
+        then_table, then_columns = _table_and_columns(connection, type(then[0]), then_fields)
         selects = " UNION ALL ".join(f"SELECT {', '.join(['%s'] * len(then_fields))} FROM o" for _ in then)
         parts.append(f"t AS (INSERT INTO {then_table} {then_columns} {selects})")
         for item in then:

@@ -43,7 +43,8 @@ EDITS = (
     (
         "    receipt = models.JSONField(null=True, blank=True, default=None)\n",
         "    receipt = models.JSONField(null=True, blank=True, default=None)\n"
-        "    priority = models.SmallIntegerField(default=0)\n",
+        "    priority = models.SmallIntegerField(default=0)\n"
+        '    lane = models.CharField(max_length=16, db_default="main")\n',
     ),
     (
         '            models.Index(fields=["job", "trigger_key"], name="dsch_occurrences_job_trigger"),\n',
@@ -60,6 +61,7 @@ OPERATIONS = {
     ("AddField", "job", "team"),
     ("AlterField", "job", "kind"),
     ("AddField", "occurrence", "priority"),
+    ("AddField", "occurrence", "lane"),
     ("AddIndex", "occurrence", "dsch_occ_job_created"),
     ("AddField", "event", "source"),
 }
@@ -240,6 +242,7 @@ def test_added_columns_widened_column_and_index_migrate_forward_and_back(tmp_pat
     assert schema["kind_size"] == 200
     assert "team" in schema["columns"]["durable_scheduler_jobs"]
     assert "priority" in schema["columns"]["durable_scheduler_occurrences"]
+    assert "lane" in schema["columns"]["durable_scheduler_occurrences"]
     assert "source" in schema["columns"]["durable_scheduler_events"]
     assert "dsch_occ_job_created" in schema["indexes"]
     check_phase(new, "new", before=6, leased_by="w-seed", leased=1)
@@ -255,6 +258,8 @@ def test_added_columns_widened_column_and_index_migrate_forward_and_back(tmp_pat
     # The defaults: in the rows written by the new code, and in the rows from before.
     events = new["after"]["events"] - new["before"]["events"]
     assert new["priority"] == {"new_rows": [0], "new_count": 52, "all_rows": [0]}
+    # A db_default column is left to the database by every insert.
+    assert new["lane"] == {"new_rows": ["main"], "new_count": 52, "all_rows": ["main"]}
     assert new["team"] == {"new_rows": [""], "new_count": 1, "all_rows": [""]}
     assert new["source"] == {"new_rows": [""], "new_count": events, "all_rows": [""]}
 
@@ -272,4 +277,4 @@ def test_added_columns_widened_column_and_index_migrate_forward_and_back(tmp_pat
         "queued": 85,
     }
     assert old["after"]["jobs"] == 3
-    assert not {"priority", "team", "source"} & set(old)
+    assert not {"priority", "lane", "team", "source"} & set(old)

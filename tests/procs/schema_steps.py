@@ -145,6 +145,7 @@ def exercise(tag: str) -> dict:
     # this phase and in all rows.
     for model, field, mine in (
         (Occurrence, "priority", Occurrence.objects.filter(pk__in=inserted)),
+        (Occurrence, "lane", Occurrence.objects.filter(pk__in=inserted)),
         (Job, "team", Job.objects.filter(pk=f"job-{tag}")),
         (Event, "source", Event.objects.filter(event_id__gt=first_event)),
     ):
