@@ -358,9 +358,8 @@ def _in_key_order(rows: dict[str, Occurrence]) -> list[Occurrence]:
     """``rows`` (by occurrence id) in key order: a bulk enqueue inserts new occurrences, and
     writes their events, in this order. Both unique indexes (the ids and the idempotency
     keys share their digest) then take the new entries each next to the last instead of at
-    random places (SQLite bulk enqueue +15%; PostgreSQL's insert statement 12% faster;
-    InnoDB clusters the table on the key); and the order of one bulk's events does not
-    depend on how the caller happened to list the items."""
+    random places, and the order of one bulk's events does not depend on how the caller
+    happened to list the items."""
     return [rows[key] for key in sorted(rows)]
 
 
