@@ -14,14 +14,17 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import date, datetime, time
 from functools import cache
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field, Model, QuerySet
+from django.db.models import Field, JSONField, Model, QuerySet
 
 from .wakeup import CHANNEL
 
@@ -84,19 +87,24 @@ def insert_fields(model: type[Model]) -> tuple[Field[Any, Any], ...]:
     )
 
 
-def _columns(objs: Sequence[Model]) -> list[Field[Any, Any]]:
+@cache
+def _with_db_default(model: type[Model]) -> tuple[Field[Any, Any], ...]:
+    return tuple(field for field in insert_fields(model) if field.has_db_default())
+
+
+def _columns(objs: Sequence[Model]) -> tuple[Field[Any, Any], ...]:
     """The columns to write for ``objs``: :func:`insert_fields`, less those whose value is
     left to the database (a field with ``db_default`` that no row sets)."""
-    fields = []
-    for field in insert_fields(type(objs[0])):
-        if field.has_db_default():
-            unset = [hasattr(getattr(obj, field.attname), "resolve_expression") for obj in objs]
-            if all(unset):
-                continue
-            if any(unset):
-                raise ValueError(f"{field.name} is set on some rows and left to its db_default on others")
-        fields.append(field)
-    return fields
+    model = type(objs[0])
+    left: list[Field[Any, Any]] = []
+    for field in _with_db_default(model):
+        unset = [hasattr(getattr(obj, field.attname), "resolve_expression") for obj in objs]
+        if all(unset):
+            left.append(field)
+        elif any(unset):
+            raise ValueError(f"{field.name} is set on some rows and left to its db_default on others")
+    fields = insert_fields(model)
+    return fields if not left else tuple(field for field in fields if field not in left)
 
 
 def can_skip_conflicts(alias: str) -> bool:
@@ -120,18 +128,28 @@ def _rows_per_statement(connection: BaseDatabaseWrapper, width: int) -> int:
         else:
             limit = int(connection.features.max_query_params or 999)
     else:
-        # PostgreSQL's wire protocol counts parameters in 16 bits; MySQL's packet size is
-        # the other bound, kept far away by the row count.
+        # MySQL's packet size is the bound here, kept far away by the row count.
         limit = 65535
-    return max(1, min(2000, limit // max(1, width)))
+    return max(1, min(1000, limit // max(1, width)))
 
 
-def _table_and_columns(
-    connection: BaseDatabaseWrapper, model: type[Model], fields: Sequence[Field[Any, Any]]
-) -> tuple[str, str]:
-    quote = connection.ops.quote_name
-    columns = ", ".join(quote(str(field.column)) for field in fields)
-    return quote(model._meta.db_table), f"({columns})"
+def _quoted_columns(connection: BaseDatabaseWrapper, fields: Sequence[Field[Any, Any]]) -> str:
+    return "(" + ", ".join(connection.ops.quote_name(str(field.column)) for field in fields) + ")"
+
+
+def _pg_type(connection: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
+    """``field``'s PostgreSQL type for a cast or a record column; character types without
+    their length, which a cast would silently cut values to (the target column still
+    refuses a value too long)."""
+    return re.sub(
+        r"^(varchar|char|character varying|character)\(\d+\)$", r"\1", str(field.cast_db_type(connection))
+    )
+
+
+def _cast(connection: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
+    """``%s`` cast to ``field``'s type, for a value in a PostgreSQL ``SELECT`` list, which
+    (unlike ``VALUES``) does not take its types from the target columns."""
+    return f"%s::{_pg_type(connection, field)}"
 
 
 def _prepared(obj: Model, fields: Sequence[Field[Any, Any]], connection: BaseDatabaseWrapper) -> list[Any]:
@@ -151,6 +169,12 @@ def mark_saved(objs: Sequence[Model], alias: str) -> None:
         obj._state.db = alias
 
 
+def _returning_pk(connection: BaseDatabaseWrapper, model: type[Model]) -> str:
+    pk = model._meta.pk
+    assert pk is not None
+    return f" ON CONFLICT DO NOTHING RETURNING {connection.ops.quote_name(str(pk.column))}"
+
+
 def insert_rows(alias: str, objs: Sequence[Model], *, skip_conflicts: bool = False) -> set[Any]:
     """Insert ``objs`` (all of one model) with multi-row ``INSERT`` statements.
 
@@ -161,34 +185,91 @@ def insert_rows(alias: str, objs: Sequence[Model], *, skip_conflicts: bool = Fal
     if not objs:
         return set()
     connection = connections[alias]
+    if skip_conflicts and not can_skip_conflicts(alias):
+        raise ValueError(f"no insert that skips conflicts on {connection.vendor}")
     model = type(objs[0])
     fields = _columns(objs)
-    table, columns = _table_and_columns(connection, model, fields)
-    tail = ""
-    if skip_conflicts:
-        if not can_skip_conflicts(alias):
-            raise ValueError(f"no insert that skips conflicts on {connection.vendor}")
-        pk = model._meta.pk
-        assert pk is not None
-        tail = f" ON CONFLICT DO NOTHING RETURNING {connection.ops.quote_name(str(pk.column))}"
+    table = connection.ops.quote_name(model._meta.db_table)
+    columns = _quoted_columns(connection, fields)
+    tail = _returning_pk(connection, model) if skip_conflicts else ""
     inserted: set[Any] = set()
-    per_statement = _rows_per_statement(connection, len(fields))
     with connection.cursor() as cursor:
-        for start in range(0, len(objs), per_statement):
-            chunk = objs[start : start + per_statement]
-            params: list[Any] = []
-            for obj in chunk:
-                params += _prepared(obj, fields, connection)
-            values = ", ".join([_placeholders(len(fields))] * len(chunk))
-            cursor.execute(f"INSERT INTO {table} {columns} VALUES {values}{tail}", params)
-            if skip_conflicts:
-                inserted.update(row[0] for row in cursor.fetchall())
+        if connection.vendor == "postgresql" and len(objs) > 1:
+            for sql, params in _recordset_statements(connection, table, columns, fields, objs, tail):
+                cursor.execute(sql, params)
+                if skip_conflicts:
+                    inserted.update(row[0] for row in cursor.fetchall())
+        else:
+            per_statement = _rows_per_statement(connection, len(fields))
+            for start in range(0, len(objs), per_statement):
+                chunk = objs[start : start + per_statement]
+                row_values: list[Any] = []
+                for obj in chunk:
+                    row_values += _prepared(obj, fields, connection)
+                values = ", ".join([_placeholders(len(fields))] * len(chunk))
+                cursor.execute(f"INSERT INTO {table} {columns} VALUES {values}{tail}", row_values)
+                if skip_conflicts:
+                    inserted.update(row[0] for row in cursor.fetchall())
     if skip_conflicts:
         pk_name = model._meta.pk.attname
         mark_saved([obj for obj in objs if getattr(obj, pk_name) in inserted], alias)
     else:
         mark_saved(objs, alias)
     return inserted
+
+
+# Rows per PostgreSQL bulk statement: one JSON document of this many records.
+RECORDS_PER_STATEMENT = 5000
+
+
+def _recordset_statements(
+    connection: BaseDatabaseWrapper,
+    table: str,
+    columns: str,
+    fields: Sequence[Field[Any, Any]],
+    objs: Sequence[Model],
+    tail: str,
+) -> Iterator[tuple[str, list[Any]]]:
+    """PostgreSQL's bulk insert: ``INSERT ... SELECT`` from ``jsonb_to_recordset`` of one
+    JSON parameter, so thousands of rows are one parameter to send and parse instead of a
+    statement of tens of thousands. Columns whose value is the same in every row (a bulk
+    enqueue's job columns) are bound once instead of once a row; which ones, is found from
+    the values themselves."""
+    values = [[field.pre_save(obj, True) for field in fields] for obj in objs]
+    first = values[0]
+    same = [all(row[i] is first[i] or row[i] == first[i] for row in values) for i in range(len(fields))]
+    same[0] = False  # one column per record at least, even for rows alike
+    varying = [i for i, constant in enumerate(same) if not constant]
+    select: list[str] = []
+    constants: list[Any] = []
+    record: list[str] = []
+    for i, field in enumerate(fields):
+        if same[i]:
+            select.append(_cast(connection, field))
+            constants.append(field.get_db_prep_save(first[i], connection))
+        else:
+            select.append(f"v.c{i}")
+            record.append(f"c{i} {_pg_type(connection, field)}")
+    source = f"jsonb_to_recordset(%s::jsonb) AS v({', '.join(record)})"
+    sql = f"INSERT INTO {table} {columns} SELECT {', '.join(select)} FROM {source}{tail}"
+    for start in range(0, len(values), RECORDS_PER_STATEMENT):
+        chunk = values[start : start + RECORDS_PER_STATEMENT]
+        records = [{f"c{i}": _json_value(fields[i], row[i], connection) for i in varying} for row in chunk]
+        yield sql, [*constants, json.dumps(records, ensure_ascii=False, separators=(",", ":"))]
+
+
+def _json_value(field: Field[Any, Any], value: Any, connection: BaseDatabaseWrapper) -> Any:
+    """``value`` of ``field`` as a JSON record holds it for ``jsonb_to_recordset``: a JSON
+    column's value as the JSON it is, anything else as the text or number the column's
+    input function reads."""
+    if isinstance(field, JSONField):
+        return value if field.encoder is None else json.loads(json.dumps(value, cls=field.encoder))
+    prepared = field.get_db_prep_save(value, connection)
+    if prepared is None or isinstance(prepared, bool | int | float | str):
+        return prepared
+    if isinstance(prepared, datetime | date | time):
+        return prepared.isoformat()
+    return str(prepared)
 
 
 class GuardFailed(Exception):
@@ -236,22 +317,16 @@ def insert_guarded(
     rest, so the caller runs it inside a write transaction."""
     connection = connections[alias]
     fields = _columns([obj])
-    table, columns = _table_and_columns(connection, type(obj), fields)
+    then_fields = _columns(then) if then else ()
+    sql = _guarded_statement(connection, type(obj), fields, guard[0], then, then_fields, notify)
     row = _prepared(obj, fields, connection)
-    guard_sql, guard_params = guard
-    select = ", ".join(["%s"] * len(row))
+    guard_params = guard[1]
     if connection.vendor == "sqlite":
-        pk = connection.ops.quote_name(str(obj._meta.pk.column))
         with connection.cursor() as cursor:
-            # "WHERE true" tells SQLite's parser that ON CONFLICT belongs to the INSERT.
-            cursor.execute(
-                f"INSERT INTO {table} {columns} SELECT {select} WHERE EXISTS ({guard_sql})"
-                f" ON CONFLICT DO NOTHING RETURNING {pk}",
-                [*row, *guard_params],
-            )
+            cursor.execute(sql, [*row, *guard_params])
             inserted = cursor.fetchone() is not None
             if not inserted:
-                cursor.execute(guard_sql, guard_params)
+                cursor.execute(guard[0], guard_params)
                 if cursor.fetchone() is None:
                     raise GuardFailed
         if inserted:
@@ -262,34 +337,72 @@ def insert_guarded(
 
                 notify_new_work(alias)
         return inserted
-    parts = [
-        f"g AS ({guard_sql})",
-        f"o AS (INSERT INTO {table} {columns} SELECT {select} FROM g ON CONFLICT DO NOTHING RETURNING 1)",
-    ]
     params: list[Any] = [*guard_params, *row]
-    if then:
-        then_fields = _columns(then)
-        then_table, then_columns = _table_and_columns(connection, type(then[0]), then_fields)
-        selects = " UNION ALL ".join(f"SELECT {', '.join(['%s'] * len(then_fields))} FROM o" for _ in then)
-        parts.append(f"t AS (INSERT INTO {then_table} {then_columns} {selects})")
-        for item in then:
-            params += _prepared(item, then_fields, connection)
-    wake = "0"
+    for item in then:
+        params += _prepared(item, then_fields, connection)
     if notify:
-        # Delivered by PostgreSQL only if (and when) the transaction commits.
-        wake = "(SELECT COUNT(*) FROM (SELECT pg_notify(%s, '') FROM o) AS n)"
         params.append(CHANNEL)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH {', '.join(parts)} SELECT (SELECT COUNT(*) FROM o), {wake}, (SELECT COUNT(*) FROM g)",
-            params,
-        )
-        count, _, guard_held = cursor.fetchone()
+        cursor.execute(sql, params)
+        count, guard_held, *_ = cursor.fetchone()
     if not guard_held:
         raise GuardFailed
     if count:
         mark_saved([obj, *then], alias)
     return bool(count)
+
+
+_GUARDED: dict[tuple[Any, ...], str] = {}
+
+
+def _guarded_statement(
+    connection: BaseDatabaseWrapper,
+    model: type[Model],
+    fields: tuple[Field[Any, Any], ...],
+    guard_sql: str,
+    then: Sequence[Model],
+    then_fields: tuple[Field[Any, Any], ...],
+    notify: bool,
+) -> str:
+    """The statement of :func:`insert_guarded`, built once per database, columns and shape."""
+    then_model = type(then[0]) if then else None
+    # By the columns' names: hashing the fields themselves costs more than the statement saves.
+    names = tuple(field.attname for field in fields), tuple(field.attname for field in then_fields)
+    key = (connection.alias, model, names, guard_sql, then_model, len(then), notify)
+    sql = _GUARDED.get(key)
+    if sql is not None:
+        return sql
+    quote = connection.ops.quote_name
+    table, columns = quote(model._meta.db_table), _quoted_columns(connection, fields)
+    if connection.vendor == "sqlite":
+        pk = _returning_pk(connection, model)
+        # "WHERE EXISTS" also tells SQLite's parser that ON CONFLICT belongs to the INSERT.
+        sql = (
+            f"INSERT INTO {table} {columns} SELECT {', '.join(['%s'] * len(fields))}"
+            f" WHERE EXISTS ({guard_sql}){pk}"
+        )
+    else:
+        select = ", ".join(_cast(connection, field) for field in fields)
+        parts = [
+            f"g AS ({guard_sql})",
+            f"o AS (INSERT INTO {table} {columns} SELECT {select} FROM g ON CONFLICT DO NOTHING RETURNING 1)",
+        ]
+        if then_model is not None:
+            then_select = ", ".join(_cast(connection, field) for field in then_fields)
+            rows = " UNION ALL ".join([f"SELECT {then_select} FROM o"] * len(then))
+            parts.append(
+                f"t AS (INSERT INTO {quote(then_model._meta.db_table)}"
+                f" {_quoted_columns(connection, then_fields)} {rows})"
+            )
+        if notify:
+            # Delivered by PostgreSQL only if (and when) the transaction commits.
+            parts.append("n AS (SELECT pg_notify(%s, '') FROM o)")
+        counted = ", (SELECT COUNT(*) FROM n)" if notify else ""
+        sql = f"WITH {', '.join(parts)} SELECT (SELECT COUNT(*) FROM o), (SELECT COUNT(*) FROM g){counted}"
+    if len(_GUARDED) > 256:
+        _GUARDED.clear()
+    _GUARDED[key] = sql
+    return sql
 
 
 # --------------------------------------------------------------------------- updates

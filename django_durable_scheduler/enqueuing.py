@@ -63,24 +63,19 @@ def _slot_args(scheduled_for: Any, trigger_key: Any, available_at: Any) -> tuple
 class _Builder:
     """Builds the queued occurrences of one job revision, and their events. What every
     occurrence of the job shares (the identity prefix, the principal key) is computed once:
-    a bulk enqueue builds thousands."""
+    a bulk enqueue builds thousands, and a remembered job keeps its builder."""
 
-    def __init__(self, job: Job, now: datetime) -> None:
+    def __init__(self, job: Job) -> None:
         self.job = job
-        self.now = now
         self.digest_of: Callable[[int, str], str] = identity_digester(job.job_id, job.revision)
         self.principal_key = principal_key(job.authority)
-        self.times: dict[int, datetime] = {}  # items often share their times
 
-    def _time(self, ms: int) -> datetime:
-        value = self.times.get(ms)
-        if value is None:
-            value = self.times[ms] = from_ms(ms)
-        return value
-
-    def occurrence(self, scheduled_ms: int, trigger_key: str, available_ms: int, payload: Any) -> Occurrence:
+    def occurrence(
+        self, scheduled_ms: int, trigger_key: str, available_ms: int, payload: Any, now: datetime
+    ) -> Occurrence:
         job = self.job
         digest = self.digest_of(scheduled_ms, trigger_key)
+        scheduled = from_ms(scheduled_ms)
         return Occurrence(
             occurrence_id=OCCURRENCE_ID_PREFIX + digest,
             # By id: a remembered job row may be stale in columns no guard covers.
@@ -88,27 +83,27 @@ class _Builder:
             job_revision=job.revision,
             idempotency_key=IDEMPOTENCY_KEY_PREFIX + digest,
             trigger_key=trigger_key,
-            scheduled_for=self._time(scheduled_ms),
-            available_at=self._time(available_ms),
+            scheduled_for=scheduled,
+            available_at=scheduled if available_ms == scheduled_ms else from_ms(available_ms),
             status=OccurrenceStatus.QUEUED,
             max_attempts=job.max_attempts,
             authority=job.authority,
             payload=job.payload if payload is JOB_PAYLOAD else payload,
             principal_key=self.principal_key,
-            created_at=self.now,
-            updated_at=self.now,
+            created_at=now,
+            updated_at=now,
         )
 
-    def event(self, occurrence: Occurrence) -> Event:
-        scheduled_ms = to_ms(occurrence.scheduled_for, "scheduled_for")
+    @staticmethod
+    def event(occurrence: Occurrence) -> Event:
         return new_event(
             occurrence.job_id,
             OCCURRENCE_ENQUEUED,
-            self.now,
+            occurrence.created_at,
             occurrence_id=occurrence.occurrence_id,
             data={
                 "jobRevision": occurrence.job_revision,
-                "scheduledFor": scheduled_ms,
+                "scheduledFor": to_ms(occurrence.scheduled_for, "scheduled_for"),
                 "triggerKey": occurrence.trigger_key,
             },
         )
@@ -143,19 +138,21 @@ def insert_occurrence(
     now: datetime,
     alias: str,
     guard: tuple[str, list[Any]] | None = None,
+    builder: _Builder | None = None,
 ) -> tuple[Occurrence, bool]:
     """Insert a queued occurrence of ``job`` with its event and wake workers, or find the one
     with its identity: ``(occurrence, deduplicated)``. Inside the caller's write
     transaction, except with ``guard`` on PostgreSQL (one statement, see
     ``dialect.insert_guarded``). ``guard``: ``job`` is a remembered row, not one read in this
     transaction; insert only if the stored row still has what the occurrence copies from it
-    (else ``dialect.GuardFailed``, nothing written)."""
+    (else ``dialect.GuardFailed``, nothing written). ``builder``: one of ``job``'s, kept
+    by the caller."""
     if not job.enabled:
         raise JobDisabled(f"job {job.job_id!r} is disabled", {"job_id": job.job_id})
     if payload is not JOB_PAYLOAD:
         payload = normalize_json(payload, "payload")
-    build = _Builder(job, now)
-    occurrence = build.occurrence(scheduled_ms, trigger_key, available_ms, payload)
+    build = builder or _Builder(job)
+    occurrence = build.occurrence(scheduled_ms, trigger_key, available_ms, payload, now)
     event = build.event(occurrence)
     if guard is not None:
         created = dialect.insert_guarded(alias, occurrence, guard, then=[event], notify=True)
@@ -187,11 +184,13 @@ _JOB_GUARD = ("revision", "enabled", "max_attempts", "authority")
 
 
 class _Remembered:
-    """A job row this process read, and the guards that check it is unchanged."""
+    """A job row this process read, the guards that check it is unchanged, and the builder
+    of its occurrences."""
 
     def __init__(self, job: Job) -> None:
         self.job = job
         self.guards: dict[bool, tuple[str, list[Any]]] = {}
+        self.builder = _Builder(job)
 
     def guard(self, alias: str, *, default_payload: bool) -> tuple[str, list[Any]]:
         guard = self.guards.get(default_payload)
@@ -247,9 +246,9 @@ def enqueue(
         guard = remembered.guard(alias, default_payload=payload is JOB_PAYLOAD)
         try:
             if connections[alias].vendor == "postgresql":
-                return insert_occurrence(remembered.job, guard=guard, **args)
+                return insert_occurrence(remembered.job, guard=guard, builder=remembered.builder, **args)
             with dialect.write_transaction(alias):
-                return insert_occurrence(remembered.job, guard=guard, **args)
+                return insert_occurrence(remembered.job, guard=guard, builder=remembered.builder, **args)
         except dialect.GuardFailed:
             _REMEMBERED.pop((alias, job_id), None)
     with dialect.write_transaction(alias):
@@ -292,8 +291,8 @@ def enqueue_many(
         job = get_job(job_id, using=alias)
         if not job.enabled:
             raise JobDisabled(f"job {job_id!r} is disabled", {"job_id": job_id})
-        build = _Builder(job, now)
-        rows = [build.occurrence(*item) for item in parsed]
+        build = _Builder(job)
+        rows = [build.occurrence(*item, now) for item in parsed]
         fresh, firsts = _split_fresh(job, rows)
         if dialect.can_skip_conflicts(alias):
             inserted = dialect.insert_rows(alias, _in_key_order(fresh), skip_conflicts=True)
