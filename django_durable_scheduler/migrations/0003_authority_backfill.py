@@ -19,7 +19,7 @@ from typing import Any
 from django.db import migrations
 from django.utils import timezone
 
-from django_durable_scheduler.migrations._batch import batches, update_column
+from django_durable_scheduler.migrations._batch import batches, update_columns
 
 TERMINAL = ("succeeded", "dead_letter")
 REF = "schedulerPolicyRevision"
@@ -178,7 +178,7 @@ def forward(apps: Any, schema_editor: Any) -> None:
     for rows in batches(Job, alias, ["authority"]):
         for row in rows:
             bind(row, "job")
-        update_column(Job, schema_editor, rows, "authority")
+        update_columns(Job, schema_editor, rows, "authority")
     for rows in batches(Occurrence, alias, ["authority", "status"]):
         pending = []
         for row in rows:
@@ -187,7 +187,7 @@ def forward(apps: Any, schema_editor: Any) -> None:
             else:
                 bind(row, "occurrence")
                 pending.append(row)
-        update_column(Occurrence, schema_editor, pending, "authority")
+        update_columns(Occurrence, schema_editor, pending, "authority")
     now = timezone.now()
     Policy.objects.using(alias).bulk_create(
         [
@@ -223,7 +223,7 @@ def backward(apps: Any, schema_editor: Any) -> None:
                 if isinstance(refs, dict) and REF in refs:
                     del refs[REF]
                     changed.append(row)
-            update_column(model, schema_editor, changed, "authority")
+            update_columns(model, schema_editor, changed, "authority")
 
 
 class Migration(migrations.Migration):
