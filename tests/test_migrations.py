@@ -1,5 +1,6 @@
 """The migrations: v1 data forward through the v2 backfill and everything after it, then
-back; a backfill of 100,000 occurrences; the batching helpers."""
+back; a backfill of 100,000 occurrences; the batching helpers; no stored code in the database;
+and, on PostgreSQL, the ``_like`` twins that 0004 drops."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from types import SimpleNamespace
 
 import django
 import pytest
-from django.db import connection, transaction
+from django.db import connection, migrations, models, transaction
 from django.db.migrations.executor import MigrationExecutor
 
 from django_durable_scheduler.migrations import _batch
@@ -30,6 +31,12 @@ def migrate(targets):
 def latest():
     executor = MigrationExecutor(connection)
     return [key for key in executor.loader.graph.leaf_nodes() if key[0] == APP]
+
+
+def plan():
+    """The app's migrations in the order they apply."""
+    executor = MigrationExecutor(connection)
+    return [key for key in executor.loader.graph.forwards_plan(latest()[0]) if key[0] == APP]
 
 
 @pytest.fixture
@@ -410,3 +417,169 @@ def test_batches_walk_the_matching_rows_in_key_order(v1_apps):
     everything = [row.pk for rows in _batch.batches(Occurrence, connection.alias, [], 3) for row in rows]
     assert everything == sorted(f"occ_job-b_{n}" for n in range(7))
     assert set(Occurrence.objects.values_list("status", flat=True)) == {"dead_letter"}
+
+
+def stored_code():
+    """Every stored function or procedure, view and trigger of the test database (not the
+    database's own: PostgreSQL's internal foreign-key triggers are left out)."""
+    queries = {
+        "sqlite": ["SELECT type, name FROM sqlite_master WHERE type IN ('view', 'trigger')"],
+        "postgresql": [
+            "SELECT 'function', p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname = current_schema()",
+            "SELECT 'view', viewname FROM pg_views WHERE schemaname = current_schema()",
+            "SELECT 'trigger', tgname FROM pg_trigger WHERE NOT tgisinternal",
+        ],
+        "mysql": [
+            "SELECT routine_type, routine_name FROM information_schema.routines"
+            " WHERE routine_schema = DATABASE()",
+            "SELECT 'view', table_name FROM information_schema.views WHERE table_schema = DATABASE()",
+            "SELECT 'trigger', trigger_name FROM information_schema.triggers"
+            " WHERE trigger_schema = DATABASE()",
+        ],
+    }[connection.vendor]
+    found = set()
+    with connection.cursor() as cursor:
+        for query in queries:
+            cursor.execute(query)
+            found.update(cursor.fetchall())
+    return found
+
+
+def test_no_migration_leaves_a_stored_function_view_or_trigger():
+    """The models are the one definition of the tables (STYLE 11): no migration keeps code in
+    the database that repeats their columns, on the way up or at the end."""
+    migrate([(APP, None)])
+    try:
+        for key in plan():
+            migrate([key])
+            assert stored_code() == set(), key
+    finally:
+        migrate(latest())
+    assert stored_code() == set()
+
+
+def indexes():
+    """PostgreSQL: every index of the scheduler's tables: name -> (table, definition)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexname, tablename, indexdef FROM pg_indexes"
+            " WHERE schemaname = current_schema() AND tablename LIKE 'durable_scheduler%%'"
+        )
+        return {name: (table, definition) for name, table, definition in cursor.fetchall()}
+
+
+KEYS = [("durable_scheduler_occurrences", c) for c in ("occurrence_id", "idempotency_key", "job_id")]
+KEYS += [("durable_scheduler_events", c) for c in ("job_id", "occurrence_id")]
+KEYS += [("durable_scheduler_authority_reservations", c) for c in ("occurrence_id", "job_id")]
+
+postgresql_only = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the varchar_pattern_ops twins are PostgreSQL's"
+)
+
+
+@postgresql_only
+def test_pattern_twins_of_the_hot_keys_go_and_come_back():
+    """0004 drops the ``_like`` twins of the occurrences', events' and reservations' keys, and
+    going back makes every index of 0003 again, as Django made it."""
+    migrate([(APP, None)])
+    try:
+        migrate([(APP, "0003_authority_backfill")])
+        at_0003 = indexes()
+        with connection.schema_editor() as editor:
+            twins = {editor._create_index_name(table, [column], suffix="_like") for table, column in KEYS}
+        assert twins <= set(at_0003)  # Django made them: the names are right
+        migrate(latest())
+        assert twins.isdisjoint(indexes())
+        # The twins left: the jobs' and workers' keys, in tables written rarely.
+        left = {table for table, definition in indexes().values() if "pattern_ops" in definition}
+        assert left == {"durable_scheduler_jobs", "durable_scheduler_workers"}
+        migrate([(APP, "0003_authority_backfill")])
+        assert indexes() == at_0003
+    finally:
+        migrate(latest())
+
+
+def unnamed(found):
+    """Index definitions without their names: what each index is, whatever Django calls it."""
+    return {definition.replace(f" {name} ", " ") for name, (_, definition) in found.items()}
+
+
+@postgresql_only
+def test_later_alter_field_on_the_keys_works_without_their_twins(v1_apps):
+    """What a later migration may do to these columns (widen a key, make it text, drop or
+    restore its uniqueness or its index) runs forward and back on PostgreSQL without the
+    twins: Django drops a twin with IF EXISTS and makes one only where it adds an index."""
+    apps = v1_apps
+    job = make_job(apps, "job-w", envelope("w", []))
+    make_occurrence(apps, job, 1, "queued", job.authority)
+    executor = MigrationExecutor(connection)
+    executor.migrate(latest())
+    state = executor.loader.project_state(latest())
+    start = indexes()
+    long_key = "k" * 90
+    protect = models.PROTECT
+    for op, holds_long_key in (
+        (
+            migrations.AlterField(
+                "occurrence", "occurrence_id", models.CharField(max_length=100, primary_key=True)
+            ),
+            False,
+        ),
+        (
+            migrations.AlterField(
+                "occurrence", "idempotency_key", models.CharField(max_length=100, unique=True)
+            ),
+            True,
+        ),
+        (migrations.AlterField("occurrence", "idempotency_key", models.TextField(unique=True)), True),
+        (migrations.AlterField("occurrence", "idempotency_key", models.CharField(max_length=77)), False),
+        (
+            migrations.AlterField(
+                "occurrence", "idempotency_key", models.CharField(max_length=77, db_index=True)
+            ),
+            False,
+        ),
+        (
+            migrations.AlterField(
+                "authorityreservation",
+                "job",
+                models.ForeignKey(
+                    "durable_scheduler.job",
+                    protect,
+                    related_name="reservations",
+                    db_column="job_id",
+                    db_index=False,
+                ),
+            ),
+            False,
+        ),
+        (
+            migrations.AlterField(
+                "event",
+                "occurrence",
+                models.ForeignKey(
+                    "durable_scheduler.occurrence",
+                    protect,
+                    related_name="events",
+                    db_column="occurrence_id",
+                    null=True,
+                ),
+            ),
+            False,
+        ),
+    ):
+        after = state.clone()
+        op.state_forwards(APP, after)
+        with connection.schema_editor() as editor:
+            op.database_forwards(APP, editor, state, after)
+        Occurrence = after.apps.get_model(APP, "Occurrence")
+        if holds_long_key:
+            Occurrence.objects.update(idempotency_key=long_key)
+            assert Occurrence.objects.get().idempotency_key == long_key
+            Occurrence.objects.update(idempotency_key="key_job-w_1")
+        assert Occurrence.objects.get().idempotency_key == "key_job-w_1", op.describe()
+        with connection.schema_editor() as editor:
+            op.database_backwards(APP, editor, after, state)
+    # Every index is there again (a twin too, where going back made Django add an index).
+    assert unnamed(start) <= unnamed(indexes())
