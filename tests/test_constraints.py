@@ -1,6 +1,7 @@
 """The occurrence table's check constraints, on every database: each refuses the rows it
 should and holds the rows the kernel writes, whether the database or Django's model
-validation checks it. On PostgreSQL they are stored in their compact form (migration 0014)."""
+validation checks it. Migration 0004 writes the status, lease and settled checks in their
+compact form (``constraints.OneOf``/``SameTruth``) on every database."""
 
 from __future__ import annotations
 
@@ -152,9 +153,8 @@ COMPACT = ("dsch_occ_status_valid", "dsch_occ_running_has_lease", "dsch_occ_term
 @pytest.mark.django_db(transaction=True)
 def test_a_table_built_from_the_models_refuses_the_same_rows(clock):
     """The constraints as the models declare them, built into a table of their own by the
-    schema editor (as ``--nomigrations`` or a squashed migration would build them): on
-    SQLite and MySQL/MariaDB migration 0014 leaves the old expressions in place, so only
-    this builds the new ones there."""
+    schema editor (as ``--nomigrations`` builds them), refuse the same rows as the migrated
+    table: the models and the migrations hold the same conditions."""
     from django.db import models
     from django.test.utils import isolate_apps
 
