@@ -60,6 +60,10 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     )
     # One file per test run (pid), so parallel runs on one machine never share it.
     _db["TEST"] = {"NAME": str(BASE_DIR / f".test-db-{os.getpid()}.sqlite3")}
+elif _db["ENGINE"] == "django.db.backends.postgresql" and os.environ.get("DSCH_PG_PREPARED"):
+    # What the README suggests for PostgreSQL without a transaction-mode pooler: parameters
+    # bound by the server and statements prepared after a few runs.
+    _db.setdefault("OPTIONS", {}).update({"server_side_binding": True, "prepare_threshold": 5})
 elif _db["ENGINE"] == "django.db.backends.mysql":
     _db.setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
     _db["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"}
