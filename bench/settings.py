@@ -39,6 +39,13 @@ def _database(url: str) -> dict[str, object]:
             "PASSWORD": unquote(parts.password or ""),
             "HOST": parts.hostname or "",
             "PORT": str(parts.port or ""),
+            # BENCH_PG_PREPARED=1: what the package's README suggests without a transaction-mode
+            # pooler (parameters bound by the server, statements prepared after a few runs).
+            **(
+                {"OPTIONS": {"server_side_binding": True, "prepare_threshold": 5}}
+                if os.environ.get("BENCH_PG_PREPARED")
+                else {}
+            ),
         }
     raise ValueError(f"unsupported DATABASE_URL scheme {parts.scheme!r}")
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import date, datetime, time
 from functools import cache
+from operator import attrgetter
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
@@ -152,10 +153,25 @@ def _cast(connection: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
     return f"%s::{_pg_type(connection, field)}"
 
 
+def _values(objs: Sequence[Model], fields: Sequence[Field[Any, Any]]) -> list[list[Any]]:
+    """Per object, its values of ``fields`` as ``save()`` takes them for an insert: what
+    ``pre_save`` gives (so ``auto_now_add`` and the like get their values), read directly
+    where a field's ``pre_save`` is the base one that reads the attribute."""
+    get = attrgetter(*(field.attname for field in fields))
+    computed = [(i, field) for i, field in enumerate(fields) if type(field).pre_save is not Field.pre_save]
+    rows = []
+    for obj in objs:
+        row = list(get(obj)) if len(fields) > 1 else [get(obj)]
+        for i, field in computed:
+            row[i] = field.pre_save(obj, True)
+        rows.append(row)
+    return rows
+
+
 def _prepared(obj: Model, fields: Sequence[Field[Any, Any]], connection: BaseDatabaseWrapper) -> list[Any]:
-    """``obj``'s values of ``fields`` as an insert binds them (``pre_save``, as ``save()``
-    does, so ``auto_now_add`` and the like get their values too)."""
-    return [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
+    """``obj``'s values of ``fields`` as an insert binds them."""
+    (row,) = _values([obj], fields)
+    return [field.get_db_prep_save(value, connection) for field, value in zip(fields, row, strict=True)]
 
 
 def _placeholders(width: int) -> str:
@@ -176,12 +192,17 @@ def _returning_pk(connection: BaseDatabaseWrapper, model: type[Model]) -> str:
 
 
 def insert_rows(alias: str, objs: Sequence[Model], *, skip_conflicts: bool = False) -> set[Any]:
-    """Insert ``objs`` (all of one model) with multi-row ``INSERT`` statements.
+    """Insert ``objs`` (all of one model).
 
     ``skip_conflicts`` (only where :func:`can_skip_conflicts`): rows whose unique keys exist
     already are skipped, and the primary keys of the rows inserted are returned. Otherwise
     every row is inserted and an empty set returned (a database-generated key is not read
-    back: nothing on the hot path reads it)."""
+    back: nothing on the hot path reads it).
+
+    One row, or MySQL/MariaDB: ``INSERT ... VALUES``. Many rows on PostgreSQL and SQLite:
+    ``INSERT ... SELECT`` from the rows, where the columns whose value is the same in every
+    row (a bulk enqueue's job columns, a batch's event time) are bound once per statement
+    instead of once per row; which ones, is found from the values themselves."""
     if not objs:
         return set()
     connection = connections[alias]
@@ -192,30 +213,100 @@ def insert_rows(alias: str, objs: Sequence[Model], *, skip_conflicts: bool = Fal
     table = connection.ops.quote_name(model._meta.db_table)
     columns = _quoted_columns(connection, fields)
     tail = _returning_pk(connection, model) if skip_conflicts else ""
+    rows = _values(objs, fields)
+    if len(rows) > 1 and connection.vendor == "postgresql":
+        statements = _recordset_statements(connection, table, columns, fields, rows, tail)
+    elif len(rows) > 1 and connection.vendor == "sqlite":
+        statements = _sqlite_values_statements(connection, table, columns, fields, rows, tail)
+    else:
+        statements = _values_statements(connection, table, columns, fields, rows, tail)
     inserted: set[Any] = set()
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql" and len(objs) > 1:
-            for sql, params in _recordset_statements(connection, table, columns, fields, objs, tail):
-                cursor.execute(sql, params)
-                if skip_conflicts:
-                    inserted.update(row[0] for row in cursor.fetchall())
-        else:
-            per_statement = _rows_per_statement(connection, len(fields))
-            for start in range(0, len(objs), per_statement):
-                chunk = objs[start : start + per_statement]
-                row_values: list[Any] = []
-                for obj in chunk:
-                    row_values += _prepared(obj, fields, connection)
-                values = ", ".join([_placeholders(len(fields))] * len(chunk))
-                cursor.execute(f"INSERT INTO {table} {columns} VALUES {values}{tail}", row_values)
-                if skip_conflicts:
-                    inserted.update(row[0] for row in cursor.fetchall())
+        for sql, params in statements:
+            cursor.execute(sql, params)
+            if skip_conflicts:
+                inserted.update(row[0] for row in cursor.fetchall())
     if skip_conflicts:
         pk_name = model._meta.pk.attname
         mark_saved([obj for obj in objs if getattr(obj, pk_name) in inserted], alias)
     else:
         mark_saved(objs, alias)
     return inserted
+
+
+def _values_statements(
+    connection: BaseDatabaseWrapper,
+    table: str,
+    columns: str,
+    fields: Sequence[Field[Any, Any]],
+    rows: list[list[Any]],
+    tail: str,
+) -> Iterator[tuple[str, list[Any]]]:
+    """The portable insert: ``INSERT ... VALUES (...), (...)``, every value bound."""
+    per_statement = _rows_per_statement(connection, len(fields))
+    for start in range(0, len(rows), per_statement):
+        chunk = rows[start : start + per_statement]
+        params = [
+            field.get_db_prep_save(value, connection)
+            for row in chunk
+            for field, value in zip(fields, row, strict=True)
+        ]
+        values = ", ".join([_placeholders(len(fields))] * len(chunk))
+        yield f"INSERT INTO {table} {columns} VALUES {values}{tail}", params
+
+
+def _constant_columns(rows: list[list[Any]]) -> list[bool]:
+    """Per column, whether every row holds the first row's value (never the first column, so
+    that each row keeps one value of its own)."""
+    first = rows[0]
+    same = [all(row[i] is first[i] or row[i] == first[i] for row in rows) for i in range(len(first))]
+    same[0] = False
+    return same
+
+
+def _sqlite_values_statements(
+    connection: BaseDatabaseWrapper,
+    table: str,
+    columns: str,
+    fields: Sequence[Field[Any, Any]],
+    rows: list[list[Any]],
+    tail: str,
+) -> Iterator[tuple[str, list[Any]]]:
+    """SQLite's bulk insert: ``INSERT ... SELECT`` from a ``VALUES`` list of the columns that
+    differ between the rows, the others bound once."""
+    same = _constant_columns(rows)
+    varying = [i for i, constant in enumerate(same) if not constant]
+    constants = [fields[i].get_db_prep_save(rows[0][i], connection) for i, c in enumerate(same) if c]
+    select = []
+    for i in range(len(fields)):
+        select.append("%s" if same[i] else f"v.column{varying.index(i) + 1}")
+    # "WHERE true" tells SQLite's parser that an ON CONFLICT belongs to the INSERT.
+    per_statement = _rows_per_statement(connection, len(varying))
+    convert = [(i, fields[i], _memo_prep(fields[i], connection)) for i in varying]
+    for start in range(0, len(rows), per_statement):
+        chunk = rows[start : start + per_statement]
+        params = list(constants)
+        for row in chunk:
+            params += [prep(row[i]) for i, _, prep in convert]
+        values = ", ".join([_placeholders(len(varying))] * len(chunk))
+        yield (
+            f"INSERT INTO {table} {columns} SELECT {', '.join(select)} FROM (VALUES {values}) AS v"
+            f" WHERE true{tail}",
+            params,
+        )
+
+
+def _memo_prep(field: Field[Any, Any], connection: BaseDatabaseWrapper) -> Callable[[Any], Any]:
+    """``field.get_db_prep_save`` for a run of values, remembering the last one (rows built
+    together often share a value, a time above all)."""
+    last: list[Any] = [object(), None]
+
+    def prep(value: Any) -> Any:
+        if value is not last[0]:
+            last[:] = value, field.get_db_prep_save(value, connection)
+        return last[1]
+
+    return prep
 
 
 # Rows per PostgreSQL bulk statement: one JSON document of this many records.
@@ -227,18 +318,13 @@ def _recordset_statements(
     table: str,
     columns: str,
     fields: Sequence[Field[Any, Any]],
-    objs: Sequence[Model],
+    rows: list[list[Any]],
     tail: str,
 ) -> Iterator[tuple[str, list[Any]]]:
     """PostgreSQL's bulk insert: ``INSERT ... SELECT`` from ``jsonb_to_recordset`` of one
-    JSON parameter, so thousands of rows are one parameter to send and parse instead of a
-    statement of tens of thousands. Columns whose value is the same in every row (a bulk
-    enqueue's job columns) are bound once instead of once a row; which ones, is found from
-    the values themselves."""
-    values = [[field.pre_save(obj, True) for field in fields] for obj in objs]
-    first = values[0]
-    same = [all(row[i] is first[i] or row[i] == first[i] for row in values) for i in range(len(fields))]
-    same[0] = False  # one column per record at least, even for rows alike
+    JSON parameter holding the columns that differ between the rows, so thousands of rows
+    are one parameter to send and parse instead of a statement of tens of thousands."""
+    same = _constant_columns(rows)
     varying = [i for i, constant in enumerate(same) if not constant]
     select: list[str] = []
     constants: list[Any] = []
@@ -246,30 +332,37 @@ def _recordset_statements(
     for i, field in enumerate(fields):
         if same[i]:
             select.append(_cast(connection, field))
-            constants.append(field.get_db_prep_save(first[i], connection))
+            constants.append(field.get_db_prep_save(rows[0][i], connection))
         else:
             select.append(f"v.c{i}")
             record.append(f"c{i} {_pg_type(connection, field)}")
     source = f"jsonb_to_recordset(%s::jsonb) AS v({', '.join(record)})"
     sql = f"INSERT INTO {table} {columns} SELECT {', '.join(select)} FROM {source}{tail}"
-    for start in range(0, len(values), RECORDS_PER_STATEMENT):
-        chunk = values[start : start + RECORDS_PER_STATEMENT]
-        records = [{f"c{i}": _json_value(fields[i], row[i], connection) for i in varying} for row in chunk]
+    convert = [(f"c{i}", i, _json_converter(fields[i], connection)) for i in varying]
+    for start in range(0, len(rows), RECORDS_PER_STATEMENT):
+        chunk = rows[start : start + RECORDS_PER_STATEMENT]
+        records = [{key: to_json(row[i]) for key, i, to_json in convert} for row in chunk]
         yield sql, [*constants, json.dumps(records, ensure_ascii=False, separators=(",", ":"))]
 
 
-def _json_value(field: Field[Any, Any], value: Any, connection: BaseDatabaseWrapper) -> Any:
-    """``value`` of ``field`` as a JSON record holds it for ``jsonb_to_recordset``: a JSON
+def _json_converter(field: Field[Any, Any], connection: BaseDatabaseWrapper) -> Callable[[Any], Any]:
+    """How a value of ``field`` goes into a JSON record for ``jsonb_to_recordset``: a JSON
     column's value as the JSON it is, anything else as the text or number the column's
-    input function reads."""
+    input function reads, from the field's own ``get_db_prep_save``."""
     if isinstance(field, JSONField):
-        return value if field.encoder is None else json.loads(json.dumps(value, cls=field.encoder))
-    prepared = field.get_db_prep_save(value, connection)
-    if prepared is None or isinstance(prepared, bool | int | float | str):
-        return prepared
-    if isinstance(prepared, datetime | date | time):
-        return prepared.isoformat()
-    return str(prepared)
+        if field.encoder is None:
+            return lambda value: value
+        encoder = field.encoder
+        return lambda value: json.loads(json.dumps(value, cls=encoder))
+    prep = _memo_prep(field, connection)
+
+    def convert(value: Any) -> Any:
+        prepared = prep(value)
+        if prepared is None or isinstance(prepared, bool | int | float | str):
+            return prepared
+        return prepared.isoformat() if isinstance(prepared, datetime | date | time) else str(prepared)
+
+    return convert
 
 
 class GuardFailed(Exception):
