@@ -27,6 +27,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, JSONField, Model, QuerySet
 
+from .exceptions import InvalidArgument
 from .wakeup import CHANNEL
 
 
@@ -42,6 +43,13 @@ def take_write_lock(connection: BaseDatabaseWrapper) -> None:
             # A write that touches nothing still opens a write transaction, waiting for the
             # lock with the busy timeout rather than failing later on a lock upgrade.
             cursor.execute("UPDATE durable_scheduler_jobs SET revision = revision WHERE 0 = 1")
+
+
+def alias_for(using: str | None) -> str:
+    """The database alias an operation given ``using=`` runs on."""
+    if using is not None and not isinstance(using, str):
+        raise InvalidArgument("using", "must be a database alias or None")
+    return using or DEFAULT_DB_ALIAS
 
 
 @contextmanager

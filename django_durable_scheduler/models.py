@@ -1,8 +1,10 @@
 """The scheduler's tables. They mirror the seed's: jobs, occurrences, events (v1) and the
 authority policies, usage and reservations (v2). Names are ``durable_scheduler_<table>``.
 
-Only the kernel (``kernel.py``) writes occurrence state; these models carry no state
-transitions of their own.
+These models are the only definition of the schema: the kernel's SQL takes its columns from
+their ``_meta``, so a field added here with a migration needs no other edit. Only the kernel
+(``kernel.py`` and the modules it gathers) writes occurrence state; these models carry no
+state transitions of their own.
 """
 
 from __future__ import annotations

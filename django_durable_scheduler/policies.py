@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connections, transaction
+from django.db import IntegrityError, OperationalError, connections, transaction
 
 from . import conf
 from .authority import (
@@ -36,7 +36,7 @@ from .authority import (
     normalize_capabilities,
     principal_key,
 )
-from .dialect import write_transaction
+from .dialect import alias_for, write_transaction
 from .exceptions import AuthorityPolicyConflict, InvalidArgument
 from .identity import (
     from_ms,
@@ -127,12 +127,6 @@ def _budget(value: Any, field: str) -> int:
     return normalize_int(value, field, minimum=1, maximum=MAX_BUDGET)
 
 
-def _alias(using: str | None) -> str:
-    if using is not None and not isinstance(using, str):
-        raise InvalidArgument("using", "must be a database alias or None")
-    return using or DEFAULT_DB_ALIAS
-
-
 def covers(enabled: bool, capabilities: Iterable[str], authority: dict[str, Any]) -> bool:
     """True when an enabled policy with ``capabilities`` grants everything ``authority`` asks for."""
     granted = set(capabilities)
@@ -164,7 +158,9 @@ def policy_content(policy: AuthorityPolicy) -> dict[str, Any]:
 def get_policy(principal_type: str, principal_id: str, *, using: str | None = None) -> AuthorityPolicy | None:
     """The principal's policy, or None. A backfilled policy with no capabilities reads fine."""
     ptype, pid = _principal(principal_type, principal_id)
-    return AuthorityPolicy.objects.using(_alias(using)).filter(principal_type=ptype, principal_id=pid).first()
+    return (
+        AuthorityPolicy.objects.using(alias_for(using)).filter(principal_type=ptype, principal_id=pid).first()
+    )
 
 
 def policy_history(
@@ -174,7 +170,7 @@ def policy_history(
     ptype, pid = _principal(principal_type, principal_id)
     limit = normalize_int(limit, "limit", minimum=1, maximum=MAX_HISTORY_LIMIT)
     return list(
-        AuthorityPolicyRevision.objects.using(_alias(using))
+        AuthorityPolicyRevision.objects.using(alias_for(using))
         .filter(principal_type=ptype, principal_id=pid)
         .order_by("-revision")[:limit]
     )
@@ -189,7 +185,7 @@ def current_usage(
     at = conf.now() if now is None else from_ms(to_ms(now, "now"))
     start, end = window_bounds(policy.window_ms, at)
     row = (
-        AuthorityUsage.objects.using(_alias(using))
+        AuthorityUsage.objects.using(alias_for(using))
         .filter(
             principal_type=policy.principal_type,
             principal_id=policy.principal_id,
@@ -315,7 +311,7 @@ def preview_policy_change(
     ptype, pid = _principal(principal_type, principal_id)
     caps = normalize_capabilities(capabilities, "capabilities")
     active = normalize_bool(enabled, "enabled")
-    return _classify(ptype, pid, enabled=active, capabilities=caps, alias=_alias(using), rebind_to=None)
+    return _classify(ptype, pid, enabled=active, capabilities=caps, alias=alias_for(using), rebind_to=None)
 
 
 # --------------------------------------------------------------------------- writing
@@ -363,7 +359,7 @@ def change_policy(
     using: str | None = None,
 ) -> PolicyChange:
     """:func:`set_policy`, returning what the change did (:class:`PolicyChange`)."""
-    alias = _alias(using)
+    alias = alias_for(using)
     # A deadlock aborts the whole transaction; retry only when this call owns it.
     retries = 0 if connections[alias].in_atomic_block else 3
     while True:

@@ -26,7 +26,7 @@ from django.db.models import Q
 from . import budgets, conf, leases
 from .authority import MAX_BUDGET, bound_revision, policy_ref
 from .budgets import principal_details
-from .dialect import write_transaction
+from .dialect import alias_for, write_transaction
 from .exceptions import (
     AuthorityBudgetExhausted,
     AuthorityBudgetStateInvalid,
@@ -48,7 +48,6 @@ from .models import (
     Occurrence,
     OccurrenceStatus,
 )
-from .policies import _alias
 
 RESERVED = "reserved"
 REUSED = "reused"
@@ -164,7 +163,7 @@ def _mismatch(reservation: AuthorityReservation, occurrence_id: str) -> Authorit
 def get_reservation(occurrence_id: str, *, using: str | None = None) -> AuthorityReservation | None:
     """The occurrence's reservation, or None."""
     occurrence_id = normalize_identifier(occurrence_id, "occurrence_id")
-    return AuthorityReservation.objects.using(_alias(using)).filter(pk=occurrence_id).first()
+    return AuthorityReservation.objects.using(alias_for(using)).filter(pk=occurrence_id).first()
 
 
 def reserve_authority(
@@ -184,7 +183,7 @@ def reserve_authority(
     occurrence_id = normalize_identifier(occurrence_id, "occurrence_id")
     revision = normalize_int(policy_revision, "policy_revision", minimum=1, maximum=2**53 - 1)
     requested = _units(units)
-    alias = _alias(using)
+    alias = alias_for(using)
     now = conf.now()
     with write_transaction(alias):
         principal = _read_occurrence(occurrence_id, alias).authority["principal"]
@@ -363,7 +362,7 @@ def authorize(occurrence: Occurrence, *, units: Units = 1, owner: str, using: st
     _claimed(occurrence, "occurrence")
     owner = normalize_identifier(owner, "owner")
     requested = resolve_units(units, occurrence)
-    alias = _alias(using)
+    alias = alias_for(using)
     now = conf.now()
     with write_transaction(alias):
         (verdict,) = _authorize_locked([(occurrence, requested)], owner, now, alias)
@@ -389,7 +388,7 @@ def authorize_many(items: list[tuple[Occurrence, int]], *, owner: str, using: st
         raise InvalidArgument("items", "an occurrence appears twice")
     if not checked:
         return []
-    alias = _alias(using)
+    alias = alias_for(using)
     now = conf.now()
     with write_transaction(alias):
         verdicts = _authorize_locked(checked, owner, now, alias)

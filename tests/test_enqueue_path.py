@@ -305,3 +305,33 @@ def test_bulk_of_a_disabled_or_missing_job_writes_nothing(clock):
     assert not Event.objects.filter(event_type="occurrence_enqueued").exists()
     _make(job_id="job-g")
     assert scheduler.enqueue_many("job-g", []) == []
+
+
+# --------------------------------------------------------------------------- inserts from _meta
+
+
+def test_inserted_objects_are_marked_as_save_marks_them(clock):
+    """dialect.insert_rows sets the documented Model._state flags as save() and a read do, so a
+    returned occurrence behaves as one read from the database (a Django change here fails)."""
+    _make()
+    ((occ, dedup),) = scheduler.enqueue_many("job-f", [{"scheduled_for": clock(), "trigger_key": "m"}])
+    one, _ = scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="o")
+    read = Occurrence.objects.get(pk=occ.pk)
+    assert not dedup
+    for obj in (occ, one, read):
+        assert (obj._state.adding, obj._state.db) == (False, "default")
+    occ.status = "queued"
+    occ.save(update_fields=["status"])  # an UPDATE, as for a row read back: no second insert
+    assert Occurrence.objects.filter(pk=occ.pk).count() == 1
+
+
+def test_insert_columns_come_from_the_model():
+    """Every concrete column but the auto-increment key, in the model's order."""
+    from django_durable_scheduler.dialect import insert_fields
+
+    assert [f.attname for f in insert_fields(Occurrence)] == [
+        f.attname for f in Occurrence._meta.concrete_fields
+    ]
+    assert [f.attname for f in insert_fields(Event)] == [
+        f.attname for f in Event._meta.concrete_fields if f.attname != "event_id"
+    ]
