@@ -12,6 +12,7 @@ apart, with the server to themselves (see ``leg_parts``). The legs:
     mariadb       Python 3.11 + Django 5.2 + MariaDB     mysql://root@127.0.0.1:3306/dsch
     dj6-sqlite    Python 3.13 + Django 6   + SQLite file
     dj6-postgres  Python 3.13 + Django 6   + PostgreSQL  postgres://postgres@127.0.0.1:5432/dsch6
+                  (with server-side binding and prepared statements: DSCH_PG_PREPARED=1)
 
 A leg whose database server does not answer is skipped (a failure with ``--require-all``).
 The last line printed is ``N passed, M failed`` summed over the legs.
@@ -73,6 +74,7 @@ class Leg:
     venv: str  # "default" or "dj6"
     database: str  # "sqlite", "postgres" or "mariadb"
     url: str | None  # DATABASE_URL; None leaves tests/settings.py on its SQLite file
+    env: tuple[tuple[str, str], ...] = ()  # more environment for its pytest runs
 
 
 # Slowest first (as measured in CI): with legs side by side, the last to start is a short one.
@@ -124,7 +126,15 @@ LEGS = (
     Leg("postgres", "default", "postgres", "postgres://postgres@127.0.0.1:5432/dsch"),
     Leg("mariadb", "default", "mariadb", "mysql://root@127.0.0.1:3306/dsch"),
     Leg("dj6-sqlite", "dj6", "sqlite", None),
-    Leg("dj6-postgres", "dj6", "postgres", "postgres://postgres@127.0.0.1:5432/dsch6"),
+    # With the PostgreSQL OPTIONS the README suggests (server-side binding, prepared statements),
+    # so that both ways of talking to PostgreSQL are tested.
+    Leg(
+        "dj6-postgres",
+        "dj6",
+        "postgres",
+        "postgres://postgres@127.0.0.1:5432/dsch6",
+        (("DSCH_PG_PREPARED", "1"),),
+    ),
 )
 
 
@@ -460,7 +470,7 @@ def main(argv: list[str]) -> int:
             try:
                 code, closing, output = run_pytest(
                     venv.python,
-                    {**leg_env(leg.url), **dict(part.env)},
+                    {**leg_env(leg.url), **dict(leg.env), **dict(part.env)},
                     pytest_args,
                     args.leg_timeout * 60,
                     echo=jobs == 1,
