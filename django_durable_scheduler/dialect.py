@@ -22,6 +22,7 @@ from datetime import date, datetime, time
 from functools import cache
 from operator import attrgetter
 from typing import Any
+from uuid import UUID
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -265,11 +266,19 @@ def _values_statements(
 
 def _constant_columns(rows: list[list[Any]]) -> list[bool]:
     """Per column, whether every row holds the first row's value (never the first column, so
-    that each row keeps one value of its own)."""
+    that each row keeps one value of its own). The same object, or an equal scalar of the
+    same type: Python's equality would take ``{"a": 1}`` for ``{"a": True}``."""
     first = rows[0]
-    same = [all(row[i] is first[i] or row[i] == first[i] for row in rows) for i in range(len(first))]
+    same = [all(_same(row[i], first[i]) for row in rows) for i in range(len(first))]
     same[0] = False
     return same
+
+
+_SCALARS = frozenset({str, int, datetime, date, time, UUID})
+
+
+def _same(value: Any, other: Any) -> bool:
+    return value is other or (type(value) is type(other) and type(value) in _SCALARS and value == other)
 
 
 def _sqlite_values_statements(

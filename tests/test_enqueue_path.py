@@ -4,6 +4,7 @@ replaced behind the process's back still gets exactly what reading it first woul
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -335,3 +336,20 @@ def test_insert_columns_come_from_the_model():
     assert [f.attname for f in insert_fields(Event)] == [
         f.attname for f in Event._meta.concrete_fields if f.attname != "event_id"
     ]
+
+
+def test_bulk_keeps_payloads_that_python_equality_confuses(clock):
+    """1 and True (and containers of them) are equal to Python, not in JSON: in a bulk whose
+    payloads are all "equal" that way, each row still keeps its own payload."""
+    _make()
+    pairs = [({"v": 1}, {"v": True}), ([1], [True]), (1, True), ({"v": 0}, {"v": False})]
+    for n, pair in enumerate(pairs):
+        items = [
+            {"scheduled_for": clock(), "trigger_key": f"p{n}-{i}", "payload": p} for i, p in enumerate(pair)
+        ]
+        results = scheduler.enqueue_many("job-f", items)
+        stored = [Occurrence.objects.get(pk=occ.pk).payload for occ, _ in results]
+        assert [json.dumps(p) for p in stored] == [json.dumps(p) for p in pair]
+    # Rows alike in every column but the first still each get a row.
+    same = [{"scheduled_for": clock(), "trigger_key": f"s{i}", "payload": {"v": 1}} for i in range(3)]
+    assert [dedup for _, dedup in scheduler.enqueue_many("job-f", same)] == [False] * 3
