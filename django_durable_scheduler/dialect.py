@@ -64,11 +64,6 @@ def write_transaction(using: str | None = None) -> Iterator[str]:
         yield alias
 
 
-def in_autocommit(connection: BaseDatabaseWrapper) -> bool:
-    """Whether ``connection`` is outside any transaction: no atomic block, autocommit on."""
-    return not connection.in_atomic_block and connection.get_autocommit()
-
-
 def supports_skip_locked(alias: str) -> bool:
     features = connections[alias].features
     return bool(features.has_select_for_update and features.has_select_for_update_skip_locked)
