@@ -122,7 +122,8 @@ def can_skip_conflicts(alias: str) -> bool:
     return connection.vendor == "sqlite" and bool(connection.features.can_return_rows_from_bulk_insert)
 
 
-def _rows_per_statement(connection: BaseDatabaseWrapper, width: int) -> int:
+def _rows_per_statement(connection: BaseDatabaseWrapper, width: int, bound_once: int = 0) -> int:
+    """Rows of ``width`` parameters that fit one statement beside ``bound_once`` others."""
     if connection.vendor == "sqlite":
         connection.ensure_connection()
         getlimit = getattr(connection.connection, "getlimit", None)  # Python 3.11+
@@ -135,7 +136,7 @@ def _rows_per_statement(connection: BaseDatabaseWrapper, width: int) -> int:
     else:
         # MySQL's packet size is the bound here, kept far away by the row count.
         limit = 65535
-    return max(1, min(1000, limit // max(1, width)))
+    return max(1, min(1000, (limit - bound_once) // max(1, width)))
 
 
 def _quoted_columns(connection: BaseDatabaseWrapper, fields: Sequence[Field[Any, Any]]) -> str:
@@ -293,13 +294,13 @@ def _sqlite_values_statements(
     for i in range(len(fields)):
         select.append("%s" if same[i] else f"v.column{varying.index(i) + 1}")
     # "WHERE true" tells SQLite's parser that an ON CONFLICT belongs to the INSERT.
-    per_statement = _rows_per_statement(connection, len(varying))
-    convert = [(i, fields[i], _memo_prep(fields[i], connection)) for i in varying]
+    per_statement = _rows_per_statement(connection, len(varying), len(constants))
+    convert = [(i, _memo_prep(fields[i], connection)) for i in varying]
     for start in range(0, len(rows), per_statement):
         chunk = rows[start : start + per_statement]
         params = list(constants)
         for row in chunk:
-            params += [prep(row[i]) for i, _, prep in convert]
+            params += [prep(row[i]) for i, prep in convert]
         values = ", ".join([_placeholders(len(varying))] * len(chunk))
         yield (
             f"INSERT INTO {table} {columns} SELECT {', '.join(select)} FROM (VALUES {values}) AS v"

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
-from django.db.models import Case, F, PositiveSmallIntegerField, Q, When
+from django.db.models import Case, F, PositiveSmallIntegerField, Q, QuerySet, When
 from django.db.models.functions import Greatest
 
 from . import conf
@@ -270,6 +270,18 @@ def holds_lease(occurrence: Occurrence, owner: str, fence: int, now: datetime) -
     )
 
 
+def _held(alias: str, occurrence_id: str, owner: str, fence: int, now: datetime) -> QuerySet[Occurrence]:
+    """The occurrence, if ``owner`` holds its lease at ``fence`` (the row-level form of
+    :func:`holds_lease`, for an update that must not touch a lease it lost)."""
+    return Occurrence.objects.using(alias).filter(
+        pk=occurrence_id,
+        status=OccurrenceStatus.RUNNING,
+        lease_owner=owner,
+        fence=fence,
+        lease_expires_at__gt=now,
+    )
+
+
 def lease_args(occurrence_id: Any, owner: Any, fence: Any) -> tuple[str, str, int]:
     return (
         normalize_identifier(occurrence_id, "occurrence_id"),
@@ -287,16 +299,8 @@ def renew(
     now = conf.now()
     wanted = now + timedelta(milliseconds=lease_ms)
     with write_transaction(using) as alias:
-        updated = (
-            Occurrence.objects.using(alias)
-            .filter(
-                pk=occurrence_id,
-                status=OccurrenceStatus.RUNNING,
-                lease_owner=owner,
-                fence=fence,
-                lease_expires_at__gt=now,
-            )
-            .update(lease_expires_at=Greatest(F("lease_expires_at"), wanted), updated_at=now)
+        updated = _held(alias, occurrence_id, owner, fence, now).update(
+            lease_expires_at=Greatest(F("lease_expires_at"), wanted), updated_at=now
         )
         current = Occurrence.objects.using(alias).filter(pk=occurrence_id).first()
         if not updated or current is None:
@@ -623,17 +627,7 @@ def record_execution(
         raise InvalidArgument("metadata", "give metadata or receipt")
     now = conf.now()
     with write_transaction(using) as alias:
-        updated = (
-            Occurrence.objects.using(alias)
-            .filter(
-                pk=occurrence_id,
-                status=OccurrenceStatus.RUNNING,
-                lease_owner=owner,
-                fence=fence,
-                lease_expires_at__gt=now,
-            )
-            .update(updated_at=now, **values)
-        )
+        updated = _held(alias, occurrence_id, owner, fence, now).update(updated_at=now, **values)
         current = Occurrence.objects.using(alias).filter(pk=occurrence_id).first()
         if not updated or current is None:
             raise lease_lost(occurrence_id, current, owner, fence, now)
