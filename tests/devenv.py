@@ -234,3 +234,76 @@ def ensure_venv(spec: VenvSpec, base_python: Path | str, *, install_system_deps:
 def ensure_default_venv(*, install_system_deps: bool = False) -> Venv:
     """The main development venv (``.venv``): this interpreter, Django 5.2, every extra."""
     return ensure_venv(DEFAULT_VENV, sys.executable, install_system_deps=install_system_deps)
+
+
+# ----------------------------------------------------------------------- the built package
+
+PACKAGE = "django_durable_scheduler"
+# Where the Django 6 legs run the suite from: a copy of the tests without the package's
+# source, so that every import of the package, theirs and their subprocesses', is the wheel's.
+WHEEL_STAGE = ROOT / ".wheel-tests"
+
+
+def build_package(python: Path, outdir: Path) -> Path:
+    """Build the sdist and the wheel into ``outdir`` (``python -m build``), check their metadata
+    (``twine check``) and that the wheel holds every file of the package; returns the wheel."""
+    if run([str(python), "-m", "build", "--outdir", str(outdir), str(ROOT)], quiet=True) != 0:
+        raise SetupError("python -m build failed (output above)")
+    built = sorted(outdir.iterdir())
+    if run([str(python), "-m", "twine", "check", "--strict", *map(str, built)], quiet=True) != 0:
+        raise SetupError("twine check failed (output above)")
+    (wheel,) = (path for path in built if path.suffix == ".whl")
+    missing = sorted(_package_files() - _wheel_files(wheel))
+    if missing:
+        raise SetupError(f"the wheel lacks {len(missing)} files of the package, e.g. {missing[0]}")
+    return wheel
+
+
+def _package_files() -> set[str]:
+    """The package's files that git tracks: what a user must get from the wheel."""
+    listed = output(["git", "ls-files", "--cached", "--others", "--exclude-standard", PACKAGE])
+    if listed is None:  # not a git checkout: take the tree as it is
+        return {
+            str(path.relative_to(ROOT))
+            for path in (ROOT / PACKAGE).rglob("*")
+            if path.is_file() and "__pycache__" not in path.parts
+        }
+    return set(listed.splitlines())
+
+
+def _wheel_files(wheel: Path) -> set[str]:
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        return {name for name in archive.namelist() if name.startswith(PACKAGE + "/")}
+
+
+def install_wheel(venv: Venv, wheel: Path) -> None:
+    """Replace ``venv``'s install of the package (editable) by ``wheel``."""
+    cmd = [str(venv.python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)]
+    if run(cmd, quiet=True) != 0:
+        raise SetupError(f"pip install {wheel.name} into {venv.path.name} failed (output above)")
+
+
+def imported_from(venv: Venv, cwd: Path) -> Path:
+    """The directory of the package that ``venv``'s Python imports when started in ``cwd``."""
+    proc = subprocess.run(
+        [str(venv.python), "-c", f"import {PACKAGE} as m; print(m.__file__)"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if proc.returncode:
+        raise SetupError(f"{venv.path.name} cannot import {PACKAGE}: {proc.stderr.strip()[-500:]}")
+    return Path(proc.stdout.strip()).parent
+
+
+def stage_tests() -> Path:
+    """A fresh copy of ``tests/`` and ``pyproject.toml`` (pytest's settings) in WHEEL_STAGE."""
+    shutil.rmtree(WHEEL_STAGE, ignore_errors=True)
+    WHEEL_STAGE.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.sqlite3*")
+    shutil.copytree(ROOT / "tests", WHEEL_STAGE / "tests", ignore=ignore)
+    shutil.copy2(PYPROJECT, WHEEL_STAGE / "pyproject.toml")
+    return WHEEL_STAGE

@@ -14,6 +14,11 @@ apart, with the server to themselves (see ``leg_parts``). The legs:
     dj6-postgres  Python 3.13 + Django 6   + PostgreSQL  postgres://postgres@127.0.0.1:5432/dsch6
                   (with server-side binding and prepared statements: DSCH_PG_PREPARED=1)
 
+The Django 6 legs test the package as users get it: the sdist and wheel are built
+(``python -m build``) and checked (``twine check``, and that the wheel holds every file of the
+package), the wheel replaces ``.venv-dj6``'s editable install, and pytest runs from a copy of
+``tests/`` in ``.wheel-tests/``, where no source of the package can shadow it.
+
 A leg whose database server does not answer is skipped (a failure with ``--require-all``).
 The last line printed is ``N passed, M failed`` summed over the legs.
 """
@@ -27,6 +32,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -75,6 +81,7 @@ class Leg:
     database: str  # "sqlite", "postgres" or "mariadb"
     url: str | None  # DATABASE_URL; None leaves tests/settings.py on its SQLite file
     env: tuple[tuple[str, str], ...] = ()  # more environment for its pytest runs
+    wheel: bool = False  # runs against the built wheel, from devenv.WHEEL_STAGE
 
 
 # Slowest first (as measured in CI): with legs side by side, the last to start is a short one.
@@ -125,7 +132,7 @@ LEGS = (
     Leg("sqlite", "default", "sqlite", None),
     Leg("postgres", "default", "postgres", "postgres://postgres@127.0.0.1:5432/dsch"),
     Leg("mariadb", "default", "mariadb", "mysql://root@127.0.0.1:3306/dsch"),
-    Leg("dj6-sqlite", "dj6", "sqlite", None),
+    Leg("dj6-sqlite", "dj6", "sqlite", None, wheel=True),
     # With the PostgreSQL OPTIONS the README suggests (server-side binding, prepared statements),
     # so that both ways of talking to PostgreSQL are tested.
     Leg(
@@ -134,6 +141,7 @@ LEGS = (
         "postgres",
         "postgres://postgres@127.0.0.1:5432/dsch6",
         (("DSCH_PG_PREPARED", "1"),),
+        wheel=True,
     ),
 )
 
@@ -181,6 +189,34 @@ def timed_check(name: str, cmd: list[str], env: dict[str, str] | None = None) ->
     )
 
 
+def package_check(builder: Any, target: Any) -> Result:
+    """Build the sdist and wheel with ``builder`` (a devenv.Venv), check them, and install the
+    wheel into ``target`` (the Django 6 venv, if there is one) with the tests staged beside it."""
+    banner("package: build, twine check, install the wheel")
+    check = Result(name="package (build, twine check, wheel)", python=builder.python_version)
+    check.django, check.database = builder.django_version, "-"
+    start = time.monotonic()
+    try:
+        with tempfile.TemporaryDirectory() as outdir:
+            wheel = devenv.build_package(builder.python, Path(outdir))
+            print(f"[run.py] built {wheel.name}", flush=True)
+            if target is not None:
+                devenv.install_wheel(target, wheel)
+                print(f"[run.py] {target.path.name} now runs {wheel.name}", flush=True)
+        stage = devenv.stage_tests()
+        if target is not None:
+            where = devenv.imported_from(target, stage)
+            if where == ROOT / devenv.PACKAGE or where.is_relative_to(stage):
+                raise devenv.SetupError(f"the tests would import the source at {where}, not the wheel")
+            print(f"[run.py] the tests import {devenv.PACKAGE} from {where}", flush=True)
+        check.status = "passed"
+    except devenv.SetupError as exc:
+        check.status, check.why = "failed", str(exc)
+        print(f"[run.py] {exc}", flush=True)
+    check.seconds = time.monotonic() - start
+    return check
+
+
 def probe(python: Path, script: str) -> str | None:
     """None when the server answers, else the last line of the error."""
     try:
@@ -195,7 +231,7 @@ def probe(python: Path, script: str) -> str | None:
 
 
 def run_pytest(
-    python: Path, env: dict[str, str], args: list[str], timeout: float, *, echo: bool = True
+    python: Path, env: dict[str, str], args: list[str], timeout: float, *, echo: bool = True, cwd: Path = ROOT
 ) -> tuple[int, str, list[bytes]]:
     """Run pytest in its own process group; return (exit code, closing line, output).
 
@@ -211,7 +247,7 @@ def run_pytest(
         print(command_line, flush=True)
     proc = subprocess.Popen(
         cmd,
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -390,6 +426,12 @@ def main(argv: list[str]) -> int:
             check.python, check.django = venvs["default"].python_version, venvs["default"].django_version
             checks.append(check)
 
+    wheel_failed = ""
+    if "default" in venvs and any(leg.wheel for leg in args.legs):
+        check = package_check(venvs["default"], venvs.get("dj6"))
+        checks.append(check)
+        wheel_failed = check.why if check.status == "failed" else ""
+
     probes: dict[tuple[str, str], str | None] = {}
     runnable: list[tuple[Leg, Result, Any]] = []  # (leg, its result, its devenv.Venv)
     for leg in args.legs:
@@ -400,6 +442,9 @@ def main(argv: list[str]) -> int:
             result.status, result.why = unavailable[leg.venv]
             continue
         result.python, result.django = venv.python_version, venv.django_version
+        if leg.wheel and wheel_failed:
+            result.status, result.why = "failed", f"no wheel to test: {wheel_failed}"
+            continue
         if leg.database == "mariadb" and not venv.mysql:
             result.why = venv.mysql_error
             continue
@@ -474,6 +519,7 @@ def main(argv: list[str]) -> int:
                     pytest_args,
                     args.leg_timeout * 60,
                     echo=jobs == 1,
+                    cwd=devenv.WHEEL_STAGE if leg.wheel else ROOT,
                 )
             finally:
                 part_done(leg, part)

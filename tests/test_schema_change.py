@@ -130,11 +130,18 @@ def scratch_url(tmp_path):
         _admin_sql(vendor, server, f"DROP DATABASE IF EXISTS {quoted}")
 
 
+def package_source(code: Path) -> Path:
+    """The package a run with ``code`` first on the path imports: ``code``'s own copy, or else
+    the one this test imports (the checkout's, or an installed wheel's)."""
+    own = code / PACKAGE
+    return own if own.is_dir() else Path(importlib.import_module(PACKAGE).__file__ or "").parent
+
+
 def edited_copy(where: Path) -> Path:
     """A copy of the package whose models.py has the maintainer's edits; returns the directory
     to put first on PYTHONPATH."""
     target = where / PACKAGE
-    shutil.copytree(ROOT / PACKAGE, target, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(package_source(ROOT), target, ignore=shutil.ignore_patterns("__pycache__"))
     models = target / "models.py"
     text = models.read_text()
     for old, new in EDITS:
@@ -171,7 +178,7 @@ def step(code: Path, url: str, name: str) -> dict:
     (line,) = (line for line in out.splitlines() if line.startswith("RESULT "))
     facts = json.loads(line.removeprefix("RESULT "))
     if "module" in facts:
-        assert Path(facts["module"]).is_relative_to(code), facts["module"]
+        assert Path(facts["module"]).is_relative_to(package_source(code)), facts["module"]
     return facts
 
 
