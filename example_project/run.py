@@ -1,16 +1,22 @@
 #!/usr/bin/env python3
 """Run the example project: ``python3 example_project/run.py [runscheduler arguments]``.
 
-Standard library only. Creates (or reuses) the repository's ``.venv`` exactly as ``tests/run.py``
-does, applies the migrations to the example database (``DATABASE_URL``, by default the SQLite file
-``example_project/db.sqlite3``), creates the demo jobs and enqueues some work
-(``manage.py demo_seed``), then runs ``manage.py runscheduler`` with the given arguments.
-Ctrl-C stops the scheduler the way it handles SIGINT, and this script exits with its status.
+Standard library only. Creates (or reuses) ``.venv-example`` with the package, Django 5.2,
+django-environ and the one database driver ``DATABASE_URL`` needs (none for the default SQLite
+file ``example_project/db.sqlite3``); applies the migrations; creates the demo policy and jobs and
+enqueues some work (``manage.py demo_seed``); makes the superuser ``admin`` with a new password
+(``manage.py demo_admin``); then runs the admin (``runserver`` on 127.0.0.1, port ``PORT`` or the
+first free one from 8000) and ``manage.py runscheduler`` with the given arguments, until Ctrl-C.
+``EXAMPLE_PYTHON`` names an interpreter that already has all of that, instead of the venv.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import secrets
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -43,25 +49,53 @@ def run_child(cmd: list[str]) -> int:
             continue
 
 
+def free_port() -> int:
+    """``PORT`` if set, else the first port from 8000 that nothing listens on."""
+    if os.environ.get("PORT"):
+        return int(os.environ["PORT"])
+    for port in range(8000, 8100):
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) != 0:
+                return port
+    raise SystemExit("example_project/run.py: no free port in 8000-8099; set PORT")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the admin's server the way Ctrl-C does, if Ctrl-C has not already."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def main(argv: list[str]) -> int:
     devenv = _load_devenv()
+    python = os.environ.get("EXAMPLE_PYTHON")
+    if not python:
+        try:
+            python = str(devenv.ensure_example_venv(os.environ.get("DATABASE_URL") or "sqlite://"))
+        except devenv.SetupError as exc:
+            print(f"example_project/run.py: {exc}", file=sys.stderr)
+            return 1
+    manage = [python, str(HERE / "manage.py")]
+    password = secrets.token_urlsafe(9)
+    for step in (["migrate", "--no-input"], ["demo_seed"], ["demo_admin", "--password", password]):
+        print(f"$ manage.py {step[0]}", flush=True)
+        if code := run_child([*manage, *step]):
+            return code
+
+    port = free_port()
+    server = subprocess.Popen([*manage, "runserver", f"127.0.0.1:{port}", "--noreload"], cwd=HERE)
     try:
-        venv = devenv.ensure_default_venv()
-    except devenv.SetupError as exc:
-        print(f"example_project/run.py: {exc}", file=sys.stderr)
-        return 1
-    manage = [str(venv.python), str(HERE / "manage.py")]
-
-    print("$ manage.py migrate", flush=True)
-    if code := run_child([*manage, "migrate", "--no-input"]):
-        return code
-
-    print("$ manage.py demo_seed", flush=True)
-    if code := run_child([*manage, "demo_seed"]):
-        return code
-    args = argv or ["--verbosity", "1"]
-    print(f"$ manage.py runscheduler {' '.join(args)}  (Ctrl-C to stop)", flush=True)
-    return run_child([*manage, "runscheduler", *args])
+        print(f"\nThe admin: http://127.0.0.1:{port}/admin/  (user admin, password {password})", flush=True)
+        args = argv or ["--verbosity", "1"]
+        print(f"$ manage.py runscheduler {' '.join(args)}  (Ctrl-C stops both)\n", flush=True)
+        return run_child([*manage, "runscheduler", *args])
+    finally:
+        stop(server)
 
 
 if __name__ == "__main__":

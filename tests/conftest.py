@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from .browser import browser  # noqa: F401 (a fixture the browser tests share)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -236,6 +236,36 @@ def ensure_default_venv(*, install_system_deps: bool = False) -> Venv:
     return ensure_venv(DEFAULT_VENV, sys.executable, install_system_deps=install_system_deps)
 
 
+EXAMPLE_VENV = VenvSpec(".venv-example", "django>=5.2,<6", "Django 5.2")
+# What the example project needs besides the package: its settings read DATABASE_URL.
+EXAMPLE_REQUIREMENTS = ("django-environ>=0.11", "tzdata")
+
+
+def ensure_example_venv(database_url: str) -> Path:
+    """The example project's venv (``.venv-example``): the package, Django 5.2, django-environ
+    and the driver ``database_url`` needs, nothing else (no compiler needed for SQLite).
+    Quiet unless something fails; returns its Python."""
+    scheme = database_url.split(":", 1)[0].lower()
+    extras = ("postgres",) if scheme.startswith("postgres") else ("mysql",) if scheme == "mysql" else ()
+    spec = EXAMPLE_VENV
+    base_python = Path(sys.executable)
+    venv_dir = ROOT / spec.dirname
+    python = venv_python(venv_dir)
+    key = _stamp_key(spec, base_python) + ",".join(extras)
+    if _read_stamp(venv_dir).get("key") == key and interpreter_version(python):
+        return python
+    if not python.exists() and run([str(base_python), "-m", "venv", str(venv_dir)], quiet=True) != 0:
+        raise SetupError(f"{base_python} -m venv {venv_dir} failed")
+    (venv_dir / STAMP_NAME).unlink(missing_ok=True)
+    target = f"{ROOT}[{','.join(extras)}]" if extras else str(ROOT)
+    say(f"installing the package, {spec.django!r} and django-environ into {spec.dirname} (once)")
+    cmd = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-e", target]
+    if run([*cmd, spec.django, *EXAMPLE_REQUIREMENTS], quiet=True) != 0:
+        raise SetupError(f"pip install into {spec.dirname} failed (output above)")
+    (venv_dir / STAMP_NAME).write_text(json.dumps({"key": key}))
+    return python
+
+
 # ----------------------------------------------------------------------- the built package
 
 PACKAGE = "django_durable_scheduler"
@@ -300,10 +330,12 @@ def imported_from(venv: Venv, cwd: Path) -> Path:
 
 
 def stage_tests() -> Path:
-    """A fresh copy of ``tests/`` and ``pyproject.toml`` (pytest's settings) in WHEEL_STAGE."""
+    """A fresh copy of ``tests/``, ``example_project/`` (a test runs it) and ``pyproject.toml``
+    (pytest's settings) in WHEEL_STAGE."""
     shutil.rmtree(WHEEL_STAGE, ignore_errors=True)
     WHEEL_STAGE.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.sqlite3*")
-    shutil.copytree(ROOT / "tests", WHEEL_STAGE / "tests", ignore=ignore)
+    for tree in ("tests", "example_project"):
+        shutil.copytree(ROOT / tree, WHEEL_STAGE / tree, ignore=ignore)
     shutil.copy2(PYPROJECT, WHEEL_STAGE / "pyproject.toml")
     return WHEEL_STAGE

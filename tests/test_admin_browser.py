@@ -1,17 +1,7 @@
-"""The policy admin in a real browser: Playwright (sync API) driving Debian's chromium
-against pytest-django's live server.
-
-Needs the ``playwright`` package (the dev dependency group) and ``/usr/bin/chromium``
-(``apt-get install chromium``; ``.ci/run`` installs it). Never ``playwright install``:
-no browser is downloaded. Without either, the tests skip, except under CI (``CI=true``),
-where they must run and fail instead.
-"""
+"""The policy admin in a real browser (``tests/browser.py``) against pytest-django's live server."""
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,38 +11,13 @@ from django.db import connection
 from django_durable_scheduler import kernel, policies
 from django_durable_scheduler.models import AuthorityPolicy
 
+from .browser import TIMEOUT_MS, skip_unless_browser
 from .conftest import authority_for
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SCREENSHOT = Path("/tmp/admin-policy.png")
-TIMEOUT_MS = 20_000
-
-
-def _missing() -> str | None:
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "the playwright package is not installed (it is in the dev dependency group)"
-    if not (os.path.exists(CHROMIUM) or shutil.which("chromium")):
-        return f"{CHROMIUM} is missing (apt-get install chromium)"
-    return None
-
-
-MISSING = _missing()
-if MISSING and os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-    raise RuntimeError(f"browser tests must run in CI, but {MISSING}")
 
 pytestmark = [
-    pytest.mark.skipif(MISSING is not None, reason=f"browser tests skipped: {MISSING}"),
+    skip_unless_browser(),
     # The admin's pages are the same on every database, and its views and actions are tested
     # on every leg without a browser (test_admin.py): the browser runs on the SQLite legs.
     pytest.mark.skipif(connection.vendor != "sqlite", reason="browser tests run on the SQLite legs"),
@@ -60,24 +25,6 @@ pytestmark = [
 ]
 
 ADMIN_STATIC = Path(__import__("django.contrib.admin").contrib.admin.__file__).parent / "static"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with pytest.MonkeyPatch.context() as patch, sync_playwright() as p:
-        # Playwright's sync API keeps an asyncio loop on this thread while it runs; the
-        # tests' own ORM calls (set-up, checks, the database flush after each test) are
-        # still plain synchronous code between browser steps.
-        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
-            headless=True,
-            args=CHROMIUM_ARGS,
-        )
-        yield browser
-        browser.close()
 
 
 def _serve_static(route) -> None:
