@@ -3,7 +3,7 @@
 - ``E001`` a handler module of an installed app fails to import.
 - ``E002`` a registered handler is not callable, or its ``units`` are not 1..1,000,000.
 - ``E003`` a ``DURABLE_SCHEDULER_*`` setting has the wrong type or range.
-- ``W001`` a SQLite database does not use ``transaction_mode`` IMMEDIATE (database check).
+- ``W001`` a SQLite database does not use ``transaction_mode`` IMMEDIATE.
 - ``W002`` enabled jobs of a kind no handler is registered for in this process (database
   check: runs only when databases are given, e.g. ``manage.py check --database default``).
 
@@ -205,10 +205,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
     ]
 
 
-@register(Tags.database, TAG)
+@register(TAG)
 def check_sqlite_transaction_mode(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    # Settings only, no query: so it runs on a plain ``check`` and when runscheduler starts,
+    # for every configured database unless the caller names some.
     messages: list[CheckMessage] = []
-    for alias in kwargs.get("databases") or []:
+    for alias in kwargs.get("databases") or list(connections):
         conn = connections[alias]
         if conn.vendor != "sqlite":
             continue

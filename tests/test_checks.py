@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import sys
+from io import StringIO
 from types import SimpleNamespace
 
 import pytest
 from django.core.checks import Tags
 from django.core.checks.registry import registry as check_registry
+from django.core.management import call_command
 from django.test.utils import override_settings
 
 import django_durable_scheduler as scheduler
@@ -189,9 +191,38 @@ def test_w001_not_raised(monkeypatch, vendor, options):
     assert checks.check_sqlite_transaction_mode(databases=["main"]) == []
 
 
-def test_w001_only_with_databases(monkeypatch):
+class FakeConnections(dict):
+    """``connections`` as the check sees it: iterating gives the configured aliases."""
+
+
+def test_w001_on_a_plain_check_covers_every_configured_database(monkeypatch):
+    conns = FakeConnections(
+        main=SimpleNamespace(vendor="sqlite", settings_dict={"OPTIONS": {}}),
+        fine=SimpleNamespace(vendor="sqlite", settings_dict={"OPTIONS": {"transaction_mode": "IMMEDIATE"}}),
+        other=SimpleNamespace(vendor="sqlite", settings_dict={}),
+    )
+    monkeypatch.setattr(checks, "connections", conns)
+    messages = checks.check_sqlite_transaction_mode()
+    assert [m.msg for m in messages] == [
+        "SQLite database 'main' does not use transaction_mode IMMEDIATE.",
+        "SQLite database 'other' does not use transaction_mode IMMEDIATE.",
+    ]
+
+
+def _printed_by(command: str, *args: str, **options: object) -> str:
+    out, err = StringIO(), StringIO()
+    call_command(command, *args, stdout=out, stderr=err, **options)
+    return out.getvalue() + err.getvalue()
+
+
+def test_w001_shows_on_check_and_when_runscheduler_starts(monkeypatch, db):
+    # Not a database check: a plain `manage.py check` runs it, and so does every command that
+    # runs the system checks before it starts, runscheduler among them.
+    (registered,) = (c for c in check_registry.get_checks() if c is checks.check_sqlite_transaction_mode)
+    assert Tags.database not in registered.tags
     fake_connections(monkeypatch, "sqlite", {})
-    assert checks.check_sqlite_transaction_mode() == []
+    assert "durable_scheduler.W001" in _printed_by("check")
+    assert "durable_scheduler.W001" in _printed_by("runscheduler", "--once", skip_checks=False)
 
 
 # --------------------------------------------------------------------------- W002
