@@ -330,12 +330,13 @@ def imported_from(venv: Venv, cwd: Path) -> Path:
 
 
 def stage_tests() -> Path:
-    """A fresh copy of ``tests/``, ``example_project/`` (a test runs it) and ``pyproject.toml``
-    (pytest's settings) in WHEEL_STAGE."""
+    """A fresh copy of ``tests/``, what tests run (``example_project/``, the README's blocks)
+    and ``pyproject.toml`` (pytest's settings) in WHEEL_STAGE."""
     shutil.rmtree(WHEEL_STAGE, ignore_errors=True)
     WHEEL_STAGE.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.sqlite3*")
     for tree in ("tests", "example_project"):
         shutil.copytree(ROOT / tree, WHEEL_STAGE / tree, ignore=ignore)
-    shutil.copy2(PYPROJECT, WHEEL_STAGE / "pyproject.toml")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, WHEEL_STAGE / name)
     return WHEEL_STAGE

@@ -1,0 +1,140 @@
+"""The README's quickstart, followed to the letter in a fresh ``django-admin startproject``.
+
+Every fenced Python block of the README runs: a block whose first line names a file
+(``# myapp/tasks.py``) becomes that file, the settings block is appended to the project's
+settings, and every other block runs in ``manage.py shell`` once the database is migrated. Every
+``python manage.py`` command of the README's shell blocks and of the quickstart's steps runs
+too (``runscheduler`` with ``--burst``, so that it ends). Nothing in the README can go stale
+unnoticed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from .conftest import ROOT
+
+pytestmark = [
+    # The quickstart's project is a fresh one on its own SQLite file: once per Django version.
+    pytest.mark.skipif(connection.vendor != "sqlite", reason="the quickstart project runs on SQLite"),
+    pytest.mark.slow,
+]
+
+README = (ROOT / "README.md").read_text()
+FENCE = re.compile(r"^```(?P<lang>\w*)\n(?P<body>.*?)^```", re.S | re.M)
+FILE_MARK = re.compile(r"^# (?P<path>[\w/]+\.py)\n")
+QUICKSTART = README.split("## Quickstart", 1)[-1].split("\n## ", 1)[0]
+INLINE_MANAGE = re.compile(r"`(python manage\.py [^`]+)`")
+
+
+def blocks(lang: str) -> list[str]:
+    return [m["body"] for m in FENCE.finditer(README) if m["lang"] == lang]
+
+
+def manage_commands() -> list[str]:
+    """The README's ``python manage.py`` commands, in the order a reader meets them."""
+    found: list[tuple[int, str]] = []
+    for match in FENCE.finditer(README):
+        if match["lang"] == "bash":
+            offset = match.start()
+            for line in match["body"].splitlines():
+                if line.startswith("python manage.py "):
+                    found.append((offset, line))
+    start = README.index(QUICKSTART)
+    found += [(start + m.start(), m[1]) for m in INLINE_MANAGE.finditer(QUICKSTART)]
+    return [command for _, command in sorted(found)]
+
+
+class Project:
+    def __init__(self, where: Path) -> None:
+        self.dir = where
+        unset = ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")
+        self.env = {k: v for k, v in os.environ.items() if k not in unset}
+        where.mkdir()
+        self.run("-m", "django", "startproject", "mysite", ".")
+        self.manage("startapp", "myapp")
+
+    def run(self, *args: str, cwd: Path | None = None) -> str:
+        proc = subprocess.run(
+            [sys.executable, *args],
+            cwd=cwd or self.dir,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        output = proc.stdout + proc.stderr
+        assert proc.returncode == 0, f"{' '.join(args)} exited {proc.returncode}:\n{output[-6000:]}"
+        return output
+
+    def manage(self, *args: str) -> str:
+        return self.run("manage.py", *args)
+
+    def shell(self, code: str) -> str:
+        return self.manage("shell", "-c", code)
+
+
+def test_the_readme_python_blocks_exist():
+    # The quickstart's settings block, one handler file and code to run in the shell at least.
+    python = blocks("python")
+    assert any("INSTALLED_APPS" in block for block in python)
+    assert any(FILE_MARK.match(block) for block in python)
+    assert manage_commands()
+
+
+def test_quickstart_in_a_fresh_project(tmp_path):
+    project = Project(tmp_path / "mysite")
+    settings = project.dir / "mysite" / "settings.py"
+    # The reader's own app is installed as any app is; the README's block does the rest.
+    settings.write_text(settings.read_text() + '\nINSTALLED_APPS += ["myapp"]\n')
+    in_shell: list[str] = []
+    for block in blocks("python"):
+        if mark := FILE_MARK.match(block):
+            (project.dir / mark["path"]).write_text(block)
+        elif "INSTALLED_APPS" in block:
+            settings.write_text(settings.read_text() + "\n" + block)
+        else:
+            in_shell.append(block)
+
+    outputs = []
+    for command in manage_commands():
+        args = shlex.split(command)[2:]
+        if args[0] == "runscheduler":
+            args.append("--burst")  # the quickstart's scheduler runs until Ctrl-C
+        outputs.append(project.manage(*args))
+    assert "durable_scheduler.W001" not in "".join(outputs)  # the settings block took effect
+
+    # The declared job exists with its next fire time, and it runs when due.
+    project.shell(
+        "import django_durable_scheduler as s; from django.utils import timezone;"
+        "job = s.get_job('daily-report'); assert job.next_fire_at, job;"
+        "s.enqueue('daily-report', scheduled_for=timezone.now(), trigger_key='readme')"
+    )
+    ran = project.manage("runscheduler", "--burst")
+    assert "sending to team@example.com (attempt 1)" in ran, ran
+    project.shell(
+        "from django_durable_scheduler.models import Occurrence;"
+        "o = Occurrence.objects.get(trigger_key='readme');"
+        "assert o.status == 'succeeded' and o.result == {'sent': 12}, (o.status, o.last_error)"
+    )
+
+    for block in in_shell:
+        project.shell(block)
+
+    # Step 8: the admin lists the job.
+    project.shell(
+        "from django.test.utils import setup_test_environment; setup_test_environment();"
+        "from django.contrib.auth.models import User; from django.test import Client;"
+        "User.objects.create_superuser('root', 'root@example.com', 'pw'); c = Client();"
+        "assert c.login(username='root', password='pw');"
+        "page = c.get('/admin/durable_scheduler/job/').content.decode();"
+        "assert 'daily-report' in page and 'invoices' in page, page[:2000]"
+    )
