@@ -142,6 +142,12 @@ def principal_key(authority: dict[str, Any]) -> str:
     return canonical_json([principal["type"], principal["id"]])
 
 
+def missing_capabilities(capabilities: list[str], authority: dict[str, Any]) -> list[str]:
+    """The capabilities ``authority`` requests that ``capabilities`` (a policy's) do not grant."""
+    granted = set(capabilities)
+    return [c for c in authority.get("requestedCapabilities") or [] if c not in granted]
+
+
 def policy_ref(revision: int) -> str:
     return f"{POLICY_REF_PREFIX}{revision}"
 

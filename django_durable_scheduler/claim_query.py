@@ -13,11 +13,12 @@ from typing import Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import F, Min, Model, Q
+from django.db.models import F, Min, Model, Q, Subquery
 from django.utils.dateparse import parse_datetime
 
 from .dialect import lock_rows
-from .models import PENDING_STATUSES, Job, Occurrence, OccurrenceStatus
+from .events import OCCURRENCE_CLAIMED, OCCURRENCE_RECLAIMED
+from .models import PENDING_STATUSES, Event, Job, Occurrence, OccurrenceStatus
 
 # How many fair-ordered candidates to consider per wanted row: concurrent claimers skip
 # each other's locked rows, and a larger pool lets each still fill its batch.
@@ -254,6 +255,34 @@ def waiting_principals(alias: str, now: datetime) -> dict[str, datetime]:
     return found
 
 
+# How many of the newest events ``last_claimed_principal`` looks through: a burst of other
+# events since the last claim (a bulk enqueue) costs a bounded read, not a walk of the log.
+CURSOR_EVENTS = 1000
+
+
+def last_claimed_principal(alias: str) -> str | None:
+    """The ``principal_key`` of the newest claim among the last ``CURSOR_EVENTS`` events, or
+    None: the round-robin cursor of a claimer that keeps none of its own, read from the
+    database because many processes claim and each must continue the same rotation."""
+    events = Event.objects.using(alias)
+    newest = events.order_by("-pk").values("pk")[:1]
+    latest = (
+        events.filter(
+            pk__gt=Subquery(newest) - CURSOR_EVENTS,
+            event_type__in=(OCCURRENCE_CLAIMED, OCCURRENCE_RECLAIMED),
+        )
+        .order_by("-pk")
+        .values("occurrence_id")[:1]
+    )
+    return (
+        Occurrence.objects.using(alias)
+        .filter(pk=Subquery(latest))
+        .order_by()
+        .values_list("principal_key", flat=True)
+        .first()
+    )
+
+
 def claim_candidates(
     alias: str,
     now: datetime,
@@ -266,10 +295,11 @@ def claim_candidates(
 
     Fairness: rank each principal's due occurrences by due time and take rank 1 of every
     principal before rank 2 of any, so one principal's backlog cannot starve another's.
-    Among principals of equal rank, those after ``after_principal`` (the last one this
-    claimer served) come first: a claimer taking one at a time goes round the principals
-    instead of serving the earliest-due backlog again and again; without one, principals
-    come in the order their earliest occurrence became due.
+    Among principals of equal rank, those after ``after_principal`` (the last one served:
+    the claimer's own cursor, or :func:`last_claimed_principal`) come first, in
+    ``principal_key`` order round the ring: claims taking one at a time go round the
+    principals instead of serving the earliest-due backlog again and again; without one
+    (no claim yet), principals come in the order their earliest occurrence became due.
 
     The cost does not grow with one principal's backlog: the principals with work are
     listed by :func:`waiting_principals`, then each principal's first few due rows

@@ -63,8 +63,8 @@ def _job_fields(changes: dict[str, Any], *, creating: bool) -> dict[str, Any]:
 
 
 def _bind_current(authority: dict[str, Any], alias: str) -> dict[str, Any]:
-    """An envelope that names no policy revision is bound to its principal's current policy
-    when that policy covers it (else it stays unbound and the worker denies it)."""
+    """An envelope that names no policy revision is bound to its principal's current policy,
+    covered or not, so that the worker names what is missing (``permission_denied``)."""
     if (authority.get("authorizationRefs") or {}).get("schedulerPolicyRevision") is not None:
         return authority
     return bind_to_current_policy(authority, using=alias)

@@ -22,7 +22,14 @@ from django.db.models.functions import Greatest
 
 from . import conf
 from .budgets import settle_reservations
-from .claim_query import LEASE_FIELDS, claim_candidates, pending_due, reclaim_due, waiting_principals
+from .claim_query import (
+    LEASE_FIELDS,
+    claim_candidates,
+    last_claimed_principal,
+    pending_due,
+    reclaim_due,
+    waiting_principals,
+)
 from .dialect import insert_rows, lock_rows, write_transaction
 from .events import (
     AUTHORITY_DEFERRED,
@@ -149,8 +156,11 @@ def claim_batch(
     sweep_expired: bool = True,
     using: str | None = None,
 ) -> list[Occurrence]:
-    """Claim up to ``limit`` due occurrences in one transaction, fairly across principals
-    (``after_principal``: the ``principal_key`` this claimer served last, for round-robin).
+    """Claim up to ``limit`` due occurrences in one transaction, fairly across principals:
+    the first due occurrence of every principal before the second of any, principals in
+    round-robin order after ``after_principal`` (the ``principal_key`` served last). Without
+    one, the rotation continues after the principal of the newest claim in the event log,
+    so separate calls from any number of processes go round the principals too.
 
     Due: queued/retry_wait whose time has come, or running with an expired lease and
     attempts left (a reclaim). Each becomes running with attempt+1 and fence+1.
@@ -169,6 +179,8 @@ def claim_batch(
     waiting = waiting_principals(using or DEFAULT_DB_ALIAS, now)
     if not waiting:
         return []
+    if after_principal is None and len(waiting) > 1:  # with one principal there is no turn to take
+        after_principal = last_claimed_principal(using or DEFAULT_DB_ALIAS)
     with write_transaction(using) as alias:
         rows = claim_candidates(alias, now, kind_list, limit, after_principal, waiting)
         if not rows:
@@ -228,7 +240,8 @@ def has_due(*, kinds: Iterable[str] | None = None, using: str | None = None) -> 
 def claim(
     *, owner: str, lease: float | timedelta, kinds: Iterable[str] | None = None, using: str | None = None
 ) -> Occurrence | None:
-    """Claim the next due occurrence, or return None when nothing is due."""
+    """Claim the next due occurrence, or return None when nothing is due: a batch of one
+    (:func:`claim_batch`), so successive claims go round the principals with due work."""
     rows = claim_batch(owner=owner, lease=lease, limit=1, kinds=kinds, using=using)
     return rows[0] if rows else None
 
@@ -649,14 +662,20 @@ def deny(
     code: str,
     reason: str,
     details: dict[str, Any] | None = None,
+    message: str | None = None,
     using: str | None = None,
 ) -> Occurrence:
     """Dead-letter a held occurrence that authority refused, without retry (event
-    ``authority_denied`` with the reason and details)."""
+    ``authority_denied`` with the reason and details; ``message``, what was refused in
+    words, follows the reason in the stored error's message)."""
     occurrence_id, owner, fence = lease_args(occurrence_id, owner, fence)
     reason = normalize_identifier(reason, "reason", max_length=64)
     code = normalize_identifier(code, "code", max_length=64)
     detail_value = normalize_json(details or {}, "details", max_bytes=MAX_RESULT_BYTES)
+    if message is not None and not isinstance(message, str):
+        raise InvalidArgument("message", "must be a string or None")
+    # The stored message is bounded like a handler's error message (a long list of capabilities).
+    summary = _normalize_error(f"authority denied: {reason}" + (f": {message}" if message else ""), "message")
     now = conf.now()
     with write_transaction(using) as alias:
         current = _take_held(occurrence_id, owner, fence, now, alias)
@@ -664,7 +683,7 @@ def deny(
             "code": code,
             "reason": reason,
             "details": detail_value,
-            "message": f"authority denied: {reason}",
+            **(summary or {}),
         }
         current.status = OccurrenceStatus.DEAD_LETTER
         current.lease_owner = None
@@ -694,6 +713,7 @@ def deny(
             "reason": reason,
             "code": code,
             "details": detail_value,
+            "message": error["message"],
             "attempt": current.attempt,
         }
         data.update(settled.get(occurrence_id, {}))

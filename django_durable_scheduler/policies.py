@@ -3,8 +3,11 @@
 A policy belongs to one principal (``principal_type``, ``principal_id``). Every change is
 compare-and-set on the policy's revision, bumps it, appends the new revision's full content
 to the policy history table, and -- in the same transaction -- rebinds the principal's jobs
-and pending occurrences that the new policy still covers to the new revision. The others
-keep their old binding: they are stale now, and the worker will deny them.
+and pending occurrences that the new policy still covers to the new revision. Those whose
+grant the change took away keep their old binding: they are stale now, and the worker
+denies them ``policy_stale``. Those never granted (unbound, or bound to a previous revision
+that lacked a capability too) move to the new revision, where the worker denies them
+``permission_denied`` with the missing capabilities.
 
 Lock order (PostgreSQL, MySQL/MariaDB): policy row, then job rows, then occurrence rows.
 Reservations (``reservations.py``) lock the policy row before the occurrence row, and the
@@ -32,6 +35,7 @@ from .authority import (
     MIN_WINDOW_MS,
     bind,
     bound_revision,
+    missing_capabilities,
     normalize_authority,
     normalize_capabilities,
     principal_key,
@@ -64,7 +68,8 @@ MAX_HISTORY_LIMIT = 1000
 class PolicyChange:
     """What one ``set_policy`` did: the policy as saved, and how many of the principal's
     jobs and pending (queued/retry_wait) occurrences were rebound to the new revision
-    versus left stale (no longer covered, or the policy is disabled)."""
+    versus left stale: not covered (a capability not granted, or the policy is disabled),
+    so the worker will deny them."""
 
     policy: AuthorityPolicy
     previous_revision: int  # 0: the policy was created
@@ -129,8 +134,7 @@ def _budget(value: Any, field: str) -> int:
 
 def covers(enabled: bool, capabilities: Iterable[str], authority: dict[str, Any]) -> bool:
     """True when an enabled policy with ``capabilities`` grants everything ``authority`` asks for."""
-    granted = set(capabilities)
-    return enabled and all(c in granted for c in authority.get("requestedCapabilities") or [])
+    return enabled and not missing_capabilities(list(capabilities), authority)
 
 
 def window_bounds(window_ms: int, now: datetime) -> tuple[datetime, datetime]:
@@ -265,6 +269,19 @@ def _occurrence_batches(ptype: str, pid: str, alias: str, *, lock: bool) -> Iter
         last = rows[-1].occurrence_id
 
 
+def _follows_the_policy(authority: dict[str, Any], before: AuthorityPolicy | None) -> bool:
+    """Whether an envelope the new revision does not cover moves to it anyway: one bound to
+    no revision, or to the previous revision that did not grant it either, was never
+    granted, so it has no grant to lose; bound to the current revision, the worker then
+    names what is missing (``permission_denied``) instead of a stale binding."""
+    bound = bound_revision(authority)
+    return bound is None or (
+        before is not None
+        and bound == before.revision
+        and not covers(before.enabled, before.capabilities, authority)
+    )
+
+
 def _classify(
     ptype: str,
     pid: str,
@@ -273,9 +290,12 @@ def _classify(
     capabilities: list[str],
     alias: str,
     rebind_to: int | None,
+    before: AuthorityPolicy | None = None,
 ) -> dict[str, int]:
     """Count (and with ``rebind_to``, rebind) the principal's covered jobs and pending
-    occurrences. Without ``rebind_to`` nothing is locked or written (a preview)."""
+    occurrences; the uncovered ones are counted stale, and those that were never granted
+    move to ``rebind_to`` too (``before``: the previous revision). Without ``rebind_to``
+    nothing is locked or written (a preview)."""
     counts = {"rebound_jobs": 0, "stale_jobs": 0, "rebound_occurrences": 0, "stale_occurrences": 0}
     lock = rebind_to is not None
     sources: list[tuple[str, Iterator[list[Any]]]] = [
@@ -286,10 +306,12 @@ def _classify(
         for rows in batches:
             changed = []
             for row in rows:
-                if not covers(enabled, capabilities, row.authority):
+                if covers(enabled, capabilities, row.authority):
+                    counts[f"rebound_{label}"] += 1
+                else:
                     counts[f"stale_{label}"] += 1
-                    continue
-                counts[f"rebound_{label}"] += 1
+                    if not _follows_the_policy(row.authority, before):
+                        continue
                 if rebind_to is not None and bound_revision(row.authority) != rebind_to:
                     row.authority = bind(row.authority, rebind_to)
                     changed.append(row)
@@ -449,6 +471,12 @@ def _change_policy(
                 if locked is None:
                     raise
                 policy, previous = locked, locked.revision
+        # What the previous revision granted, before the change below overwrites it.
+        before = (
+            AuthorityPolicy(revision=previous, enabled=policy.enabled, capabilities=list(policy.capabilities))
+            if previous
+            else None
+        )
         if previous:
             if (
                 not AuthorityPolicyRevision.objects.using(alias)
@@ -493,7 +521,13 @@ def _change_policy(
             changed_at=now,
         )
         counts = _classify(
-            ptype, pid, enabled=active, capabilities=caps, alias=alias, rebind_to=policy.revision
+            ptype,
+            pid,
+            enabled=active,
+            capabilities=caps,
+            alias=alias,
+            rebind_to=policy.revision,
+            before=before,
         )
     return PolicyChange(
         policy=policy,
@@ -589,10 +623,12 @@ def ensure_policy(
 
 
 def bind_to_current_policy(authority: dict[str, Any], using: str | None = None) -> dict[str, Any]:
-    """Bind a normalized envelope to its principal's current policy revision when that
-    policy is enabled and covers every requested capability; otherwise return it as given
-    (the worker's checks deny it: policy_required, policy_unbound, policy_stale or
-    permission_denied). For ``create_job``/``update_job``, inside their transaction.
+    """Bind a normalized envelope to its principal's current policy revision whenever the
+    principal has a policy, covered or not (SPEC section 7): then a capability the policy
+    lacks is denied ``permission_denied`` with the missing list, and a later change that
+    grants it rebinds the envelope. Without a policy it is returned as given (denied
+    ``policy_required`` until a policy exists; ``set_policy`` binds it then). For
+    ``create_job``/``update_job``, inside their transaction.
 
     The policy row is read without a lock: ``set_policy`` locks the policy before the job
     rows, so locking it here, after the job row, could deadlock. A concurrent ``set_policy``
@@ -600,6 +636,6 @@ def bind_to_current_policy(authority: dict[str, Any], using: str | None = None) 
     """
     authority = normalize_authority(authority, "authority")
     policy = get_policy(authority["principal"]["type"], authority["principal"]["id"], using=using)
-    if policy is None or not covers(policy.enabled, policy.capabilities, authority):
+    if policy is None:
         return authority
     return bind(authority, policy.revision)

@@ -18,13 +18,14 @@ the order ``set_policy`` uses too (see ``policies.py``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db.models import Q
 
 from . import budgets, conf, leases
-from .authority import MAX_BUDGET, bound_revision, policy_ref
+from .authority import MAX_BUDGET, bound_revision, missing_capabilities, policy_ref
 from .budgets import principal_details
 from .dialect import alias_for, write_transaction
 from .exceptions import (
@@ -69,6 +70,15 @@ _DENIALS = tuple(REASONS)
 Units = int | Callable[[Occurrence], int]
 
 
+@dataclass(frozen=True)
+class Authorization:
+    """One occurrence's verdict; for ``"denied"``, the error stored on the occurrence
+    (``reason``, ``code``, ``details``, ``message``)."""
+
+    verdict: str
+    error: dict[str, Any] | None = None
+
+
 # --------------------------------------------------------------------------- pieces
 
 
@@ -105,27 +115,40 @@ def _require(policy: AuthorityPolicy | None, principal: dict[str, Any]) -> Autho
     return policy
 
 
-def _check_revision(policy: AuthorityPolicy, expected: int, principal: dict[str, Any]) -> None:
+def _name(principal: dict[str, Any]) -> str:
+    return f"{principal['type']}:{principal['id']}"
+
+
+def _not_granted(denied: list[str]) -> str:
+    return f"; it does not grant {', '.join(denied)}" if denied else ""
+
+
+def _check_revision(policy: AuthorityPolicy, expected: int, authority: dict[str, Any]) -> None:
+    # A stale binding is the reason; what the current revision lacks is named too, so the
+    # operator sees what to grant (or what a change took away).
     if policy.revision != expected:
+        principal = authority["principal"]
+        denied = missing_capabilities(policy.capabilities, authority)
         raise AuthorityPolicyStale(
-            f"authority policy of {principal['type']}:{principal['id']} is at revision "
-            f"{policy.revision}, not {expected}",
+            f"authority policy of {_name(principal)} is at revision {policy.revision}, not {expected}"
+            + _not_granted(denied),
             {
                 **principal_details(principal),
                 "expected_revision": expected,
                 "actual_revision": policy.revision,
+                **({"denied": denied} if denied else {}),
             },
         )
 
 
 def _check_capabilities(policy: AuthorityPolicy, authority: dict[str, Any]) -> None:
-    granted = set(policy.capabilities)
-    denied = [c for c in authority.get("requestedCapabilities") or [] if c not in granted]
+    denied = missing_capabilities(policy.capabilities, authority)
     if denied:
         principal = authority["principal"]
         raise AuthorityPermissionDenied(
-            f"authority policy of {principal['type']}:{principal['id']} does not grant " + ", ".join(denied),
-            {"denied": denied},
+            f"authority policy of {_name(principal)} (revision {policy.revision}) does not grant "
+            + ", ".join(denied),
+            {**principal_details(principal), "policy_revision": policy.revision, "denied": denied},
         )
 
 
@@ -207,7 +230,7 @@ def reserve_authority(
             existing.deduplicated = True  # type: ignore[attr-defined]
             return existing
         policy = _require(policy, principal)
-        _check_revision(policy, revision, principal)
+        _check_revision(policy, revision, occurrence.authority)
         _check_capabilities(policy, occurrence.authority)
         (group,) = budgets.charge([(policy, [(occurrence, requested)])], now, alias)
         if isinstance(group, AuthorityBudgetStateInvalid):
@@ -245,18 +268,23 @@ def _check_held(held: Occurrence, policy: AuthorityPolicy | None) -> AuthorityPo
     policy = _require(policy, principal)
     bound = bound_revision(authority)
     if bound is None:
+        denied = missing_capabilities(policy.capabilities, authority)
         raise AuthorityPolicyUnbound(
-            f"occurrence {held.pk!r} is not bound to a scheduler policy revision",
-            {**principal_details(principal), "expected": policy_ref(policy.revision)},
+            f"occurrence {held.pk!r} is not bound to a scheduler policy revision" + _not_granted(denied),
+            {
+                **principal_details(principal),
+                "expected": policy_ref(policy.revision),
+                **({"denied": denied} if denied else {}),
+            },
         )
-    _check_revision(policy, bound, principal)
+    _check_revision(policy, bound, authority)
     _check_capabilities(policy, authority)
     return policy
 
 
 def _authorize_locked(
     items: list[tuple[Occurrence, int]], owner: str, now: datetime, alias: str
-) -> list[str | LeaseLost]:
+) -> list[Authorization | LeaseLost]:
     """Inside the transaction: lock the principals' policy rows (sorted, so concurrent
     authorizers cannot deadlock, and before the occurrence rows, the order ``set_policy``
     uses), then the occurrences, check each, charge what passes per principal, and write
@@ -288,7 +316,7 @@ def _authorize_locked(
         .filter(pk__in=ids)
         .order_by("pk")
     }
-    verdicts: list[str | LeaseLost] = [RESERVED] * len(items)
+    verdicts: list[Authorization | LeaseLost] = [Authorization(RESERVED)] * len(items)
     refused: list[tuple[int, Occurrence, SchedulerError]] = []
     charges: dict[tuple[str, str], list[tuple[int, Occurrence, int]]] = {}
     for index, (occurrence, units) in enumerate(items):
@@ -305,7 +333,7 @@ def _authorize_locked(
             if reservation is not None:
                 if not _same_owner(reservation, held):
                     raise _mismatch(reservation, held.pk)
-                verdicts[index] = REUSED
+                verdicts[index] = Authorization(REUSED)
                 continue
         except _DENIALS as exc:
             refused.append((index, held, exc))
@@ -327,18 +355,19 @@ def _authorize_locked(
         if isinstance(why, AuthorityBudgetExhausted):
             until = to_ms(datetime.fromisoformat(why.details["windowEndsAt"]), "until")
             leases.defer(held.pk, owner=owner, fence=fence, until=until, details=why.details, using=alias)
-            verdicts[index] = DEFERRED
+            verdicts[index] = Authorization(DEFERRED)
         else:
-            leases.deny(
+            denied = leases.deny(
                 held.pk,
                 owner=owner,
                 fence=fence,
                 code=why.code,
                 reason=REASONS[type(why)],
                 details=why.details,
+                message=why.message,
                 using=alias,
             )
-            verdicts[index] = DENIED
+            verdicts[index] = Authorization(DENIED, denied.last_error)
     return verdicts
 
 
@@ -368,13 +397,21 @@ def authorize(occurrence: Occurrence, *, units: Units = 1, owner: str, using: st
         (verdict,) = _authorize_locked([(occurrence, requested)], owner, now, alias)
     if isinstance(verdict, LeaseLost):
         raise verdict
-    return verdict
+    return verdict.verdict
 
 
 def authorize_many(items: list[tuple[Occurrence, int]], *, owner: str, using: str | None = None) -> list[str]:
     """:func:`authorize` for a claimed batch in one transaction: ``items`` are
     ``(occurrence, units)`` pairs; returns a verdict per item, in order, where an
     occurrence whose lease is no longer held gets ``"lease_lost"`` (and nothing written)."""
+    return [result.verdict for result in authorize_batch(items, owner=owner, using=using)]
+
+
+def authorize_batch(
+    items: list[tuple[Occurrence, int]], *, owner: str, using: str | None = None
+) -> list[Authorization]:
+    """:func:`authorize_many`, each verdict with the error a denial stored (what the
+    worker's log line says)."""
     owner = normalize_identifier(owner, "owner")
     if not isinstance(items, list | tuple):
         raise InvalidArgument("items", "must be a list of (occurrence, units) pairs")
@@ -392,4 +429,4 @@ def authorize_many(items: list[tuple[Occurrence, int]], *, owner: str, using: st
     now = conf.now()
     with write_transaction(alias):
         verdicts = _authorize_locked(checked, owner, now, alias)
-    return [LEASE_LOST if isinstance(v, LeaseLost) else v for v in verdicts]
+    return [Authorization(LEASE_LOST) if isinstance(v, LeaseLost) else v for v in verdicts]

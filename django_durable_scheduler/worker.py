@@ -424,7 +424,7 @@ class Worker:
         if not items:
             return
         try:
-            verdicts = reservations.authorize_many(
+            results = reservations.authorize_batch(
                 [(running.occurrence, units) for running, units in items],
                 owner=self.worker_id,
                 using=self.using,
@@ -432,7 +432,8 @@ class Worker:
         except DatabaseError:
             self._unauthorized = [running for running, _ in items]
             raise
-        for (running, _), verdict in zip(items, verdicts, strict=True):
+        for (running, _), result in zip(items, results, strict=True):
+            verdict = result.verdict
             if verdict in (reservations.RESERVED, reservations.REUSED):
                 self._queue.put(running)
                 continue
@@ -440,6 +441,17 @@ class Worker:
             if verdict == reservations.LEASE_LOST:
                 ctx._lease_lost.set()
                 logger.warning("%s: lease lost before authorization", running.occurrence.pk)
+            elif result.error is not None:
+                # The stored message names the reason and what was refused (the missing
+                # capabilities, the principal), so the log line alone tells the operator.
+                logger.info(
+                    "%s %s job=%s kind=%s: %s",
+                    ctx.occurrence_id,
+                    verdict,
+                    ctx.job_id,
+                    ctx.kind,
+                    result.error.get("message"),
+                )
             else:
                 logger.info(
                     "%s %s job=%s kind=%s by authority", ctx.occurrence_id, verdict, ctx.job_id, ctx.kind

@@ -55,6 +55,51 @@ def test_concurrent_claimers_take_each_occurrence_once():
     print("\n[concurrency] per-process claims:", [len(out) for out in outputs])
 
 
+def test_concurrent_single_claims_take_turns_across_principals():
+    """Processes calling claim() one occurrence at a time, at once: each occurrence is
+    claimed once, and the rotation read from the database holds across them: the small
+    principals' work is done early although the big one's is all due first."""
+    counts = {"big": 150, "b": 30, "c": 30}
+    for offset, (pid, count) in enumerate(counts.items()):
+        scheduler.create_job(f"job-{pid}", "k", authority=authority_for(pid))
+        with transaction.atomic():
+            for n in range(count):
+                at = 1_700_000_000_000 + offset * 1_000_000 + n
+                scheduler.enqueue(f"job-{pid}", scheduled_for=at, trigger_key=f"t{n}")
+    env = subprocess_env(START_AT=str(time.time() + 2.0))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.procs.claim_worker", f"single-{i}", "0"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(3)
+    ]
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        outputs.append(out.split())
+    total = sum(counts.values())
+    claimed = Counter(pk for out in outputs for pk in out)
+    assert len(claimed) == total and max(claimed.values()) == 1
+    assert Occurrence.objects.filter(status="succeeded", attempt=1).count() == total
+    # In claim order: strict turns would finish b and c by the 90th claim; serving the
+    # earliest due first would not start them before the 151st.
+    order = list(
+        Event.objects.filter(event_type="occurrence_claimed")
+        .order_by("event_id")
+        .values_list("occurrence__authority__principal__id", flat=True)
+    )
+    assert len(order) == total
+    last_small = max(i for i, pid in enumerate(order) if pid != "big")
+    assert last_small < 120, order
+    print("\n[fair claims] last claim of b or c at position", last_small + 1, "of", total)
+
+
 SCHEDULERS = 4
 SPEED = 10  # the shared clock runs 10x real time: 40 slots of an every-second job in 4 s
 

@@ -376,10 +376,12 @@ def test_bind_to_current_policy(clock):
     bound = scheduler.bind_to_current_policy(envelope)
     assert bound["authorizationRefs"]["schedulerPolicyRevision"] == "scheduler-authority:2"
     assert envelope["authorizationRefs"].get("schedulerPolicyRevision") is None  # not mutated
+    # Covered or not, enabled or not: bound whenever a policy exists (SPEC section 7), so
+    # that the worker denies a missing capability as permission_denied, naming it.
     wide = normalize_authority(authority_for("liam", "a.cap", "z.cap"))
-    assert scheduler.bind_to_current_policy(wide) == wide  # not covered
+    assert bound_revision(scheduler.bind_to_current_policy(wide)) == 2
     policy(pid="liam", caps=["a.cap"], enabled=False)
-    assert scheduler.bind_to_current_policy(envelope) == envelope  # disabled
+    assert bound_revision(scheduler.bind_to_current_policy(envelope)) == 3
 
 
 # --------------------------------------------------------------------------- bad input

@@ -14,7 +14,7 @@ import pytest
 from django.db import transaction
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler.authority import bind
+from django_durable_scheduler.authority import bind, bound_revision
 from django_durable_scheduler.models import (
     AuthorityPolicy,
     AuthorityReservation,
@@ -56,6 +56,10 @@ def usage_rows():
     return list(
         AuthorityUsage.objects.order_by("window_started_at").values_list("policy_revision", "runs", "units")
     )
+
+
+def ref_of(row):
+    return bound_revision(row.authority)
 
 
 def denied_event(occ):
@@ -131,7 +135,11 @@ def test_reserve_refusals(clock):
     with pytest.raises(scheduler.AuthorityPermissionDenied) as info:
         scheduler.reserve_authority(occ.pk, policy_revision=1)
     assert info.value.code == "SCHEDULER_AUTHORITY_PERMISSION_DENIED"
-    assert info.value.details == {"denied": ["audit.read", "mail.send"]}
+    assert info.value.details == {
+        "principal": {"type": "user", "id": "alice"},
+        "policy_revision": 1,
+        "denied": ["audit.read", "mail.send"],
+    }
     assert snapshot() == before
     AuthorityPolicy.objects.update(enabled=False)
     with pytest.raises(scheduler.AuthorityPolicyRequired) as info:
@@ -285,6 +293,9 @@ def test_denied_policy_stale_after_a_narrowing_change(clock):
     assert scheduler.authorize(row, units=1, owner=OWNER) == "denied"
     details = assert_denied(row, "policy_stale", "SCHEDULER_AUTHORITY_POLICY_STALE")
     assert (details["expected_revision"], details["actual_revision"]) == (1, 2)
+    # What the change took away is named too.
+    assert details["denied"] == ["mail.send"] and details["principal"] == {"type": "user", "id": "alice"}
+    assert row.last_error["message"].endswith("is at revision 2, not 1; it does not grant mail.send")
 
 
 def test_denied_permission(clock):
@@ -295,7 +306,117 @@ def test_denied_permission(clock):
     Occurrence.objects.filter(pk=occ.pk).update(authority=authority)
     assert scheduler.authorize(occ, units=1, owner=OWNER) == "denied"
     details = assert_denied(occ, "permission_denied", "SCHEDULER_AUTHORITY_PERMISSION_DENIED")
-    assert details == {"denied": ["audit.read", "z.write"]}
+    assert details == {
+        "principal": {"type": "user", "id": "alice"},
+        "policy_revision": 1,
+        "denied": ["audit.read", "z.write"],
+    }
+    assert occ.last_error["message"] == (
+        "authority denied: permission_denied: authority policy of user:alice (revision 1)"
+        " does not grant audit.read, z.write"
+    )
+
+
+def test_a_capability_the_policy_lacks_is_denied_by_name_then_runs_once_granted(clock):
+    """The policy exists but lacks a capability the job asks for: the job is bound to it
+    all the same, so the denial is permission_denied with the missing list (not
+    policy_unbound); granting it rebinds the job and its next occurrence runs."""
+    scheduler.set_policy("user", "alice", capabilities=["reports.send"], window=HOUR, max_runs=9, max_units=9)
+    job = scheduler.create_job("job-a", "k", authority=authority_for("alice", "reports.send", "mail.send"))
+    assert ref_of(job) == 1  # bound although not covered
+    occ = claimed(clock)
+    assert scheduler.authorize(occ, units=1, owner=OWNER) == "denied"
+    details = assert_denied(occ, "permission_denied", "SCHEDULER_AUTHORITY_PERMISSION_DENIED")
+    assert details == {
+        "principal": {"type": "user", "id": "alice"},
+        "policy_revision": 1,
+        "denied": ["mail.send"],
+    }
+    assert "does not grant mail.send" in occ.last_error["message"]
+    assert "does not grant mail.send" in denied_event(occ).data["message"]
+    policy = scheduler.set_policy(
+        "user", "alice", capabilities=["mail.send", "reports.send"], window=HOUR, max_runs=9, max_units=9
+    )
+    assert policy.change.rebound_jobs == 1
+    again = claimed(clock, "t2")
+    assert scheduler.authorize(again, units=1, owner=OWNER) == "reserved"
+
+
+def test_a_job_created_before_any_policy_is_denied_by_name_not_unbound(clock):
+    """No policy when the job and its first occurrence are made: policy_required while
+    there is none; once a policy exists that lacks a capability, the envelopes are bound to
+    it and denied permission_denied, also after a change that does not grant it either
+    (never granted, so not stale); granting it lets the next occurrence run."""
+    scheduler.create_job("job-a", "k", authority=authority_for("carol", "x.run", "y.run"))
+    first = claimed(clock, "t1")
+    assert scheduler.authorize(first, units=1, owner=OWNER) == "denied"
+    assert_denied(first, "policy_required", "SCHEDULER_AUTHORITY_POLICY_REQUIRED")
+    waiting, _ = scheduler.enqueue("job-a", scheduled_for=clock(), trigger_key="t2")
+    change = scheduler.change_policy(
+        "user", "carol", capabilities=["x.run"], window=HOUR, max_runs=9, max_units=9
+    )
+    assert (change.stale_jobs, change.stale_occurrences) == (1, 1)  # counted: they will be denied
+    waiting.refresh_from_db()
+    assert ref_of(Job.objects.get(pk="job-a")) == 1 and ref_of(waiting) == 1
+    row = scheduler.claim(owner=OWNER, lease=60)
+    assert row.pk == waiting.pk
+    assert scheduler.authorize(row, units=1, owner=OWNER) == "denied"
+    details = assert_denied(row, "permission_denied", "SCHEDULER_AUTHORITY_PERMISSION_DENIED")
+    assert (details["principal"], details["denied"]) == ({"type": "user", "id": "carol"}, ["y.run"])
+    # A change that still does not grant y.run (a budget change): still permission_denied.
+    scheduler.set_policy("user", "carol", capabilities=["x.run"], window=HOUR, max_runs=5, max_units=5)
+    assert ref_of(Job.objects.get(pk="job-a")) == 2
+    third = claimed(clock, "t3")
+    assert scheduler.authorize(third, units=1, owner=OWNER) == "denied"
+    details = assert_denied(third, "permission_denied", "SCHEDULER_AUTHORITY_PERMISSION_DENIED")
+    assert (details["policy_revision"], details["denied"]) == (2, ["y.run"])
+    scheduler.set_policy(
+        "user", "carol", capabilities=["x.run", "y.run"], window=HOUR, max_runs=5, max_units=5
+    )
+    fourth = claimed(clock, "t4")
+    assert scheduler.authorize(fourth, units=1, owner=OWNER) == "reserved"
+
+
+def test_a_revoked_capability_stays_stale_after_further_changes(clock):
+    """A job whose grant a change took away keeps its old binding through later changes
+    that do not grant it back (policy_stale, naming what is missing), and a change that
+    grants it back rebinds it."""
+    setup(caps=("reports.send", "mail.send"), requested=("reports.send", "mail.send"))
+    for max_runs in (8, 7):
+        scheduler.set_policy(
+            "user", "alice", capabilities=["reports.send"], window=HOUR, max_runs=max_runs, max_units=9
+        )
+    assert ref_of(Job.objects.get(pk="job-a")) == 1
+    occ = claimed(clock)
+    assert scheduler.authorize(occ, units=1, owner=OWNER) == "denied"
+    details = assert_denied(occ, "policy_stale", "SCHEDULER_AUTHORITY_POLICY_STALE")
+    assert (details["expected_revision"], details["actual_revision"], details["denied"]) == (
+        1,
+        3,
+        ["mail.send"],
+    )
+    scheduler.set_policy(
+        "user", "alice", capabilities=["mail.send", "reports.send"], window=HOUR, max_runs=9, max_units=9
+    )
+    assert ref_of(Job.objects.get(pk="job-a")) == 4
+    assert scheduler.authorize(claimed(clock, "t2"), units=1, owner=OWNER) == "reserved"
+
+
+def test_deny_stores_a_bounded_message_and_refuses_a_bad_one(clock):
+    from django_durable_scheduler import kernel
+
+    setup()
+    occ = claimed(clock)
+    before = snapshot()
+    with pytest.raises(scheduler.InvalidArgument) as info:
+        kernel.deny(occ.pk, owner=OWNER, fence=1, code="SCHEDULER_X", reason="x", message=5)
+    assert info.value.details["field"] == "message"
+    assert snapshot() == before
+    kernel.deny(occ.pk, owner=OWNER, fence=1, code="SCHEDULER_X", reason="x", message="y" * 10_000)
+    occ.refresh_from_db()
+    assert occ.last_error["message"].startswith("authority denied: x: yyy")
+    assert len(occ.last_error["message"]) == 4096 and occ.last_error["message_truncated"] is True
+    assert denied_event(occ).data["message"] == occ.last_error["message"]
 
 
 def test_denied_budget_state_invalid(clock):
@@ -747,6 +868,33 @@ def test_worker_denies_without_running_the_handler(clock, registered):
     occ.refresh_from_db()
     assert occ.status == "dead_letter" and occ.last_error["reason"] == "policy_required"
     assert calls == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_names_the_missing_capability_then_runs_once_granted(clock, registered, caplog):
+    calls = registered("authz.caps")
+    scheduler.set_policy("user", "dana", capabilities=["x.run"], window=HOUR, max_runs=9, max_units=9)
+    scheduler.create_job("j", "authz.caps", authority=authority_for("dana", "x.run", "y.write"))
+    occ, _ = scheduler.enqueue("j", scheduled_for=clock(), trigger_key="t1")
+    with caplog.at_level("INFO", logger="django_durable_scheduler"):
+        assert _burst() == 0
+    occ.refresh_from_db()
+    assert occ.status == "dead_letter" and calls == []
+    assert (occ.last_error["reason"], occ.last_error["details"]["denied"]) == (
+        "permission_denied",
+        ["y.write"],
+    )
+    event = denied_event(occ)
+    assert (event.data["reason"], event.data["details"]["denied"]) == ("permission_denied", ["y.write"])
+    (line,) = [r.getMessage() for r in caplog.records if occ.pk in r.getMessage()]
+    assert "permission_denied" in line and "user:dana" in line and "y.write" in line, line
+    scheduler.set_policy(
+        "user", "dana", capabilities=["x.run", "y.write"], window=HOUR, max_runs=9, max_units=9
+    )
+    second, _ = scheduler.enqueue("j", scheduled_for=clock(), trigger_key="t2")
+    assert _burst() == 0
+    second.refresh_from_db()
+    assert second.status == "succeeded" and calls == [second.pk]
 
 
 @pytest.mark.django_db(transaction=True)

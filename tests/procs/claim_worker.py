@@ -1,5 +1,6 @@
-"""A claiming process for the concurrency tests: claims in batches until nothing is due,
-settles each, and prints one claimed occurrence id per line."""
+"""A claiming process for the concurrency tests: claims in batches (a batch size of 0:
+one ``claim()`` at a time) until nothing is due, settles each, and prints one claimed
+occurrence id per line."""
 
 from __future__ import annotations
 
@@ -21,7 +22,11 @@ def main() -> None:
         time.sleep(0.005)
     empty = 0
     while empty < 3:
-        rows = kernel.claim_batch(owner=owner, lease=600, limit=batch)
+        if batch:
+            rows = kernel.claim_batch(owner=owner, lease=600, limit=batch)
+        else:
+            one = kernel.claim(owner=owner, lease=600)
+            rows = [] if one is None else [one]
         if not rows:
             empty += 1
             time.sleep(0.05)
