@@ -76,11 +76,7 @@ def _materialize_job(job: Job, now: datetime, alias: str) -> int:
         alias,
         [new_event(job.job_id, SLOT_SKIPPED, now, data=skipped.event_data()) for skipped in plan.skipped],
     )
-    last = (
-        plan.last_slot_at
-        if job.last_slot_at is None or plan.last_slot_at is None
-        else max(plan.last_slot_at, job.last_slot_at)
-    )
+    last = max((slot for slot in (plan.last_slot_at, job.last_slot_at) if slot is not None), default=None)
     Job.objects.using(alias).filter(pk=job.pk).update(next_fire_at=plan.next_fire_at, last_slot_at=last)
     job.next_fire_at, job.last_slot_at = plan.next_fire_at, last
     return written
@@ -91,9 +87,13 @@ def _overlap_state(job: Job, alias: str) -> tuple[bool, datetime | None]:
     scheduled: what ``overlap: skip`` needs (other jobs need no query)."""
     if job.trigger.get("overlap") != "skip":
         return False, None
-    state = Occurrence.objects.using(alias).filter(job=job).aggregate(
-        running=Count("pk", filter=Q(status=OccurrenceStatus.RUNNING)),
-        earliest=Min("scheduled_for", filter=Q(status__in=PENDING_STATUSES)),
+    state = (
+        Occurrence.objects.using(alias)
+        .filter(job=job)
+        .aggregate(
+            running=Count("pk", filter=Q(status=OccurrenceStatus.RUNNING)),
+            earliest=Min("scheduled_for", filter=Q(status__in=PENDING_STATUSES)),
+        )
     )
     return state["running"] > 0, state["earliest"]
 

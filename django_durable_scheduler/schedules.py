@@ -33,6 +33,7 @@ from .triggers import (
     MAX_CATCHUP_SLOTS,
     count_fire_times,
     next_fire_time,
+    next_fire_times,
     previous_fire_times,
 )
 
@@ -133,42 +134,66 @@ def plan_slots(
     if next_fire_at > now:
         plan.next_fire_at = next_fire_at
         return plan
-    upto = now + _MS  # the due slots are those before this
-    latest = previous_fire_times(trigger, before=upto, anchor=anchor, not_before=next_fire_at)
-    plan.last_slot_at = latest[-1] if latest else None
-    done = now if last_slot_at is None else max(now, last_slot_at)
-    plan.next_fire_at = next_fire_time(trigger, after=done, anchor=anchor)
     first: datetime | None = next_fire_at
     if last_slot_at is not None and next_fire_at <= last_slot_at:
         first = next_fire_time(trigger, after=last_slot_at, anchor=anchor)
     if first is None or first > now:
+        plan.next_fire_at = first
         return plan
     window_start = now - _window(trigger)
-    eligible_from = max(first, window_start)
-    # Every slot that may fire is among the latest MAX_CATCHUP_SLOTS, the on-time ones too:
-    # slots are at least a second apart, so at most 61 fit in the grace.
-    tail = previous_fire_times(
-        trigger, before=upto, count=MAX_CATCHUP_SLOTS, anchor=anchor, not_before=eligible_from
-    )
-    on_time = [slot for slot in tail if now - slot <= MISFIRE_GRACE]
     misfire = trigger.get("misfire", "run_latest")
-    if misfire == "skip":
-        fire = on_time
-    elif misfire == "run_all":
-        fire = tail
+    reason = _SKIP_REASONS[misfire]
+    # The usual pass has a few due slots: one forward step finds them all and the next one.
+    batch = next_fire_times(trigger, after=first - _MS, count=MAX_CATCHUP_SLOTS + 1, anchor=anchor)
+    due = [slot for slot in batch if slot <= now]
+    if len(due) < len(batch) or len(batch) <= MAX_CATCHUP_SLOTS:
+        plan.next_fire_at = batch[len(due)] if len(due) < len(batch) else None
+        late = [slot for slot in due if slot < window_start]
+        tail = due[len(late) :][-MAX_CATCHUP_SLOTS:]
+        fire = _choose(misfire, tail, now)
+        ranges = [
+            _listed(late, "outside_catchup_window"),
+            _listed(due[len(late) : due.index(fire[0]) if fire else None], reason),
+        ]
+        plan.last_slot_at = due[-1] if due else None
     else:
-        fire = on_time or tail[-1:]
-    ranges = [
-        _range(trigger, anchor, first, window_start, "outside_catchup_window"),
-        _range(trigger, anchor, eligible_from, fire[0] if fire else upto, _SKIP_REASONS[misfire]),
-    ]
+        # Long outage: the slots that fire are the latest ones, found from the end; the rest
+        # are counted, not listed.
+        eligible_from = max(first, window_start)
+        upto = now + _MS  # the due slots are those before this
+        tail = previous_fire_times(
+            trigger, before=upto, count=MAX_CATCHUP_SLOTS, anchor=anchor, not_before=eligible_from
+        )
+        fire = _choose(misfire, tail, now)
+        ranges = [
+            _range(trigger, anchor, first, window_start, "outside_catchup_window"),
+            _range(trigger, anchor, eligible_from, fire[0] if fire else upto, reason),
+        ]
+        plan.next_fire_at = next_fire_time(trigger, after=now, anchor=anchor)
+        plan.last_slot_at = tail[-1] if tail else ranges[0].last if ranges[0] else None
     if trigger.get("overlap") == "skip" and fire:
         blocked = running or (earliest_pending is not None and earliest_pending < fire[0])
         allowed = [] if blocked else fire[:1]
-        rest = fire[len(allowed) :]
-        if rest:
-            ranges.append(SkippedRange(rest[0], rest[-1], len(rest), "overlap"))
+        ranges.append(_listed(fire[len(allowed) :], "overlap"))
         fire = allowed
     plan.fire = fire
     plan.skipped = [skipped for skipped in ranges if skipped is not None]
     return plan
+
+
+def _choose(misfire: str, tail: list[datetime], now: datetime) -> list[datetime]:
+    """Which of the latest due slots within the catch-up window fire: always a suffix.
+
+    ``tail`` holds all the on-time slots: slots are at least a second apart, so at most 61
+    fit in the grace, fewer than MAX_CATCHUP_SLOTS.
+    """
+    on_time = [slot for slot in tail if now - slot <= MISFIRE_GRACE]
+    if misfire == "skip":
+        return on_time
+    if misfire == "run_all":
+        return tail
+    return on_time or tail[-1:]
+
+
+def _listed(slots: list[datetime], reason: str) -> SkippedRange | None:
+    return SkippedRange(slots[0], slots[-1], len(slots), reason) if slots else None

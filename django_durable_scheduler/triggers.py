@@ -321,6 +321,21 @@ def _load_zone(name: str) -> ZoneInfo:
     return ZoneInfo(name)
 
 
+@lru_cache(maxsize=512)
+def _offset_range(zone: ZoneInfo) -> tuple[timedelta, timedelta]:
+    """The lowest and highest UTC offsets ``zone`` uses from 1970 on, so that the instants of a
+    wall-clock time ``t`` lie in ``[t - highest, t - lowest]``: the fire-time walks then look
+    at the walls near their bounds only, not a whole day either side.
+
+    Sampled daily up to 2100 (later years repeat the zone's last rule) and widened by an hour,
+    in case an offset lasted less than a day between two samples.
+    """
+    offsets = {datetime.fromtimestamp(ts, zone).utcoffset() for ts in range(0, 4_102_444_800, 86_400)}
+    known = [offset for offset in offsets if offset is not None]
+    margin = timedelta(hours=1)
+    return max(min(known) - margin, -_OFFSET_BOUND), min(max(known) + margin, _OFFSET_BOUND)
+
+
 def _zone(name: Any, field: str) -> ZoneInfo:
     if not isinstance(name, str):
         raise InvalidArgument(field, f"must be an IANA time zone name string, not {type(name).__name__}")
@@ -543,9 +558,10 @@ def _cron_times(
 ) -> list[datetime]:
     lower = after if start is None or start <= after else start
     found: list[datetime] = []
-    walk_from = (lower - _OFFSET_BOUND).replace(tzinfo=None)
+    lowest, highest = _offset_range(zone)
+    walk_from = (lower + lowest).replace(tzinfo=None)
     for wall in _iter_walls(cron, walk_from):
-        floor = wall.replace(tzinfo=UTC) - _OFFSET_BOUND  # every instant of ``wall`` is later
+        floor = wall.replace(tzinfo=UTC) - highest  # no instant of ``wall`` is earlier
         if len(found) >= count and found[count - 1] <= floor:
             break
         if end is not None and floor > end:
@@ -568,10 +584,11 @@ def _cron_times_before(
     """The latest ``count`` instants in ``[lowest, before)``, ascending: the same instants as
     :func:`_cron_times`, found by walking the wall-clock slots backwards."""
     found: list[datetime] = []
-    walk_from = (min(before, _LATEST) + _OFFSET_BOUND).replace(tzinfo=None)
+    low_offset, high_offset = _offset_range(zone)
+    walk_from = (min(before, _LATEST) + high_offset).replace(tzinfo=None)
     for wall in _iter_walls_back(cron, walk_from):
-        ceiling = wall.replace(tzinfo=UTC) + _OFFSET_BOUND  # every instant of ``wall`` is earlier
-        if ceiling <= lowest or (len(found) == count and found[0] >= ceiling):
+        ceiling = wall.replace(tzinfo=UTC) - low_offset  # no instant of ``wall`` is later
+        if ceiling < lowest or (len(found) == count and found[0] >= ceiling):
             break
         for instant in _wall_instants(cron, zone, wall):
             if instant >= before or instant < lowest:
@@ -586,8 +603,9 @@ def _cron_times_before(
 def _cron_count(cron: CronSpec, zone: ZoneInfo, first: datetime, last: datetime, limit: int) -> int | None:
     """How many instants lie in ``[first, last]``, or ``None`` past ``limit`` (it walks them)."""
     seen: set[datetime] = set()
-    for wall in _iter_walls(cron, (first - _OFFSET_BOUND).replace(tzinfo=None)):
-        if wall.replace(tzinfo=UTC) - _OFFSET_BOUND > last:
+    lowest, highest = _offset_range(zone)
+    for wall in _iter_walls(cron, (first + lowest).replace(tzinfo=None)):
+        if wall.replace(tzinfo=UTC) - highest > last:
             break
         seen.update(instant for instant in _wall_instants(cron, zone, wall) if first <= instant <= last)
         if len(seen) > limit:
