@@ -15,10 +15,11 @@ missed slot may still fire.
   queued or waiting to retry that is scheduled before the slot (later work, say enqueued for
   tomorrow, does not block); within one pass only the first slot fires.
 
-The slots that fire are always the latest due ones, so the plan is found from the end
-(``previous_fire_times``) and the skipped slots form at most three contiguous ranges, each
-reported once with its reason and size: the work does not depend on how long the scheduler was
-down, be it an hour or ten years of an every-second job.
+The slots that fire are always the latest due ones, and the skipped slots form at most three
+contiguous ranges, each reported once with its reason and size. A usual pass lists its few due
+slots; past ``MAX_CATCHUP_SLOTS`` of them the plan is found from the end
+(``previous_fire_times``) and the rest counted (``count_fire_times``), so the work does not
+depend on how long the scheduler was down, be it an hour or ten years of an every-second job.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def expired_one_off(trigger: dict[str, Any], *, now: datetime) -> SkippedRange |
     if "at" not in trigger:
         return None
     at = datetime.fromisoformat(trigger["at"])
-    if at > now - _window(trigger) or next_fire_time(trigger, after=at - _MS) != at:
+    if at > now - _window(trigger) or not previous_fire_times(trigger, before=at + _MS, not_before=at):
         return None  # still due (initial_fire_time has it), or outside start_at/end_at
     return SkippedRange(at, at, 1, "outside_catchup_window")
 
@@ -102,10 +103,9 @@ def _window(trigger: dict[str, Any]) -> timedelta:
 
 
 def _range(
-    trigger: dict[str, Any], anchor: datetime, first: datetime, before: datetime, reason: str
+    trigger: dict[str, Any], anchor: datetime, start: datetime | None, before: datetime, reason: str
 ) -> SkippedRange | None:
-    """The slots in ``[first, before)`` as one skipped range (``first`` is a slot or a bound)."""
-    start = next_fire_time(trigger, after=first - _MS, anchor=anchor)
+    """The slots from the slot ``start`` to the last one before ``before``, as one range."""
     if start is None or start >= before:
         return None
     last = previous_fire_times(trigger, before=before, anchor=anchor, not_before=start)[-1]
@@ -144,7 +144,7 @@ def plan_slots(
     misfire = trigger.get("misfire", "run_latest")
     reason = _SKIP_REASONS[misfire]
     # The usual pass has a few due slots: one forward step finds them all and the next one.
-    batch = next_fire_times(trigger, after=first - _MS, count=MAX_CATCHUP_SLOTS + 1, anchor=anchor)
+    batch = [first, *next_fire_times(trigger, after=first, count=MAX_CATCHUP_SLOTS, anchor=anchor)]
     due = [slot for slot in batch if slot <= now]
     if len(due) < len(batch) or len(batch) <= MAX_CATCHUP_SLOTS:
         plan.next_fire_at = batch[len(due)] if len(due) < len(batch) else None
@@ -159,15 +159,19 @@ def plan_slots(
     else:
         # Long outage: the slots that fire are the latest ones, found from the end; the rest
         # are counted, not listed.
-        eligible_from = max(first, window_start)
         upto = now + _MS  # the due slots are those before this
         tail = previous_fire_times(
-            trigger, before=upto, count=MAX_CATCHUP_SLOTS, anchor=anchor, not_before=eligible_from
+            trigger, before=upto, count=MAX_CATCHUP_SLOTS, anchor=anchor, not_before=max(first, window_start)
         )
         fire = _choose(misfire, tail, now)
+        in_window = (
+            first
+            if first >= window_start
+            else next_fire_time(trigger, after=window_start - _MS, anchor=anchor)
+        )
         ranges = [
             _range(trigger, anchor, first, window_start, "outside_catchup_window"),
-            _range(trigger, anchor, eligible_from, fire[0] if fire else upto, reason),
+            _range(trigger, anchor, in_window, fire[0] if fire else upto, reason),
         ]
         plan.next_fire_at = next_fire_time(trigger, after=now, anchor=anchor)
         plan.last_slot_at = tail[-1] if tail else ranges[0].last if ranges[0] else None

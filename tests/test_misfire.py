@@ -327,3 +327,24 @@ def test_past_one_off_outside_its_own_bounds_records_nothing(clock):
     job = one_off(clock, at, end_at=iso_ms(at - timedelta(hours=1)))
     assert job.next_fire_at is None
     assert skips("once") == []
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda: triggers.previous_fire_times({"every": 60}, before=datetime(2026, 1, 5, 12, 0)), "before"),
+        (lambda: triggers.previous_fire_times({"every": 60}, before=BACK, count=0), "count"),
+        (lambda: triggers.previous_fire_times({"every": 60}, before=BACK, not_before="soon"), "not_before"),
+        (lambda: triggers.previous_fire_times({"every": 0}, before=BACK), "trigger.every"),
+        (lambda: triggers.count_fire_times({"cron": "* * * *"}, first=CREATED, last=BACK), "trigger.cron"),
+        (lambda: triggers.count_fire_times({"every": 60}, first=None, last=BACK), "first"),
+        (lambda: triggers.count_fire_times({"every": 60}, first=CREATED, last=BACK, limit=-1), "limit"),
+    ],
+)
+def test_backward_fire_time_functions_refuse_bad_input(call, field):
+    with pytest.raises(scheduler.InvalidArgument) as info:
+        call()
+    assert info.value.details["field"] == field
