@@ -141,7 +141,7 @@ _FIRST_DAY: Final = date(1969, 12, 30)
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MS: Final = timedelta(milliseconds=1)
 _MAX_MS: Final = 253_402_300_799_999
-# Walking back starts a day after ``before``; capped so that it stays within datetime's range.
+# Walking back starts up to a day after ``before``: capped to stay within datetime's range.
 _LATEST: Final = datetime(9999, 12, 29, tzinfo=UTC)
 
 
