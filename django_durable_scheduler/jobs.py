@@ -15,7 +15,7 @@ from . import conf
 from .authority import normalize_authority
 from .budgets import settle_cancelled
 from .dialect import insert_rows, write_transaction
-from .events import JOB_CREATED, JOB_UPDATED, OCCURRENCE_CANCELLED, new_event
+from .events import JOB_CREATED, JOB_UPDATED, OCCURRENCE_CANCELLED, SLOT_SKIPPED, new_event
 from .exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
 from .identity import (
     canonical_json,
@@ -28,7 +28,7 @@ from .identity import (
 from .leases import MAX_LEASE_MS
 from .models import PENDING_STATUSES, Job, Occurrence, OccurrenceStatus
 from .policies import bind_to_current_policy
-from .schedules import initial_fire_time
+from .schedules import expired_one_off, initial_fire_time
 from .triggers import validate_trigger
 
 MAX_ATTEMPTS_LIMIT = 32
@@ -139,6 +139,7 @@ def create_job(
                 raise Conflict(f"job {job_id!r} already exists", {"job_id": job_id}) from None
             raise
         new_event(job_id, JOB_CREATED, now, data={"revision": 1, "kind": job.kind}).save(using=alias)
+        _record_expired_one_off(job, now, now, alias)
     return job
 
 
@@ -194,6 +195,7 @@ def update_job(job_id: str, *, expected_revision: int, using: str | None = None,
             after = now if job.last_slot_at is None else max(now, job.last_slot_at)
             job.next_fire_at = initial_fire_time(job.trigger, now=after, anchor=job.created_at)
             job.save(using=alias, update_fields=["next_fire_at"])
+            _record_expired_one_off(job, after, now, alias)
         new_event(
             job_id,
             JOB_UPDATED,
@@ -206,6 +208,14 @@ def update_job(job_id: str, *, expected_revision: int, using: str | None = None,
             },
         ).save(using=alias)
     return job
+
+
+def _record_expired_one_off(job: Job, after: datetime, now: datetime, alias: str) -> None:
+    """A one-off ``at`` already older than the catch-up window is accepted, but never fires:
+    say so at once, as the scheduler would had it been running then."""
+    skipped = expired_one_off(job.trigger, now=after)
+    if skipped is not None:
+        new_event(job.job_id, SLOT_SKIPPED, now, data=skipped.event_data()).save(using=alias)
 
 
 def _supersede_schedule(job: Job, now: datetime, alias: str) -> list[str]:

@@ -11,18 +11,16 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import DEFAULT_DB_ALIAS
+from django.db.models import Count, Min, Q
 
 from . import conf
 from .dialect import insert_rows, lock_rows, write_transaction
 from .enqueuing import JOB_PAYLOAD, insert_occurrence
 from .events import SLOT_SKIPPED, new_event
-from .identity import iso_ms, normalize_int, to_ms
-from .models import ACTIVE_STATUSES, Job, Occurrence
+from .identity import normalize_int, to_ms
+from .models import PENDING_STATUSES, Job, Occurrence, OccurrenceStatus
 from .schedules import plan_slots
 from .triggers import slot_trigger_key
-
-# At most this many slot_skipped events per job and pass; the rest are counted in one more.
-MAX_SKIP_EVENTS = 1000
 
 
 def materialize_due(*, limit: int = 50, using: str | None = None) -> int:
@@ -51,17 +49,15 @@ def materialize_due(*, limit: int = 50, using: str | None = None) -> int:
 
 def _materialize_job(job: Job, now: datetime, alias: str) -> int:
     assert job.next_fire_at is not None
-    overlap_active = (
-        job.trigger.get("overlap") == "skip"
-        and Occurrence.objects.using(alias).filter(job=job, status__in=ACTIVE_STATUSES).exists()
-    )
+    running, earliest_pending = _overlap_state(job, alias)
     plan = plan_slots(
         job.trigger,
         next_fire_at=job.next_fire_at,
         now=now,
         anchor=job.created_at,
         last_slot_at=job.last_slot_at,
-        overlap_active=overlap_active,
+        running=running,
+        earliest_pending=earliest_pending,
     )
     written = 0
     for slot in plan.fire:
@@ -76,44 +72,30 @@ def _materialize_job(job: Job, now: datetime, alias: str) -> int:
             alias=alias,
         )
         written += not deduplicated
-    events = [
-        new_event(job.job_id, SLOT_SKIPPED, now, data={"slot": iso_ms(slot), "reason": reason})
-        for slot, reason in plan.skipped[:MAX_SKIP_EVENTS]
-    ]
-    if len(plan.skipped) > MAX_SKIP_EVENTS:
-        rest = plan.skipped[MAX_SKIP_EVENTS:]
-        events.append(
-            new_event(
-                job.job_id,
-                SLOT_SKIPPED,
-                now,
-                data={
-                    "reason": "many",
-                    "count": len(rest),
-                    "from": iso_ms(rest[0][0]),
-                    "to": iso_ms(rest[-1][0]),
-                },
-            )
-        )
-    if plan.bulk_skipped is not None:
-        after, until = plan.bulk_skipped
-        events.append(
-            new_event(
-                job.job_id,
-                SLOT_SKIPPED,
-                now,
-                data={"reason": "scan_limit", "after": iso_ms(after), "until": iso_ms(until)},
-            )
-        )
-    insert_rows(alias, events)
-    last = (
-        plan.last_slot_at
-        if job.last_slot_at is None or plan.last_slot_at is None
-        else max(plan.last_slot_at, job.last_slot_at)
+    insert_rows(
+        alias,
+        [new_event(job.job_id, SLOT_SKIPPED, now, data=skipped.event_data()) for skipped in plan.skipped],
     )
+    last = max((slot for slot in (plan.last_slot_at, job.last_slot_at) if slot is not None), default=None)
     Job.objects.using(alias).filter(pk=job.pk).update(next_fire_at=plan.next_fire_at, last_slot_at=last)
     job.next_fire_at, job.last_slot_at = plan.next_fire_at, last
     return written
+
+
+def _overlap_state(job: Job, alias: str) -> tuple[bool, datetime | None]:
+    """Whether an occurrence of the job is running, and when its earliest pending one is
+    scheduled: what ``overlap: skip`` needs (other jobs need no query)."""
+    if job.trigger.get("overlap") != "skip":
+        return False, None
+    state = (
+        Occurrence.objects.using(alias)
+        .filter(job=job)
+        .aggregate(
+            running=Count("pk", filter=Q(status=OccurrenceStatus.RUNNING)),
+            earliest=Min("scheduled_for", filter=Q(status__in=PENDING_STATUSES)),
+        )
+    )
+    return state["running"] > 0, state["earliest"]
 
 
 def next_due_at(*, using: str | None = None) -> datetime | None:

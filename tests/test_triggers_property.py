@@ -26,7 +26,12 @@ from django.conf import settings as django_settings
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from django_durable_scheduler.triggers import next_fire_times, parse_cron
+from django_durable_scheduler.triggers import (
+    count_fire_times,
+    next_fire_times,
+    parse_cron,
+    previous_fire_times,
+)
 
 # Pure computation, no database: it runs on the SQLite legs (one per Django and Python
 # version); each server leg would repeat the same 20 s of work and test nothing more.
@@ -343,3 +348,64 @@ def test_every_slots_are_anchor_multiples(every: int, anchor_ms: int, after_ms: 
         assert (slot - anchor) % step == timedelta(0)
     assert all(b - a == step for a, b in pairwise(got))
     assert got[0] == anchor or got[0] - step <= after
+
+
+# ----------------------------------------------------------------------------- backwards
+
+
+def forward_slots(trigger: dict, first: datetime, before: datetime, anchor: datetime | None = None) -> list:
+    """Every slot in [first, before), by stepping ``next_fire_times`` forward."""
+    found: list[datetime] = []
+    after = first - timedelta(milliseconds=1)
+    while True:
+        batch = [t for t in next_fire_times(trigger, after=after, count=1000, anchor=anchor) if t < before]
+        found += batch
+        if len(batch) < 1000:
+            return found
+        after = batch[-1]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), model=crons, zone_name=st.sampled_from(ZONES))
+def test_previous_and_count_agree_with_next(data: st.DataObject, model: CronModel, zone_name: str) -> None:
+    """Walking back (misfire planning) finds the same slots, daylight saving included."""
+    dow_star = not model.dow.items
+    feasible = any(
+        day <= (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)[month - 1]
+        for month in model.month.values()
+        for day in model.dom.values()
+    )
+    assume(feasible or not dow_star)
+    trigger = {"cron": model.text(), "timezone": zone_name}
+    before = data.draw(instants_near_transitions(zone_name), label="before")
+    first = before - data.draw(st.integers(1, 3 * 86_400).map(lambda s: timedelta(seconds=s)), label="span")
+    count = data.draw(st.integers(1, 4), label="count")
+    expected = forward_slots(trigger, first, before)
+    got = previous_fire_times(trigger, before=before, count=count, not_before=first)
+    assert got == expected[-count:], trigger
+    last = before - timedelta(milliseconds=1)
+    assert count_fire_times(trigger, first=first, last=last) == len(expected), trigger
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    every=st.sampled_from((1, 7, 60, 3600, 86_400)),
+    anchor_ms=st.integers(0, 2_000_000_000_000),
+    before_ms=st.integers(1, 2_000_000_000_000),
+    span_ms=st.integers(1, 20_000_000),
+    count=st.integers(1, 5),
+)
+def test_every_previous_and_count_agree_with_next(
+    every: int, anchor_ms: int, before_ms: int, span_ms: int, count: int
+) -> None:
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    anchor = epoch + timedelta(milliseconds=anchor_ms)
+    before = epoch + timedelta(milliseconds=before_ms + span_ms)
+    first = before - timedelta(milliseconds=span_ms)
+    trigger = {"every": every}
+    expected = forward_slots(trigger, first, before, anchor)
+    got = previous_fire_times(trigger, before=before, count=count, not_before=first, anchor=anchor)
+    assert got == expected[-count:]
+    assert count_fire_times(
+        trigger, first=first, last=before - timedelta(milliseconds=1), anchor=anchor
+    ) == len(expected)
