@@ -136,6 +136,17 @@ def normalize_authority(value: Any, field: str = "authority") -> dict[str, Any]:
     return envelope
 
 
+def default_authority(kind: str, principal: Any) -> dict[str, Any]:
+    """The envelope of a job created without one: the app's default principal
+    (``DURABLE_SCHEDULER_DEFAULT_PRINCIPAL``), requesting the job's kind as its capability."""
+    return normalize_authority(
+        {
+            "principal": normalize_principal(principal, "DURABLE_SCHEDULER_DEFAULT_PRINCIPAL"),
+            "requestedCapabilities": [kind],
+        }
+    )
+
+
 def principal_key(authority: dict[str, Any]) -> str:
     """The fairness partition key of an envelope: canonical JSON of [type, id]."""
     principal = authority["principal"]

@@ -6,6 +6,7 @@
 - ``W001`` a SQLite database does not use ``transaction_mode`` IMMEDIATE.
 - ``W002`` enabled jobs of a kind no handler is registered for in this process (database
   check: runs only when databases are given, e.g. ``manage.py check --database default``).
+- ``W003`` enabled jobs whose principal has no authority policy (database check).
 
 All are tagged ``durable_scheduler`` (``manage.py check --tag durable_scheduler``).
 """
@@ -23,6 +24,10 @@ from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.checks import Warning as CheckWarning
 from django.db import DatabaseError, connections, router
 from django.utils.module_loading import import_string, module_has_submodule
+
+from . import conf
+from .authority import normalize_principal
+from .exceptions import InvalidArgument
 
 TAG = "durable_scheduler"
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -189,6 +194,17 @@ def _settings_problems() -> list[tuple[str, str, str]]:
                 "Leave it unset in production: the scheduler then uses the system clock.",
             )
         )
+    try:
+        normalize_principal(conf.settings.DEFAULT_PRINCIPAL, "principal")
+    except InvalidArgument as exc:
+        problems.append(
+            (
+                "DEFAULT_PRINCIPAL",
+                f"must be {{'type': ..., 'id': ...}} ({exc})",
+                "Jobs created without an authority envelope run as it; leave it unset for "
+                "{'type': 'app', 'id': 'durable_scheduler'}.",
+            )
+        )
     return problems
 
 
@@ -270,6 +286,38 @@ def check_jobs_have_handlers(app_configs: Any = None, **kwargs: Any) -> list[Che
                     ),
                     obj=kind,
                     id="durable_scheduler.W002",
+                )
+            )
+    return messages
+
+
+@register(Tags.database, TAG)
+def check_jobs_have_policies(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    from .models import Job
+    from .policies import jobs_without_policy
+
+    messages: list[CheckMessage] = []
+    for alias in kwargs.get("databases") or []:
+        if not router.allow_migrate_model(alias, Job):
+            continue
+        try:
+            if Job._meta.db_table not in connections[alias].introspection.table_names():
+                continue  # migrate runs database checks before it creates the tables
+            found = jobs_without_policy(using=alias)
+        except DatabaseError:
+            continue
+        for (ptype, pid), jobs in sorted(found.items()):
+            messages.append(
+                CheckWarning(
+                    f"Enabled jobs in database '{alias}' run as {ptype}:{pid}, which has no authority "
+                    f"policy: {', '.join(jobs)}.",
+                    hint=(
+                        "Every run of theirs is denied (policy_required). Give the principal a policy "
+                        "(set_policy, ensure_policy or the admin's Authority policies), or create the "
+                        "jobs without an authority envelope to run them as the default principal."
+                    ),
+                    obj=f"{ptype}:{pid}",
+                    id="durable_scheduler.W003",
                 )
             )
     return messages

@@ -25,6 +25,8 @@ _DEFAULTS: dict[str, Any] = {
     "RETRY_JITTER": 0.2,
     # Largest batch one claim may take.
     "MAX_CLAIM_BATCH": 500,
+    # Who a job created without an authority envelope runs as (see policies.grant_default).
+    "DEFAULT_PRINCIPAL": {"type": "app", "id": "durable_scheduler"},
 }
 
 
@@ -64,6 +66,10 @@ class Settings:
     @property
     def MAX_CLAIM_BATCH(self) -> int:  # noqa: N802
         return int(self._get("MAX_CLAIM_BATCH"))
+
+    @property
+    def DEFAULT_PRINCIPAL(self) -> Any:  # noqa: N802
+        return self._get("DEFAULT_PRINCIPAL")
 
 
 settings = Settings()

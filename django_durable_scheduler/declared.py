@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import conf
-from .authority import normalize_authority
+from .authority import default_authority, normalize_authority
 from .exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
 from .identity import canonical_json, normalize_bool, normalize_identifier, normalize_int, normalize_json
 from .identity import to_duration_ms as _duration_ms
@@ -63,7 +63,7 @@ class DeclaredJob:
 
     job_id: str
     kind: str
-    authority: dict[str, Any]
+    authority: dict[str, Any] | None  # None: the app's default principal (create_job's default)
     trigger: dict[str, Any]
     payload: Any
     enabled: bool
@@ -80,8 +80,6 @@ def _declaration(job_id: Any, kind: Any, fields: Mapping[str, Any], prefix: str)
     unknown = sorted(str(key) for key in fields if key not in FIELDS)
     if unknown:
         raise InvalidArgument(f"{prefix}{unknown[0]}", f"is not a job attribute (known: {', '.join(FIELDS)})")
-    if fields.get("authority") is None:
-        raise InvalidArgument(f"{prefix}authority", "is required (the authority envelope the job runs under)")
     base = fields.get("retry_base_delay")
     maximum = fields.get("retry_max_delay")
     base_ms = (
@@ -100,7 +98,9 @@ def _declaration(job_id: Any, kind: Any, fields: Mapping[str, Any], prefix: str)
     return DeclaredJob(
         job_id=normalize_identifier(job_id, f"{prefix}job_id"),
         kind=normalize_identifier(kind, "kind", max_length=128),
-        authority=normalize_authority(fields["authority"], f"{prefix}authority"),
+        authority=None
+        if fields.get("authority") is None
+        else normalize_authority(fields["authority"], f"{prefix}authority"),
         trigger=validate_trigger({} if trigger is None else trigger, f"{prefix}trigger"),
         payload=normalize_json(fields.get("payload"), f"{prefix}payload"),
         enabled=normalize_bool(fields.get("enabled", True), f"{prefix}enabled"),
@@ -138,7 +138,7 @@ def declare_job(
     job_id: str,
     kind: str,
     *,
-    authority: dict[str, Any],
+    authority: dict[str, Any] | None = None,
     trigger: dict[str, Any] | None = None,
     payload: Any = None,
     enabled: bool = True,
@@ -206,15 +206,17 @@ def _canonical_or_none(normalize: Callable[[Any], Any], value: Any) -> str | Non
 
 
 def _authority_for(declaration: DeclaredJob, stored: Any) -> dict[str, Any]:
-    """The declared envelope, keeping the stored policy binding when it names none."""
-    refs = declaration.authority["authorizationRefs"]
+    """The declared envelope (or the default one), keeping the stored policy binding when it
+    names none."""
+    declared = declaration.authority
+    if declared is None:
+        declared = default_authority(declaration.kind, conf.settings.DEFAULT_PRINCIPAL)
+    refs = declared["authorizationRefs"]
     stored_refs = stored.get("authorizationRefs") if isinstance(stored, dict) else None
     bound = stored_refs.get("schedulerPolicyRevision") if isinstance(stored_refs, dict) else None
     if "schedulerPolicyRevision" in refs or bound is None:
-        return declaration.authority
-    return normalize_authority(
-        {**declaration.authority, "authorizationRefs": {**refs, "schedulerPolicyRevision": bound}}
-    )
+        return declared
+    return normalize_authority({**declared, "authorizationRefs": {**refs, "schedulerPolicyRevision": bound}})
 
 
 def changes_for(declaration: DeclaredJob, job: Job) -> dict[str, Any]:
@@ -228,7 +230,8 @@ def changes_for(declaration: DeclaredJob, job: Job) -> dict[str, Any]:
         changes["payload"] = declaration.payload
     authority = _authority_for(declaration, job.authority)
     if _canonical_or_none(normalize_authority, job.authority) != canonical_json(authority):
-        changes["authority"] = authority
+        # None lets update_job grant the default principal the kind, as create_job does.
+        changes["authority"] = None if declaration.authority is None else authority
     if job.enabled != declaration.enabled:
         changes["enabled"] = declaration.enabled
     if job.max_attempts != declaration.max_attempts:

@@ -6,13 +6,14 @@ Every change is compare-and-set on the job's revision and appends its event.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 
 from . import conf
-from .authority import normalize_authority
+from .authority import default_authority, normalize_authority
 from .budgets import settle_cancelled
 from .dialect import insert_rows, write_transaction
 from .events import JOB_CREATED, JOB_UPDATED, OCCURRENCE_CANCELLED, SLOT_SKIPPED, new_event
@@ -27,9 +28,11 @@ from .identity import (
 )
 from .leases import MAX_LEASE_MS
 from .models import PENDING_STATUSES, Job, Occurrence, OccurrenceStatus
-from .policies import bind_to_current_policy
+from .policies import bind_to_current_policy, get_policy, grant_default
 from .schedules import expired_one_off, initial_fire_time
 from .triggers import validate_trigger
+
+logger = logging.getLogger("django_durable_scheduler")
 
 MAX_ATTEMPTS_LIMIT = 32
 SUPERSEDED = "superseded"
@@ -46,7 +49,8 @@ def _job_fields(changes: dict[str, Any], *, creating: bool) -> dict[str, Any]:
         elif key == "payload":
             out["payload"] = normalize_json(value, "payload")
         elif key == "authority":
-            out["authority"] = normalize_authority(value, "authority")
+            # None: the default authority, built once the kind is known (_default_authority).
+            out["authority"] = None if value is None else normalize_authority(value, "authority")
         elif key == "enabled":
             out["enabled"] = normalize_bool(value, "enabled")
         elif key == "max_attempts":
@@ -60,6 +64,34 @@ def _job_fields(changes: dict[str, Any], *, creating: bool) -> dict[str, Any]:
                 key, "is not a job attribute that can be " + ("set" if creating else "changed")
             )
     return out
+
+
+def _default_authority(job_id: str, kind: str, alias: str) -> dict[str, Any]:
+    """The envelope of a job given none, its capability granted to the default principal."""
+    grant_default(kind, job_id=job_id, using=alias)
+    return default_authority(kind, conf.settings.DEFAULT_PRINCIPAL)
+
+
+def _has_default_authority(job: Job) -> bool:
+    """Whether ``job`` runs under the default envelope of its kind (policy binding aside)."""
+    default = default_authority(job.kind, conf.settings.DEFAULT_PRINCIPAL)
+    return bool(
+        job.authority.get("principal") == default["principal"]
+        and job.authority.get("requestedCapabilities") == default["requestedCapabilities"]
+    )
+
+
+def _warn_without_policy(job_id: str, authority: dict[str, Any], alias: str) -> None:
+    """Log that an explicit envelope's principal has no policy: every run would be denied."""
+    principal = authority["principal"]
+    if get_policy(principal["type"], principal["id"], using=alias) is None:
+        logger.warning(
+            "job %s runs as %s:%s, which has no authority policy: every run is denied "
+            "(policy_required) until one is set (set_policy, ensure_policy or the admin)",
+            job_id,
+            principal["type"],
+            principal["id"],
+        )
 
 
 def _bind_current(authority: dict[str, Any], alias: str) -> dict[str, Any]:
@@ -97,7 +129,7 @@ def create_job(
     job_id: str,
     kind: str,
     *,
-    authority: dict[str, Any],
+    authority: dict[str, Any] | None = None,
     trigger: dict[str, Any] | None = None,
     payload: Any = None,
     enabled: bool = True,
@@ -106,7 +138,10 @@ def create_job(
     retry_max_delay: float | timedelta | None = None,
     using: str | None = None,
 ) -> Job:
-    """Create a job at revision 1. ``SCHEDULER_CONFLICT`` if the id is taken."""
+    """Create a job at revision 1. ``SCHEDULER_CONFLICT`` if the id is taken.
+
+    Without ``authority`` the job runs as the app's default principal, requesting its kind,
+    which that principal's policy is made to grant (:func:`policies.grant_default`)."""
     job_id = normalize_identifier(job_id, "job_id")
     fields = _job_fields(
         {
@@ -129,6 +164,10 @@ def create_job(
         if Job.objects.using(alias).filter(pk=job_id).exists():
             raise Conflict(f"job {job_id!r} already exists", {"job_id": job_id})
         job = Job(job_id=job_id, revision=1, created_at=now, updated_at=now, **fields)
+        if job.authority is None:
+            job.authority = _default_authority(job_id, job.kind, alias)
+        else:
+            _warn_without_policy(job_id, job.authority, alias)
         job.authority = _bind_current(job.authority, alias)
         job.next_fire_at = initial_fire_time(job.trigger, now=now, anchor=now)
         try:
@@ -147,7 +186,8 @@ def update_job(job_id: str, *, expected_revision: int, using: str | None = None,
     """Compare-and-set update: applies ``changes`` only if the job is at ``expected_revision``.
 
     A trigger change cancels (``superseded``) the queued/retry_wait occurrences that the
-    old trigger materialized; explicitly enqueued ones keep their snapshot.
+    old trigger materialized; explicitly enqueued ones keep their snapshot. ``authority=None``
+    gives the job the default authority, as :func:`create_job` does.
     """
     job_id = normalize_identifier(job_id, "job_id")
     expected = normalize_int(expected_revision, "expected_revision", minimum=1)
@@ -169,18 +209,19 @@ def update_job(job_id: str, *, expected_revision: int, using: str | None = None,
             fields.get("retry_base_delay_ms", job.retry_base_delay_ms),
             fields.get("retry_max_delay_ms", job.retry_max_delay_ms),
         )
+        if "kind" in fields and "authority" not in fields and _has_default_authority(job):
+            fields["authority"] = None  # the default envelope requests the kind: follow it
+        if "authority" in fields:
+            if fields["authority"] is None:
+                fields["authority"] = _default_authority(job_id, fields.get("kind", job.kind), alias)
+            else:
+                _warn_without_policy(job_id, fields["authority"], alias)
+            fields["authority"] = _bind_current(fields["authority"], alias)
         changed = sorted(
             name
             for name, value in fields.items()
             if canonical_json(getattr(job, name)) != canonical_json(value)
         )
-        if "authority" in fields:
-            fields["authority"] = _bind_current(fields["authority"], alias)
-            changed = sorted(
-                name
-                for name, value in fields.items()
-                if canonical_json(getattr(job, name)) != canonical_json(value)
-            )
         if not changed:
             return job  # nothing differs: no new revision, no event
         for name, value in fields.items():

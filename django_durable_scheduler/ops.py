@@ -28,6 +28,7 @@ from .models import (
     ReservationStatus,
     WorkerHeartbeat,
 )
+from .policies import jobs_without_policy
 
 DEFAULT_STALE_AFTER = timedelta(seconds=60)
 DEFAULT_MAX_LAG = timedelta(seconds=300)
@@ -151,6 +152,8 @@ class Status:
     unhandled: list[KindBacklog]
     near_budget: list[BudgetUsage]
     disabled_waiting: int
+    # Enabled jobs whose principal has no policy (every run denied), by "type:id".
+    without_policy: dict[str, list[str]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -177,6 +180,7 @@ class Status:
             "unhandled_kinds": [k.as_json() for k in self.unhandled],
             "near_budget": [b.as_json() for b in self.near_budget],
             "disabled_waiting": self.disabled_waiting,
+            "jobs_without_policy": self.without_policy,
         }
 
 
@@ -310,6 +314,7 @@ def collect_status(
         unhandled=unhandled,
         near_budget=_near_budget(now, budget_percent, alias),
         disabled_waiting=disabled_waiting,
+        without_policy={f"{t}:{i}": jobs for (t, i), jobs in jobs_without_policy(using=alias).items()},
     )
     if status.due and not live:
         status.problems.append(f"no live worker while {status.due} occurrence(s) are due")
@@ -360,6 +365,9 @@ def format_status(status: Status) -> str:
             f"runs {b.runs}/{b.max_runs}, units {b.units}/{b.max_units}"
             for b in status.near_budget
         )
+    if status.without_policy:
+        lines.append("jobs whose principal has no policy (every run denied):")
+        lines.extend(f"  {principal}: {', '.join(jobs)}" for principal, jobs in status.without_policy.items())
     lines.append("healthy" if status.healthy else "unhealthy: " + "; ".join(status.problems))
     return "\n".join(lines)
 

@@ -38,6 +38,7 @@ from .authority import (
     missing_capabilities,
     normalize_authority,
     normalize_capabilities,
+    normalize_principal,
     principal_key,
 )
 from .dialect import alias_for, write_transaction
@@ -639,3 +640,64 @@ def bind_to_current_policy(authority: dict[str, Any], using: str | None = None) 
     if policy is None:
         return authority
     return bind(authority, policy.revision)
+
+
+# Concurrent first uses of the default principal race to create or widen its policy.
+_GRANT_ATTEMPTS = 5
+
+
+def grant_default(capability: str, *, job_id: str, using: str | None = None) -> AuthorityPolicy:
+    """The default principal's policy (``DURABLE_SCHEDULER_DEFAULT_PRINCIPAL``), granting
+    ``capability``: created on first use with the default budget, widened when a job is
+    created without an authority envelope for a kind it does not grant yet. Such a job's
+    author asked for no restriction; an operator restricts it in the admin, and an explicit
+    envelope stays fail-closed."""
+    principal = normalize_principal(conf.settings.DEFAULT_PRINCIPAL, "DURABLE_SCHEDULER_DEFAULT_PRINCIPAL")
+    ptype, pid = principal["type"], principal["id"]
+    for _ in range(_GRANT_ATTEMPTS):
+        with write_transaction(using) as alias:
+            # A locking read sees the latest policy even in a repeatable-read snapshot (MySQL).
+            policy = (
+                AuthorityPolicy.objects.using(alias)
+                .select_for_update()
+                .filter(principal_type=ptype, principal_id=pid)
+                .first()
+            )
+        if policy is not None and capability in (policy.capabilities or []):
+            return policy
+        try:
+            return set_policy(
+                ptype,
+                pid,
+                capabilities=sorted({*(policy.capabilities if policy else []), capability}),
+                window=timedelta(milliseconds=policy.window_ms if policy else DEFAULT_WINDOW_MS),
+                max_runs=policy.max_runs if policy else DEFAULT_MAX_RUNS,
+                max_units=policy.max_units if policy else DEFAULT_MAX_UNITS,
+                enabled=policy.enabled if policy else True,
+                expected_revision=policy.revision if policy else 0,
+                changed_by=f"durable_scheduler: job {job_id} has no authority envelope",
+                using=using,
+            )
+        except AuthorityPolicyConflict:
+            continue
+    raise AuthorityPolicyConflict(
+        f"the default principal's policy kept changing while granting {capability!r}",
+        {"principal": principal, "capability": capability},
+    )
+
+
+def jobs_without_policy(*, using: str | None = None) -> dict[tuple[str, str], list[str]]:
+    """The enabled jobs whose principal has no policy, by principal ``(type, id)``: every
+    run of theirs is denied ``policy_required`` until one is set."""
+    alias = alias_for(using)
+    having = set(AuthorityPolicy.objects.using(alias).values_list("principal_type", "principal_id"))
+    found: dict[tuple[str, str], list[str]] = {}
+    jobs = Job.objects.using(alias).filter(enabled=True).order_by("job_id")
+    for job_id, authority in jobs.values_list("job_id", "authority").iterator():
+        principal = authority.get("principal") if isinstance(authority, dict) else None
+        if not isinstance(principal, dict):
+            continue
+        key = (str(principal.get("type")), str(principal.get("id")))
+        if key not in having:
+            found.setdefault(key, []).append(job_id)
+    return found

@@ -257,8 +257,7 @@ BAD_INSTANTS: list[tuple[str, Any]] = [
 ]
 
 BAD_AUTHORITIES: list[tuple[str, str, Any]] = [
-    # (label, field, envelope)
-    ("none", "authority", None),
+    # (label, field, envelope); None is no envelope: the default principal's (test_default_authority.py)
     ("string", "authority", "user:alice"),
     ("list", "authority", [AUTHORITY]),
     ("unknown-top-key", "authority.owner", {**AUTHORITY, "owner": "alice"}),

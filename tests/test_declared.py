@@ -248,8 +248,6 @@ def test_a_job_updated_meanwhile_by_another_process(isolated, monkeypatch):
 @pytest.mark.parametrize(
     ("job", "field"),
     [
-        ({}, "job.authority"),
-        ({"authority": None}, "job.authority"),
         ({"authority": AUTHORITY, "kind": "x"}, "job.kind"),
         ({"authority": AUTHORITY, "trigger": {"cron": "61 * * * *"}}, "job.trigger.cron"),
         ({"authority": {"principal": {"type": "user"}}}, "job.authority.principal.id"),

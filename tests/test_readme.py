@@ -58,6 +58,8 @@ class Project:
         self.dir = where
         unset = ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")
         self.env = {k: v for k, v in os.environ.items() if k not in unset}
+        # The package this test run imports (a worktree's, or a wheel's when ROOT has none).
+        self.env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
         where.mkdir()
         self.run("-m", "django", "startproject", "mysite", ".")
         self.manage("startapp", "myapp")
