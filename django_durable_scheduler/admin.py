@@ -285,8 +285,9 @@ class JobAdmin(ApiFormAdmin):
         "enabled",
         "revision",
         "last_outcome",
+        "declared_in",
     ]
-    list_filter = ["enabled", "kind"]
+    list_filter = ["enabled", "kind", "declared_in"]
     search_fields = ["job_id", "kind"]
     actions = ["enable_jobs", "disable_jobs", "run_now"]
     ordering = ["job_id"]
@@ -301,7 +302,15 @@ class JobAdmin(ApiFormAdmin):
         ("retry_base_delay", "retry_max_delay"),
         "loaded_revision",
     ]
-    _INFO = ["revision", "trigger_words", "next_fire_at", "last_slot_at", "created_at", "updated_at"]
+    _INFO = [
+        "revision",
+        "trigger_words",
+        "next_fire_at",
+        "last_slot_at",
+        "declared_in",
+        "created_at",
+        "updated_at",
+    ]
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
@@ -388,6 +397,8 @@ class OccurrenceAdmin(ReadOnlyAdmin):
     ]
     list_filter = [
         "status",
+        # A disabled job's pending occurrences wait unclaimed: find them here, cancel or keep them.
+        ("job__enabled", admin.BooleanFieldListFilter),
         ("job__kind", admin.AllValuesFieldListFilter),
         ("job", admin.RelatedOnlyFieldListFilter),
     ]

@@ -20,11 +20,15 @@ syncing never unbinds a job from its principal's policy.
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
+
+from django.apps import apps
 
 from . import conf
 from .authority import default_authority, normalize_authority
@@ -35,6 +39,8 @@ from .triggers import validate_trigger
 
 if TYPE_CHECKING:
     from .models import Job
+
+logger = logging.getLogger("django_durable_scheduler")
 
 # The kernel's bounds (kernel.py), repeated here so that declaring a job at import time
 # does not import the models.
@@ -70,6 +76,8 @@ class DeclaredJob:
     max_attempts: int
     retry_base_delay_ms: int | None
     retry_max_delay_ms: int | None
+    # The module that declares it; its app owns the job (a sync disables what it stops declaring).
+    module: str | None = None
 
 
 _declared: dict[str, DeclaredJob] = {}
@@ -149,7 +157,8 @@ def declare_job(
     """Declare a job in code (created or updated by ``manage.py scheduler_sync``).
 
     The arguments are those of ``create_job``; the declaration is validated now, so a bad
-    one fails where it is written. Returns the normalized declaration.
+    one fails where it is written. Returns the normalized declaration. The calling module's
+    app owns the job: once that app stops declaring it, a sync disables it.
     """
     declaration = _declaration(
         job_id,
@@ -165,6 +174,8 @@ def declare_job(
         },
         "",
     )
+    caller = sys._getframe(1).f_globals.get("__name__")  # the declaring module, for its app
+    declaration = replace(declaration, module=caller if isinstance(caller, str) else None)
     add_declaration(declaration)
     return declaration
 
@@ -298,13 +309,39 @@ def _sync_one(declaration: DeclaredJob, using: str | None) -> str:
 
 
 def sync_declared_jobs(using: str | None = None) -> dict[str, list[str]]:
-    """Create the declared jobs that are missing and update the ones that differ.
+    """Create the declared jobs that are missing, update the ones that differ, and disable
+    the ones an installed app declared before and declares no more.
 
-    Returns ``{"created": [...], "updated": [...], "unchanged": [...]}`` (job ids). Each job
-    is its own kernel transaction; a job that changes only gets a new revision. Jobs that
-    are no longer declared are left alone.
+    Returns ``{"created": [...], "updated": [...], "unchanged": [...], "disabled": [...]}``
+    (job ids). Each job is its own kernel transaction; a job that changes only gets a new
+    revision. A disabled job keeps its history and its pending occurrences (they wait); it
+    becomes an ordinary job, no longer owned by the code. Jobs of apps this process does not
+    install are left alone: another deployment may declare them.
     """
-    result: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": []}
-    for declaration in declared_jobs():
+    from . import kernel
+
+    result: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": [], "disabled": []}
+    declarations = declared_jobs()
+    for declaration in declarations:
         result[_sync_one(declaration, using)].append(declaration.job_id)
+        kernel.set_declared_in(declaration.job_id, _app_of(declaration.module), using=using)
+    installed = [config.label for config in apps.get_app_configs()]
+    still = {declaration.job_id for declaration in declarations}
+    for job_id, app in kernel.declared_jobs_of(installed, using=using):
+        if job_id in still:
+            continue
+        if kernel.undeclare_job(job_id, app, using=using):
+            logger.warning(
+                "job %s is no longer declared by app %s: disabled (its pending occurrences wait; "
+                "enable it in the admin or delete it)",
+                job_id,
+                app,
+            )
+            result["disabled"].append(job_id)
     return result
+
+
+def _app_of(module: str | None) -> str | None:
+    """The label of the installed app that holds ``module``, or None."""
+    config = apps.get_containing_app_config(module) if module else None
+    return None if config is None else config.label

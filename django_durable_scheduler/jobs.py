@@ -15,7 +15,7 @@ from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from . import conf
 from .authority import default_authority, normalize_authority
 from .budgets import settle_cancelled
-from .dialect import insert_rows, write_transaction
+from .dialect import alias_for, insert_rows, write_transaction
 from .events import JOB_CREATED, JOB_UPDATED, OCCURRENCE_CANCELLED, SLOT_SKIPPED, new_event
 from .exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
 from .identity import (
@@ -29,13 +29,14 @@ from .identity import (
 from .leases import MAX_LEASE_MS
 from .models import PENDING_STATUSES, Job, Occurrence, OccurrenceStatus
 from .policies import bind_to_current_policy, get_policy, grant_default
-from .schedules import expired_one_off, initial_fire_time
+from .schedules import MISFIRE_GRACE, catchup_window, expired_one_off, initial_fire_time
 from .triggers import validate_trigger
 
 logger = logging.getLogger("django_durable_scheduler")
 
 MAX_ATTEMPTS_LIMIT = 32
 SUPERSEDED = "superseded"
+MISFIRED = "misfired"
 
 
 def _job_fields(changes: dict[str, Any], *, creating: bool) -> dict[str, Any]:
@@ -237,6 +238,8 @@ def update_job(job_id: str, *, expected_revision: int, using: str | None = None,
             job.next_fire_at = initial_fire_time(job.trigger, now=after, anchor=job.created_at)
             job.save(using=alias, update_fields=["next_fire_at"])
             _record_expired_one_off(job, after, now, alias)
+        elif "enabled" in changed and job.enabled:
+            superseded = _misfired_while_disabled(job, now, alias)
         new_event(
             job_id,
             JOB_UPDATED,
@@ -259,22 +262,55 @@ def _record_expired_one_off(job: Job, after: datetime, now: datetime, alias: str
         new_event(job.job_id, SLOT_SKIPPED, now, data=skipped.event_data()).save(using=alias)
 
 
-def _supersede_schedule(job: Job, now: datetime, alias: str) -> list[str]:
-    pending = list(
+def _pending_schedule(job: Job, alias: str) -> list[tuple[str, str, datetime]]:
+    """The job's pending occurrences that its schedule materialized: (id, status, slot),
+    oldest slot first, locked."""
+    return list(
         Occurrence.objects.using(alias)
         .select_for_update()
         .filter(job=job, status__in=PENDING_STATUSES, trigger_key__startswith="schedule:")
-        .values_list("pk", "status")
+        .order_by("scheduled_for", "pk")
+        .values_list("pk", "status", "scheduled_for")
     )
+
+
+def _supersede_schedule(job: Job, now: datetime, alias: str) -> list[str]:
+    pending = [(pk, status) for pk, status, _ in _pending_schedule(job, alias)]
+    return _cancel_schedule(job, pending, SUPERSEDED, now, alias)
+
+
+def _misfired_while_disabled(job: Job, now: datetime, alias: str) -> list[str]:
+    """On re-enabling, the schedule's pending occurrences that a running scheduler would not
+    fire now under the job's misfire policy are cancelled (``misfired``): ``skip`` keeps the
+    on-time ones; ``run_all`` those within the catch-up window; ``run_latest`` the on-time
+    ones, and the newest late one within the window only when the schedule has no newer slot
+    due (otherwise the scheduler fires that one). Occurrences enqueued explicitly keep
+    waiting to run."""
+    pending = _pending_schedule(job, alias)
+    misfire = job.trigger.get("misfire", "run_latest")
+    window = catchup_window(job.trigger)
+    late = [row for row in pending if now - row[2] > MISFIRE_GRACE]
+    if misfire == "run_all":
+        late = [row for row in late if now - row[2] > window]
+    elif misfire == "run_latest" and late and late[-1] == pending[-1]:
+        newer_due = job.next_fire_at is not None and job.next_fire_at <= now
+        if not newer_due and now - late[-1][2] <= window:
+            late = late[:-1]
+    return _cancel_schedule(job, [(pk, status) for pk, status, _ in late], MISFIRED, now, alias)
+
+
+def _cancel_schedule(
+    job: Job, pending: list[tuple[str, str]], reason: str, now: datetime, alias: str
+) -> list[str]:
     ids = [pk for pk, _ in pending]
     if ids:
         Occurrence.objects.using(alias).filter(pk__in=ids).update(
             status=OccurrenceStatus.CANCELLED,
             settled_at=now,
             updated_at=now,
-            last_error={"code": "SCHEDULER_CANCELLED", "message": SUPERSEDED},
+            last_error={"code": "SCHEDULER_CANCELLED", "message": reason},
         )
-        settle_cancelled(ids, SUPERSEDED, now, alias)
+        settle_cancelled(ids, reason, now, alias)
         insert_rows(
             alias,
             [
@@ -283,9 +319,50 @@ def _supersede_schedule(job: Job, now: datetime, alias: str) -> list[str]:
                     OCCURRENCE_CANCELLED,
                     now,
                     occurrence_id=pk,
-                    data={"reason": SUPERSEDED, "previousStatus": status},
+                    data={"reason": reason, "previousStatus": status},
                 )
                 for pk, status in pending
             ],
         )
     return ids
+
+
+def set_declared_in(job_id: str, app: str | None, *, using: str | None = None) -> None:
+    """Record which installed app's code declares the job (``declared.py``'s sync)."""
+    Job.objects.using(alias_for(using)).filter(pk=job_id).exclude(declared_in=app).update(declared_in=app)
+
+
+def declared_jobs_of(apps: list[str], *, using: str | None = None) -> list[tuple[str, str]]:
+    """The enabled jobs that these apps declared: ``(job_id, app)``."""
+    rows = Job.objects.using(alias_for(using)).filter(enabled=True, declared_in__in=apps).order_by("job_id")
+    return [(job_id, str(app)) for job_id, app in rows.values_list("job_id", "declared_in")]
+
+
+def undeclare_job(job_id: str, app: str, *, using: str | None = None) -> bool:
+    """Disable a job that ``app`` declared and no longer does; it becomes an ordinary job
+    (an operator may enable it again, and no sync disables it after). False if it was not
+    (any more) an enabled job of ``app``."""
+    now = conf.now()
+    with write_transaction(using) as alias:
+        job = Job.objects.using(alias).select_for_update().filter(pk=job_id).first()
+        if job is None or not job.enabled or job.declared_in != app:
+            return False
+        job.enabled = False
+        job.declared_in = None
+        job.revision += 1
+        job.updated_at = now
+        job.save(using=alias, update_fields=["enabled", "declared_in", "revision", "updated_at"])
+        new_event(
+            job_id,
+            JOB_UPDATED,
+            now,
+            data={
+                "revision": job.revision,
+                "previousRevision": job.revision - 1,
+                "changed": ["enabled"],
+                "superseded": 0,
+                "reason": "undeclared",
+                "declaredIn": app,
+            },
+        ).save(using=alias)
+    return True

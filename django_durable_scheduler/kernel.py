@@ -18,7 +18,16 @@ from __future__ import annotations
 
 from .enqueuing import JOB_PAYLOAD, cancel, enqueue, enqueue_many, enqueue_once_per_trigger
 from .events import history
-from .jobs import MAX_ATTEMPTS_LIMIT, create_job, get_job, get_occurrence, update_job
+from .jobs import (
+    MAX_ATTEMPTS_LIMIT,
+    create_job,
+    declared_jobs_of,
+    get_job,
+    get_occurrence,
+    set_declared_in,
+    undeclare_job,
+    update_job,
+)
 from .leases import (
     backoff_delay_ms,
     check_result,
@@ -46,6 +55,7 @@ __all__ = [
     "claim_batch",
     "create_job",
     "dead_letter_expired",
+    "declared_jobs_of",
     "defer",
     "deny",
     "enqueue",
@@ -60,7 +70,9 @@ __all__ = [
     "record_execution",
     "release",
     "renew",
+    "set_declared_in",
     "settle",
     "settle_many",
+    "undeclare_job",
     "update_job",
 ]

@@ -53,6 +53,9 @@ class Job(models.Model):
     # ever materialized: no slot at or before it fires again, whatever edits or pruning do.
     next_fire_at = models.DateTimeField(null=True, blank=True)
     last_slot_at = models.DateTimeField(null=True, blank=True)
+    # The app whose code declares the job (None: made through the API or the admin). A sync
+    # disables the jobs an installed app no longer declares.
+    declared_in = models.CharField(max_length=100, null=True, blank=True)
 
     class Meta:
         db_table = "durable_scheduler_jobs"

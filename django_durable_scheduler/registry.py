@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .exceptions import InvalidArgument
@@ -67,7 +67,8 @@ def handler(
             if declaration is not None:
                 from .declared import add_declaration
 
-                add_declaration(declaration)  # before the handler: a conflict leaves neither
+                # Before the handler: a conflict leaves neither. The handler's app owns the job.
+                add_declaration(replace(declaration, module=getattr(func, "__module__", None)))
             _handlers[kind] = Handler(kind, func, units)
         return func
 

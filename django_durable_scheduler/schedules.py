@@ -83,7 +83,7 @@ def initial_fire_time(trigger: dict[str, Any], *, now: datetime, anchor: datetim
     if not trigger:
         return None
     if "at" in trigger:
-        return next_fire_time(trigger, after=now - _window(trigger), anchor=anchor)
+        return next_fire_time(trigger, after=now - catchup_window(trigger), anchor=anchor)
     return next_fire_time(trigger, after=now, anchor=anchor)
 
 
@@ -93,12 +93,13 @@ def expired_one_off(trigger: dict[str, Any], *, now: datetime) -> SkippedRange |
     if "at" not in trigger:
         return None
     at = datetime.fromisoformat(trigger["at"])
-    if at > now - _window(trigger) or not previous_fire_times(trigger, before=at + _MS, not_before=at):
+    if at > now - catchup_window(trigger) or not previous_fire_times(trigger, before=at + _MS, not_before=at):
         return None  # still due (initial_fire_time has it), or outside start_at/end_at
     return SkippedRange(at, at, 1, "outside_catchup_window")
 
 
-def _window(trigger: dict[str, Any]) -> timedelta:
+def catchup_window(trigger: dict[str, Any]) -> timedelta:
+    """How far back a missed slot may still fire (``catchup_window`` seconds, default 3600)."""
     return timedelta(seconds=trigger.get("catchup_window", DEFAULT_CATCHUP_WINDOW))
 
 
@@ -140,7 +141,7 @@ def plan_slots(
     if first is None or first > now:
         plan.next_fire_at = first
         return plan
-    window_start = now - _window(trigger)
+    window_start = now - catchup_window(trigger)
     misfire = trigger.get("misfire", "run_latest")
     reason = _SKIP_REASONS[misfire]
     # The usual pass has a few due slots: one forward step finds them all and the next one.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 from io import StringIO
 
@@ -12,7 +13,7 @@ from django.core.management import CommandError, call_command
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import declared, kernel, registry
 from django_durable_scheduler.exceptions import InvalidArgument
-from django_durable_scheduler.models import Event, Job
+from django_durable_scheduler.models import Event, Job, Occurrence
 
 from .conftest import AUTHORITY
 
@@ -50,7 +51,7 @@ def sync():
 
 def test_handler_job_is_created_once(isolated):
     register(isolated, "reports.daily", trigger=DAILY, authority=AUTHORITY, payload={"to": "team"})
-    assert sync() == {"created": ["reports.daily"], "updated": [], "unchanged": []}
+    assert sync() == {"created": ["reports.daily"], "updated": [], "unchanged": [], "disabled": []}
     job = Job.objects.get()
     assert (job.job_id, job.kind, job.revision, job.payload) == (
         "reports.daily",
@@ -60,7 +61,7 @@ def test_handler_job_is_created_once(isolated):
     )
     assert job.trigger["cron"] == "0 9 * * *" and job.next_fire_at is not None
     assert job.retry_base_delay_ms == 10_000 and job.retry_max_delay_ms == 3_600_000
-    assert sync() == {"created": [], "updated": [], "unchanged": ["reports.daily"]}
+    assert sync() == {"created": [], "updated": [], "unchanged": ["reports.daily"], "disabled": []}
     assert Job.objects.get().revision == 1
 
 
@@ -76,7 +77,7 @@ def test_several_jobs_per_kind_with_declare_job(isolated):
     scheduler.declare_job(
         "region-us", "reports.region", authority=AUTHORITY, payload={"region": "us"}, trigger={"every": 3600}
     )
-    assert sync() == {"created": ["region-eu", "region-us"], "updated": [], "unchanged": []}
+    assert sync() == {"created": ["region-eu", "region-us"], "updated": [], "unchanged": [], "disabled": []}
     assert dict(Job.objects.values_list("job_id", "payload")) == {
         "region-eu": {"region": "eu"},
         "region-us": {"region": "us"},
@@ -88,7 +89,7 @@ def test_a_changed_declaration_updates_only_what_changed(isolated):
     sync()
     registry.unregister("reports.daily")
     register(isolated, "reports.daily", trigger={"every": 600}, authority=AUTHORITY, payload={"to": "team"})
-    assert sync() == {"created": [], "updated": ["reports.daily"], "unchanged": []}
+    assert sync() == {"created": [], "updated": ["reports.daily"], "unchanged": [], "disabled": []}
     job = Job.objects.get()
     assert job.revision == 2 and job.trigger["every"] == 600
     update = Event.objects.get(event_type="job_updated")
@@ -149,7 +150,7 @@ def test_equivalent_spellings_are_unchanged(isolated):
         retry_base_delay=10,
         retry_max_delay=timedelta(hours=1),
     )
-    assert sync() == {"created": [], "updated": [], "unchanged": ["j"]}
+    assert sync() == {"created": [], "updated": [], "unchanged": ["j"], "disabled": []}
 
 
 def test_retry_delays_left_out_follow_the_settings(isolated, settings):
@@ -197,7 +198,7 @@ def test_sync_never_deletes_jobs(isolated):
     scheduler.declare_job("j", "k.any", authority=AUTHORITY)
     sync()
     declared.undeclare("j")
-    assert sync() == {"created": [], "updated": [], "unchanged": []}
+    assert sync() == {"created": [], "updated": [], "unchanged": [], "disabled": []}
     assert Job.objects.filter(pk="j").exists()
 
 
@@ -222,7 +223,7 @@ def test_a_job_created_meanwhile_by_another_process(isolated, monkeypatch):
         return real_get_job(job_id, **kwargs)
 
     monkeypatch.setattr(kernel, "get_job", get_job_missing_once)
-    assert sync() == {"created": [], "updated": [], "unchanged": ["j"]}
+    assert sync() == {"created": [], "updated": [], "unchanged": ["j"], "disabled": []}
     assert Job.objects.get().revision == 1
 
 
@@ -238,7 +239,7 @@ def test_a_job_updated_meanwhile_by_another_process(isolated, monkeypatch):
         return real_update(job_id, expected_revision=expected_revision, **kwargs)
 
     monkeypatch.setattr(kernel, "update_job", racing_update)
-    assert sync() == {"created": [], "updated": [], "unchanged": ["j"]}
+    assert sync() == {"created": [], "updated": [], "unchanged": ["j"], "disabled": []}
     assert Job.objects.get().revision == 2
 
 
@@ -301,13 +302,19 @@ def test_scheduler_sync_command(isolated):
     kernel.create_job("extra", "reports.daily", authority=AUTHORITY, max_attempts=5)
     out = StringIO()
     call_command("scheduler_sync", stdout=out)
-    assert out.getvalue().splitlines() == ["created: 1 (reports.daily)", "updated: 1 (extra)", "unchanged: 0"]
+    assert out.getvalue().splitlines() == [
+        "created: 1 (reports.daily)",
+        "updated: 1 (extra)",
+        "unchanged: 0",
+        "disabled: 0",
+    ]
     out = StringIO()
     call_command("scheduler_sync", "--json", stdout=out)
     assert json.loads(out.getvalue()) == {
         "created": [],
         "updated": [],
         "unchanged": ["extra", "reports.daily"],
+        "disabled": [],
     }
 
 
@@ -320,3 +327,90 @@ def test_scheduler_sync_error_is_one_line(isolated, monkeypatch):
     monkeypatch.setattr(kernel, "create_job", failing)
     with pytest.raises(CommandError, match=r"^scheduler_sync: retry_max_delay: must not be shorter"):
         call_command("scheduler_sync", stdout=StringIO())
+
+
+# ----------------------------------------------------------------------- the code owns its jobs
+
+
+def declare_in_app(job_id: str, kind: str = "k.owned", **fields):
+    """A declaration as the tasks module of the installed app tests.testapp makes it."""
+    declaration = scheduler.declare_job(job_id, kind, **fields)
+    declared._declared[job_id] = replace(declaration, module="tests.testapp.tasks")
+
+
+def test_a_job_the_app_stops_declaring_is_disabled_once(caplog):
+    declare_in_app("owned", trigger={"every": 60})
+    declare_in_app("kept")
+    assert sync()["created"] == ["kept", "owned"]
+    assert Job.objects.get(pk="owned").declared_in == "testapp"
+    del declared._declared["owned"]
+    with caplog.at_level("WARNING", logger="django_durable_scheduler"):
+        result = sync()
+    assert result["disabled"] == ["owned"] and result["unchanged"] == ["kept"]
+    job = Job.objects.get(pk="owned")
+    assert not job.enabled and job.declared_in is None and job.revision == 2
+    event = Event.objects.filter(job_id="owned").latest("event_id")
+    assert event.data["reason"] == "undeclared" and event.data["declaredIn"] == "testapp"
+    assert event.data["changed"] == ["enabled"]
+    (line,) = [r.getMessage() for r in caplog.records if "owned" in r.getMessage()]
+    assert "no longer declared by app testapp: disabled" in line
+    assert sync()["disabled"] == []
+    # An operator who enables it again owns it: no sync disables it after.
+    kernel.update_job("owned", expected_revision=job.revision, enabled=True)
+    assert sync()["disabled"] == [] and Job.objects.get(pk="owned").enabled
+
+
+def test_declaring_a_disabled_job_again_enables_it():
+    declare_in_app("back")
+    sync()
+    del declared._declared["back"]
+    assert sync()["disabled"] == ["back"]
+    declare_in_app("back")
+    assert sync()["updated"] == ["back"]
+    job = Job.objects.get(pk="back")
+    assert job.enabled and job.declared_in == "testapp"
+
+
+def test_jobs_of_apps_this_process_does_not_install_are_left_alone():
+    kernel.create_job("elsewhere", "k.other", authority=AUTHORITY)
+    Job.objects.filter(pk="elsewhere").update(declared_in="billing")  # another deployment's app
+    made_here = kernel.create_job("by-api", "k.api", authority=AUTHORITY)
+    assert made_here.declared_in is None
+    assert sync()["disabled"] == []
+    assert Job.objects.get(pk="elsewhere").enabled and Job.objects.get(pk="by-api").enabled
+
+
+def _pending_schedule(job_id):
+    return list(
+        Occurrence.objects.filter(job_id=job_id, trigger_key__startswith="schedule:", status="queued")
+        .order_by("scheduled_for")
+        .values_list("scheduled_for", flat=True)
+    )
+
+
+@pytest.mark.parametrize(
+    ("misfire", "off_for", "kept"),
+    [
+        ("run_latest", timedelta(hours=2), False),  # the scheduler fires the latest slot itself
+        ("skip", timedelta(hours=2), False),
+        ("run_all", timedelta(hours=2), False),  # outside the catch-up window (1 h)
+        ("run_all", timedelta(minutes=30), True),
+        ("run_latest", timedelta(seconds=30), True),  # still on time
+        ("run_latest", timedelta(minutes=30), True),  # late, but no newer slot is due yet
+    ],
+)
+def test_re_enabling_follows_the_misfire_policy(clock, misfire, off_for, kept):
+    kernel.create_job("tick", "k.tick", authority=AUTHORITY, trigger={"every": 3600, "misfire": misfire})
+    clock.advance(hours=1)
+    assert kernel.materialize_due() == 1
+    (slot,) = _pending_schedule("tick")
+    asked, _ = kernel.enqueue("tick", scheduled_for=clock(), trigger_key="asked-for")
+    job = kernel.update_job("tick", expected_revision=Job.objects.get(pk="tick").revision, enabled=False)
+    clock.advance(off_for.total_seconds())
+    job = kernel.update_job("tick", expected_revision=job.revision, enabled=True)
+    assert _pending_schedule("tick") == ([slot] if kept else [])
+    if not kept:
+        cancelled = Occurrence.objects.get(job_id="tick", trigger_key__startswith="schedule:")
+        assert cancelled.status == "cancelled" and cancelled.last_error["message"] == "misfired"
+    asked.refresh_from_db()
+    assert asked.status == "queued"  # enqueued explicitly: it still runs

@@ -1,4 +1,4 @@
-"""``manage.py scheduler_sync``: create or update the jobs declared in code."""
+"""``manage.py scheduler_sync``: create, update or disable the jobs declared in code."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from ...exceptions import SchedulerError
 
 class Command(BaseCommand):
     help = (
-        "Import the handler modules, then create the jobs declared in code that are missing and "
-        "update those that differ (never deletes a job)."
+        "Import the handler modules, then create the jobs declared in code that are missing, "
+        "update those that differ, and disable those an installed app no longer declares "
+        "(never deletes a job)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -33,6 +34,6 @@ class Command(BaseCommand):
         if options["json"]:
             self.stdout.write(json.dumps(result))
             return
-        for outcome in ("created", "updated", "unchanged"):
+        for outcome in ("created", "updated", "unchanged", "disabled"):
             ids = result[outcome]
             self.stdout.write(f"{outcome}: {len(ids)}" + (f" ({', '.join(ids)})" if ids else ""))
