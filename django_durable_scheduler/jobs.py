@@ -19,6 +19,8 @@ from .events import JOB_CREATED, JOB_UPDATED, OCCURRENCE_CANCELLED, SLOT_SKIPPED
 from .exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
 from .identity import (
     canonical_json,
+    column_max,
+    key_label,
     normalize_bool,
     normalize_identifier,
     normalize_int,
@@ -32,6 +34,7 @@ from .schedules import expired_one_off, initial_fire_time
 from .triggers import validate_trigger
 
 MAX_ATTEMPTS_LIMIT = 32
+MAX_REVISION = column_max(Job, "revision")
 SUPERSEDED = "superseded"
 
 
@@ -57,7 +60,7 @@ def _job_fields(changes: dict[str, Any], *, creating: bool) -> dict[str, Any]:
             out["retry_max_delay_ms"] = to_duration_ms(value, "retry_max_delay", maximum_ms=31 * MAX_LEASE_MS)
         else:
             raise InvalidArgument(
-                key, "is not a job attribute that can be " + ("set" if creating else "changed")
+                key_label(key), "is not a job attribute that can be " + ("set" if creating else "changed")
             )
     return out
 
@@ -150,7 +153,7 @@ def update_job(job_id: str, *, expected_revision: int, using: str | None = None,
     old trigger materialized; explicitly enqueued ones keep their snapshot.
     """
     job_id = normalize_identifier(job_id, "job_id")
-    expected = normalize_int(expected_revision, "expected_revision", minimum=1)
+    expected = normalize_int(expected_revision, "expected_revision", minimum=1, maximum=MAX_REVISION)
     if not changes:
         raise InvalidArgument("changes", "give at least one attribute to change")
     fields = _job_fields(changes, creating=False)
