@@ -357,10 +357,14 @@ def _instant(value: Any, field: str) -> datetime:
         raise InvalidArgument(
             field, f"must be an ISO-8601 string with a UTC offset, not {type(value).__name__}"
         )
+    text = value.strip()
     try:
-        parsed = datetime.fromisoformat(value.strip())
-    except ValueError as exc:
-        raise InvalidArgument(field, f"{preview(value)} is not an ISO-8601 date-time") from exc
+        # Printable first: the C parser stops at a NUL and would take what follows as valid.
+        parsed = datetime.fromisoformat(text) if text.isprintable() else None
+    except ValueError:
+        parsed = None
+    if parsed is None:
+        raise InvalidArgument(field, f"{preview(value)} is not an ISO-8601 date-time")
     if parsed.tzinfo is None or parsed.utcoffset() is None:
         raise InvalidArgument(
             field,
