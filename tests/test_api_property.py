@@ -225,7 +225,13 @@ ARGUMENTS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     "settle_many": {"items": st.one_of(SETTLE_ITEMS, VALUES), "owner": arg("w")},
     "release": dict(LEASE),
     "record_execution": {**LEASE, "metadata": VALUES, "receipt": VALUES},
-    "deny": {**LEASE, "code": arg("X_DENIED"), "reason": arg("because"), "details": arg(None)},
+    "deny": {
+        **LEASE,
+        "code": arg("X_DENIED"),
+        "reason": arg("because"),
+        "details": arg(None),
+        "message": arg(None),
+    },
     "defer": {**LEASE, "until": arg(NOW), "details": arg(None)},
     "dead_letter_expired": {"limit": arg(10)},
     "set_policy": {
