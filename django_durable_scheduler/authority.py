@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from .exceptions import InvalidArgument
-from .identity import canonical_json, normalize_identifier
+from .identity import canonical_json, field_key, normalize_identifier
 
 SCHEMA_VERSION = 1
 MAX_CAPABILITIES = 256
@@ -45,7 +45,7 @@ _REF_LISTS = ("approvalIds", "delegationIds", "grantIds")
 def _refuse_unknown(value: dict[str, Any], allowed: set[str], field: str) -> None:
     for key in value:
         if key not in allowed:
-            raise InvalidArgument(f"{field}.{key}", "is not a known key")
+            raise InvalidArgument(field_key(field, key), "is not a known key")
 
 
 def _optional_identifier(value: Any, field: str) -> str | None:
@@ -77,10 +77,28 @@ def normalize_principal(value: Any, field: str = "authority.principal") -> dict[
     if not isinstance(value, dict):
         raise InvalidArgument(field, "must be an object with type and id")
     _refuse_unknown(value, {"type", "id"}, field)
-    return {
+    principal = {
         "type": normalize_identifier(value.get("type"), f"{field}.type", max_length=64),
         "id": normalize_identifier(value.get("id"), f"{field}.id"),
     }
+    length, limit = len(principal_key({"principal": principal})), _principal_key_length()
+    if length > limit:
+        raise InvalidArgument(
+            field,
+            f"type and id are {length} characters as a principal key (JSON-escaped), "
+            f"over the {limit} its column holds",
+        )
+    return principal
+
+
+def _principal_key_length() -> int:
+    """The length of ``Occurrence.principal_key``: quotes and backslashes in a type or id
+    are escaped in the key, so a principal within both identifier limits can exceed it."""
+    from .models import Occurrence  # the app registry is ready when envelopes are checked
+
+    length = Occurrence._meta.get_field("principal_key").max_length
+    assert length is not None
+    return length
 
 
 def normalize_authority(value: Any, field: str = "authority") -> dict[str, Any]:

@@ -33,7 +33,14 @@ from django.apps import apps
 from . import conf
 from .authority import default_authority, normalize_authority
 from .exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
-from .identity import canonical_json, normalize_bool, normalize_identifier, normalize_int, normalize_json
+from .identity import (
+    canonical_json,
+    key_label,
+    normalize_bool,
+    normalize_identifier,
+    normalize_int,
+    normalize_json,
+)
 from .identity import to_duration_ms as _duration_ms
 from .triggers import validate_trigger
 
@@ -85,7 +92,7 @@ _lock = threading.Lock()
 
 
 def _declaration(job_id: Any, kind: Any, fields: Mapping[str, Any], prefix: str) -> DeclaredJob:
-    unknown = sorted(str(key) for key in fields if key not in FIELDS)
+    unknown = sorted(key_label(key) for key in fields if key not in FIELDS)
     if unknown:
         raise InvalidArgument(f"{prefix}{unknown[0]}", f"is not a job attribute (known: {', '.join(FIELDS)})")
     base = fields.get("retry_base_delay")

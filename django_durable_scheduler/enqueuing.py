@@ -34,6 +34,7 @@ from .identity import (
     canonical_json,
     from_ms,
     identity_digester,
+    key_label,
     normalize_identifier,
     normalize_json,
     to_ms,
@@ -43,6 +44,7 @@ from .models import PENDING_STATUSES, Event, Job, Occurrence, OccurrenceStatus
 from .wakeup import notify_new_work
 
 MAX_CANCEL_REASON = 1024
+_ITEM_KEYS = frozenset({"scheduled_for", "trigger_key", "available_at", "payload"})
 # The caller gave no payload: the occurrence takes its job's.
 JOB_PAYLOAD: Any = object()
 
@@ -276,9 +278,9 @@ def enqueue_many(
     for index, item in enumerate(items):
         if not isinstance(item, dict):
             raise InvalidArgument(f"items[{index}]", "must be a dict")
-        unknown = set(item) - {"scheduled_for", "trigger_key", "available_at", "payload"}
+        unknown = sorted(key_label(key) for key in item if key not in _ITEM_KEYS)
         if unknown:
-            raise InvalidArgument(f"items[{index}].{sorted(unknown)[0]}", "is not an enqueue argument")
+            raise InvalidArgument(f"items[{index}].{unknown[0]}", "is not an enqueue argument")
         scheduled_ms, key, available_ms = _slot_args(
             item.get("scheduled_for"), item.get("trigger_key"), item.get("available_at")
         )

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import re
+import reprlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -23,8 +24,13 @@ CONTRACT_VERSION = 1
 MAX_JSON_DEPTH = 64
 MAX_CANONICAL_BYTES = 1024 * 1024
 MAX_SAFE_INTEGER = 2**53 - 1
+MAX_BIGINT = 2**63 - 1
 MAX_IDENTIFIER_LENGTH = 256
 MAX_EPOCH_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+# The largest seconds a duration may be given as: far beyond every bound the API sets, and
+# small enough that its milliseconds are exact in a float and fit datetime arithmetic.
+MAX_DURATION_SECONDS = 10**12
+PREVIEW_LENGTH = 60
 
 
 def _js_number(value: float) -> str:
@@ -58,11 +64,51 @@ def _js_number(value: float) -> str:
     return sign + text
 
 
+_PREVIEW = reprlib.Repr()
+_PREVIEW.maxlevel = 3
+_PREVIEW.maxstring = _PREVIEW.maxother = _PREVIEW.maxlong = PREVIEW_LENGTH
+_PREVIEW.maxlist = _PREVIEW.maxtuple = _PREVIEW.maxdict = _PREVIEW.maxset = 4
+
+
+def preview(value: Any) -> str:
+    """A short repr of a refused value for an error message: an error must not print a value
+    of a megabyte, recurse through one nested thousands deep, or fail on a huge integer."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        digits = int(value.bit_length() * math.log10(2)) + 1
+        return f"{'-' if value < 0 else ''}<an integer of about {digits} digits>"
+    try:
+        text = _PREVIEW.repr(value)
+    except Exception:  # a repr that fails (an own __repr__, an int past str()'s limit)
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= PREVIEW_LENGTH else text[: PREVIEW_LENGTH - 3] + "..."
+
+
+def key_label(key: Any) -> str:
+    """A dict key as an error's field names it: itself, or its short repr when it is long,
+    holds unprintable characters or is not a string."""
+    if isinstance(key, str) and len(key) <= PREVIEW_LENGTH and key.isprintable():
+        return key
+    return preview(key)
+
+
+def field_key(field: str, key: Any) -> str:
+    """``field.key``: the field of an unknown key of the dict argument ``field``."""
+    return f"{field}.{key_label(key)}"
+
+
 def _check_unicode(text: str, field: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidArgument(field, "holds a lone surrogate, which is not valid Unicode text") from None
+
+
+# PostgreSQL's text and jsonb refuse U+0000, which SQLite and MariaDB would keep: refused
+# everywhere, so a value is stored alike on every database.
+_NUL_MESSAGE = "holds a NUL character (U+0000), which cannot be stored"
+# A NUL escape in canonical JSON text: ``\u0000`` after an even number of backslashes
+# (after an odd number, the backslash before ``u`` is itself escaped text).
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def _utf16_key(text: str) -> bytes:
@@ -105,7 +151,7 @@ def _encode(value: Any, field: str, depth: int, out: list[str]) -> None:
     elif isinstance(value, dict):
         for key in value:
             if not isinstance(key, str):
-                raise InvalidArgument(field, f"has a non-string key {key!r}")
+                raise InvalidArgument(field, f"has a non-string key {preview(key)}")
             _check_unicode(key, field)
         out.append("{")
         for index, key in enumerate(sorted(value, key=_utf16_key)):
@@ -131,8 +177,13 @@ def canonical_json(value: Any, field: str = "value", *, max_bytes: int = MAX_CAN
 
 
 def normalize_json(value: Any, field: str, *, max_bytes: int = MAX_CANONICAL_BYTES) -> Any:
-    """Validate ``value`` as canonical JSON and return its canonical Python form."""
-    return json.loads(canonical_json(value, field, max_bytes=max_bytes), parse_int=_parse_int)
+    """Validate ``value`` as a JSON value every database stores alike and return its
+    canonical Python form: canonical JSON, and no NUL in a string or key (which
+    :func:`canonical_json`, a pure function of the seed, does allow)."""
+    text = canonical_json(value, field, max_bytes=max_bytes)
+    if "\\u0000" in text and _JSON_NUL.search(text):
+        raise InvalidArgument(field, _NUL_MESSAGE)
+    return json.loads(text, parse_int=_parse_int)
 
 
 def _parse_int(text: str) -> int | float:
@@ -224,14 +275,27 @@ def normalize_identifier(value: Any, field: str, *, max_length: int = MAX_IDENTI
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
-def normalize_int(value: Any, field: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+def normalize_int(
+    value: Any, field: str, *, minimum: int | None = None, maximum: int | None = MAX_BIGINT
+) -> int:
+    """An int within bounds; the default bound is what a bigint column holds, so no integer
+    reaches a query that a database would refuse (pass ``maximum=None`` for none)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(field, f"must be an integer, not {type(value).__name__}")
     if minimum is not None and value < minimum:
-        raise InvalidArgument(field, f"must be >= {minimum} (got {value})")
+        raise InvalidArgument(field, f"must be >= {minimum} (got {preview(value)})")
     if maximum is not None and value > maximum:
-        raise InvalidArgument(field, f"must be <= {maximum} (got {value})")
-    return value
+        raise InvalidArgument(field, f"must be <= {maximum} (got {preview(value)})")
+    return int(value)
+
+
+def column_max(model: Any, name: str) -> int:
+    """The largest value the integer column ``model.name`` holds on every supported database
+    (the portable ranges Django checks against: e.g. 32767 for a small integer)."""
+    from django.db.backends.base.operations import BaseDatabaseOperations
+
+    internal_type = model._meta.get_field(name).get_internal_type()
+    return int(BaseDatabaseOperations.integer_field_ranges[internal_type][1])
 
 
 def normalize_bool(value: Any, field: str) -> bool:
@@ -257,7 +321,9 @@ def to_ms(value: Any, field: str) -> int:
             field, f"must be an aware datetime or epoch milliseconds, not {type(value).__name__}"
         )
     if value < 0 or value > MAX_EPOCH_MS:
-        raise InvalidArgument(field, f"must be epoch milliseconds between 0 and year 9999 (got {value})")
+        raise InvalidArgument(
+            field, f"must be epoch milliseconds between 0 and year 9999 (got {preview(value)})"
+        )
     return value
 
 
@@ -289,7 +355,8 @@ def to_duration_ms(
         ms = value // timedelta(milliseconds=1)
     elif isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgument(field, f"must be seconds or a timedelta, not {type(value).__name__}")
-    elif not math.isfinite(value) or abs(value) > 1e12:
+    elif not -MAX_DURATION_SECONDS <= value <= MAX_DURATION_SECONDS:  # False for NaN
+        # Compared, not converted: an int past float range (10**400) cannot become one.
         raise InvalidArgument(field, "must be a finite number of seconds (at most 1e12)")
     else:
         ms = round(value * 1000)

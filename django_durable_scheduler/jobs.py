@@ -20,6 +20,8 @@ from .events import JOB_CREATED, JOB_UPDATED, OCCURRENCE_CANCELLED, SLOT_SKIPPED
 from .exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
 from .identity import (
     canonical_json,
+    column_max,
+    key_label,
     normalize_bool,
     normalize_identifier,
     normalize_int,
@@ -35,6 +37,7 @@ from .triggers import validate_trigger
 logger = logging.getLogger("django_durable_scheduler")
 
 MAX_ATTEMPTS_LIMIT = 32
+MAX_REVISION = column_max(Job, "revision")
 SUPERSEDED = "superseded"
 MISFIRED = "misfired"
 
@@ -62,7 +65,7 @@ def _job_fields(changes: dict[str, Any], *, creating: bool) -> dict[str, Any]:
             out["retry_max_delay_ms"] = to_duration_ms(value, "retry_max_delay", maximum_ms=31 * MAX_LEASE_MS)
         else:
             raise InvalidArgument(
-                key, "is not a job attribute that can be " + ("set" if creating else "changed")
+                key_label(key), "is not a job attribute that can be " + ("set" if creating else "changed")
             )
     return out
 
@@ -191,7 +194,7 @@ def update_job(job_id: str, *, expected_revision: int, using: str | None = None,
     gives the job the default authority, as :func:`create_job` does.
     """
     job_id = normalize_identifier(job_id, "job_id")
-    expected = normalize_int(expected_revision, "expected_revision", minimum=1)
+    expected = normalize_int(expected_revision, "expected_revision", minimum=1, maximum=MAX_REVISION)
     if not changes:
         raise InvalidArgument("changes", "give at least one attribute to change")
     fields = _job_fields(changes, creating=False)

@@ -45,8 +45,10 @@ from .events import (
 )
 from .exceptions import InvalidArgument, LeaseLost
 from .identity import (
+    column_max,
     from_ms,
     iso_ms,
+    key_label,
     normalize_bool,
     normalize_identifier,
     normalize_int,
@@ -59,6 +61,7 @@ from .models import Job, Occurrence, OccurrenceStatus
 MAX_LEASE_MS = 24 * 60 * 60 * 1000
 MAX_RESULT_BYTES = 64 * 1024
 MAX_ERROR_MESSAGE = 4096
+MAX_FENCE = column_max(Occurrence, "fence")
 _UNSET: Any = object()
 
 
@@ -114,6 +117,7 @@ def _dead_letter_rows(rows: Sequence[Occurrence], now: datetime, alias: str, *, 
 
 def dead_letter_expired(*, limit: int = 500, using: str | None = None) -> int:
     """Dead-letter running occurrences whose lease expired on their final attempt."""
+    limit = normalize_int(limit, "limit", minimum=1, maximum=conf.settings.MAX_CLAIM_BATCH)
     now = conf.now()
     expired = Occurrence.objects.using(using or DEFAULT_DB_ALIAS).filter(
         status=OccurrenceStatus.RUNNING, lease_expires_at__lte=now, attempt__gte=F("max_attempts")
@@ -169,7 +173,11 @@ def claim_batch(
     lease_ms = _lease_ms(lease)
     limit = normalize_int(limit, "limit", minimum=1, maximum=conf.settings.MAX_CLAIM_BATCH)
     kind_list = _kinds(kinds)
-    if sweep_expired:  # the worker sweeps on its own schedule instead of before every claim
+    if after_principal is not None and not isinstance(after_principal, str):
+        # Only compared with principal keys in Python, never stored or sent to the database.
+        raise InvalidArgument("after_principal", "must be a principal key (a string) or None")
+    if normalize_bool(sweep_expired, "sweep_expired"):
+        # The worker sweeps on its own schedule instead of before every claim.
         dead_letter_expired(using=using)
     now = conf.now()
     expires = now + timedelta(milliseconds=lease_ms)
@@ -299,7 +307,7 @@ def lease_args(occurrence_id: Any, owner: Any, fence: Any) -> tuple[str, str, in
     return (
         normalize_identifier(occurrence_id, "occurrence_id"),
         _owner(owner),
-        normalize_int(fence, "fence", minimum=1),
+        normalize_int(fence, "fence", minimum=1, maximum=MAX_FENCE),
     )
 
 
@@ -343,8 +351,9 @@ def _normalize_error(error: Any, field: str = "error") -> dict[str, Any] | None:
     for key in ("message", "traceback"):
         value = error.get(key)
         if isinstance(value, str):
-            # Exception text can hold anything; keep it storable rather than fail the settle.
-            value = error[key] = value.encode("utf-8", "replace").decode("utf-8")
+            # Exception text can hold anything; keep it storable rather than fail the settle
+            # (a lone surrogate or a NUL becomes "?").
+            value = error[key] = value.encode("utf-8", "replace").decode("utf-8").replace("\x00", "?")
             limit = MAX_ERROR_MESSAGE if key == "message" else 4 * MAX_ERROR_MESSAGE
             encoded = value.encode("utf-8")
             if len(encoded) > limit:
@@ -392,7 +401,7 @@ def _settle_args(
     prefix: str = "",
 ) -> _Outcome:
     occurrence_id = normalize_identifier(occurrence_id, f"{prefix}occurrence_id")
-    fence = normalize_int(fence, f"{prefix}fence", minimum=1)
+    fence = normalize_int(fence, f"{prefix}fence", minimum=1, maximum=MAX_FENCE)
     if outcome not in ("succeeded", "failed"):
         raise InvalidArgument(f"{prefix}outcome", "must be 'succeeded' or 'failed'")
     result_value = check_result(result, f"{prefix}result")
@@ -460,9 +469,9 @@ def settle_many(
         prefix = f"items[{index}]."
         if not isinstance(item, dict):
             raise InvalidArgument(f"items[{index}]", "must be a dict")
-        unknown = set(item) - SETTLE_ITEM_KEYS
+        unknown = sorted(key_label(key) for key in item if key not in SETTLE_ITEM_KEYS)
         if unknown:
-            raise InvalidArgument(f"{prefix}{sorted(unknown)[0]}", "is not a settle argument")
+            raise InvalidArgument(f"{prefix}{unknown[0]}", "is not a settle argument")
         specs.append(
             _settle_args(
                 item.get("occurrence_id"),
@@ -647,6 +656,14 @@ def record_execution(
     return current
 
 
+def _details(details: Any) -> dict[str, Any]:
+    if details is None:
+        return {}
+    if not isinstance(details, dict):
+        raise InvalidArgument("details", f"must be a dict or None, not {type(details).__name__}")
+    return normalize_json(details, "details", max_bytes=MAX_RESULT_BYTES)  # type: ignore[no-any-return]
+
+
 def _take_held(occurrence_id: str, owner: str, fence: int, now: datetime, alias: str) -> Occurrence:
     current = Occurrence.objects.using(alias).select_for_update().filter(pk=occurrence_id).first()
     if current is None or not holds_lease(current, owner, fence, now):
@@ -671,7 +688,7 @@ def deny(
     occurrence_id, owner, fence = lease_args(occurrence_id, owner, fence)
     reason = normalize_identifier(reason, "reason", max_length=64)
     code = normalize_identifier(code, "code", max_length=64)
-    detail_value = normalize_json(details or {}, "details", max_bytes=MAX_RESULT_BYTES)
+    detail_value = _details(details)
     if message is not None and not isinstance(message, str):
         raise InvalidArgument("message", "must be a string or None")
     # The stored message is bounded like a handler's error message (a long list of capabilities).
@@ -742,7 +759,7 @@ def defer(
     principal's budget is spent until the window ends; event ``authority_deferred``)."""
     occurrence_id, owner, fence = lease_args(occurrence_id, owner, fence)
     until_ms = to_ms(until, "until")
-    detail_value = normalize_json(details or {}, "details", max_bytes=MAX_RESULT_BYTES)
+    detail_value = _details(details)
     now = conf.now()
     with write_transaction(using) as alias:
         current = _take_held(occurrence_id, owner, fence, now, alias)

@@ -44,6 +44,7 @@ from .authority import (
 from .dialect import alias_for, write_transaction
 from .exceptions import AuthorityPolicyConflict, InvalidArgument
 from .identity import (
+    column_max,
     from_ms,
     normalize_bool,
     normalize_identifier,
@@ -63,6 +64,7 @@ from .models import (
 # Rows read (and locked) per batch while rebinding: memory stays bounded by this.
 REBIND_BATCH = 500
 MAX_HISTORY_LIMIT = 1000
+MAX_REVISION = column_max(AuthorityPolicy, "revision")
 
 
 @dataclass(frozen=True)
@@ -427,7 +429,7 @@ def _change_policy(
     expected = (
         None
         if expected_revision is None
-        else normalize_int(expected_revision, "expected_revision", minimum=0)
+        else normalize_int(expected_revision, "expected_revision", minimum=0, maximum=MAX_REVISION)
     )
     actor = None if changed_by is None else normalize_identifier(changed_by, "changed_by")
     now = conf.now()

@@ -42,7 +42,7 @@ from .exceptions import (
     NotFound,
     SchedulerError,
 )
-from .identity import normalize_identifier, normalize_int, to_ms
+from .identity import column_max, normalize_identifier, normalize_int, preview, to_ms
 from .models import (
     AuthorityPolicy,
     AuthorityReservation,
@@ -68,6 +68,7 @@ REASONS: dict[type[SchedulerError], str] = {
 _DENIALS = tuple(REASONS)
 
 Units = int | Callable[[Occurrence], int]
+MAX_POLICY_REVISION = column_max(AuthorityReservation, "policy_revision")
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ def reserve_authority(
     (``..._BUDGET_EXHAUSTED``, with the window and the counts).
     """
     occurrence_id = normalize_identifier(occurrence_id, "occurrence_id")
-    revision = normalize_int(policy_revision, "policy_revision", minimum=1, maximum=2**53 - 1)
+    revision = normalize_int(policy_revision, "policy_revision", minimum=1, maximum=MAX_POLICY_REVISION)
     requested = _units(units)
     alias = alias_for(using)
     now = conf.now()
@@ -251,7 +252,9 @@ def resolve_units(units: Units, occurrence: Occurrence) -> int:
         try:
             value = units(occurrence)
         except Exception as exc:
-            raise InvalidArgument("units", f"the units function failed: {type(exc).__name__}: {exc}") from exc
+            raise InvalidArgument(
+                "units", f"the units function failed: {type(exc).__name__}: {preview(str(exc))}"
+            ) from exc
         return _units(value)
     return _units(units)
 
@@ -374,7 +377,7 @@ def _authorize_locked(
 def _claimed(occurrence: Any, field: str) -> tuple[Occurrence, int]:
     if not isinstance(occurrence, Occurrence):
         raise InvalidArgument(field, "must be a claimed Occurrence")
-    return occurrence, normalize_int(occurrence.fence, f"{field}.fence", minimum=1)
+    return occurrence, normalize_int(occurrence.fence, f"{field}.fence", minimum=1, maximum=leases.MAX_FENCE)
 
 
 def authorize(occurrence: Occurrence, *, units: Units = 1, owner: str, using: str | None = None) -> str:

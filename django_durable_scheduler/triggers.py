@@ -72,7 +72,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 from croniter import croniter
 
 from .exceptions import InvalidArgument
-from .identity import from_ms, iso_ms, normalize_int, normalize_json, to_datetime, to_ms
+from .identity import field_key, from_ms, iso_ms, normalize_int, normalize_json, preview, to_datetime, to_ms
 
 __all__ = [
     "DEFAULT_CATCHUP_WINDOW",
@@ -340,14 +340,14 @@ def _zone(name: Any, field: str) -> ZoneInfo:
     if not isinstance(name, str):
         raise InvalidArgument(field, f"must be an IANA time zone name string, not {type(name).__name__}")
     if not name or len(name) > 255 or name in _REFUSED_ZONES:
-        raise InvalidArgument(field, f"{name!r} is not an IANA time zone name")
+        raise InvalidArgument(field, f"{preview(name)} is not an IANA time zone name")
     try:
         zone = _load_zone(name)
     except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
-        raise InvalidArgument(field, f"unknown time zone {name!r}") from exc
+        raise InvalidArgument(field, f"unknown time zone {preview(name)}") from exc
     known = _known_zones()
     if known and name not in known:
-        raise InvalidArgument(field, f"unknown time zone {name!r}")
+        raise InvalidArgument(field, f"unknown time zone {preview(name)}")
     return zone
 
 
@@ -357,13 +357,18 @@ def _instant(value: Any, field: str) -> datetime:
         raise InvalidArgument(
             field, f"must be an ISO-8601 string with a UTC offset, not {type(value).__name__}"
         )
+    text = value.strip()
     try:
-        parsed = datetime.fromisoformat(value.strip())
-    except ValueError as exc:
-        raise InvalidArgument(field, f"{value!r} is not an ISO-8601 date-time") from exc
+        # Printable first: the C parser stops at a NUL and would take what follows as valid.
+        parsed = datetime.fromisoformat(text) if text.isprintable() else None
+    except ValueError:
+        parsed = None
+    if parsed is None:
+        raise InvalidArgument(field, f"{preview(value)} is not an ISO-8601 date-time")
     if parsed.tzinfo is None or parsed.utcoffset() is None:
         raise InvalidArgument(
-            field, f"{value!r} has no UTC offset; write it with Z or +HH:MM (e.g. 2026-12-01T09:00:00Z)"
+            field,
+            f"{preview(value)} has no UTC offset; write it with Z or +HH:MM (e.g. 2026-12-01T09:00:00Z)",
         )
     return to_datetime(parsed, field)
 
@@ -372,13 +377,15 @@ def _int_seconds(value: Any, field: str, minimum: int, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(field, f"must be a whole number of seconds, not {type(value).__name__}")
     if not minimum <= value <= maximum:
-        raise InvalidArgument(field, f"must be between {minimum} and {maximum} seconds (got {value})")
+        raise InvalidArgument(
+            field, f"must be between {minimum} and {maximum} seconds (got {preview(value)})"
+        )
     return value
 
 
 def _choice(value: Any, field: str, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise InvalidArgument(field, f"must be one of {', '.join(choices)} (got {value!r})")
+        raise InvalidArgument(field, f"must be one of {', '.join(choices)} (got {preview(value)})")
     return value
 
 
@@ -398,11 +405,11 @@ def validate_trigger(trigger: Any, field: str = "trigger") -> dict[str, Any]:
         raise InvalidArgument(field, f"must be a JSON object (dict), not {type(trigger).__name__}")
     for key in trigger:
         if not isinstance(key, str):
-            raise InvalidArgument(field, f"has a non-string key {key!r}")
+            raise InvalidArgument(field, f"has a non-string key {preview(key)}")
     unknown = sorted(key for key in trigger if key not in TRIGGER_KEYS)
     if unknown:
         raise InvalidArgument(
-            f"{field}.{unknown[0]}", f"is not a trigger key (known keys: {', '.join(TRIGGER_KEYS)})"
+            field_key(field, unknown[0]), f"is not a trigger key (known keys: {', '.join(TRIGGER_KEYS)})"
         )
     kinds = [key for key in SCHEDULE_KEYS if key in trigger]
     if len(kinds) > 1:

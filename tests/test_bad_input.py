@@ -60,7 +60,7 @@ class World:
     running: str  # a running occurrence of job-a, owner "w", fence 1, lease still valid
 
 
-def _build_world(clock: Clock) -> World:
+def build_world(clock: Clock) -> World:
     scheduler.create_job("job-a", "reports.send", authority=AUTHORITY, payload={"n": 1})
     # job-b: one attempt; its occurrence's lease expires, so a claim would dead-letter it.
     scheduler.create_job("job-b", "reports.send", authority=AUTHORITY, max_attempts=1)
@@ -91,7 +91,7 @@ def module_world(django_db_setup, django_db_blocker) -> Iterator[World]:
     with django_db_blocker.unblock():
         build_clock = Clock(CLOCK_START)
         with override_settings(DURABLE_SCHEDULER_CLOCK=build_clock), transaction.atomic():
-            yield _build_world(build_clock)
+            yield build_world(build_clock)
             transaction.set_rollback(True)
 
 
