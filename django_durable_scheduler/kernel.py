@@ -33,6 +33,8 @@ from .leases import (
     renew,
     settle,
     settle_many,
+    storable_error,
+    storable_result,
 )
 from .materialize import materialize_due, next_due_at
 
@@ -62,5 +64,7 @@ __all__ = [
     "renew",
     "settle",
     "settle_many",
+    "storable_error",
+    "storable_result",
     "update_job",
 ]
