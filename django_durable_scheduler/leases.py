@@ -324,16 +324,12 @@ TRUNCATED = " [truncated]"
 
 
 def storable_text(text: str, limit: int, *, keep_end: bool = False) -> tuple[str, bool]:
-    """``text`` as any database stores it: NUL (which PostgreSQL refuses) and lone surrogates
-    (not Unicode) replaced by U+FFFD, and cut to ``limit`` UTF-8 bytes with a visible marker
-    (keeping its end when ``keep_end``, as a traceback's last lines say what failed); and
-    whether it was cut."""
-    text = text.replace("\x00", "\ufffd")
-    try:
-        encoded = text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-        encoded = text.encode("utf-8")
+    """``text`` as any database stores it: NUL (which PostgreSQL refuses) replaced by U+FFFD
+    and lone surrogates (not Unicode) by ``?``, and cut to ``limit`` UTF-8 bytes with a
+    visible marker (keeping its end when ``keep_end``, as a traceback's last lines say what
+    failed); and whether it was cut."""
+    encoded = text.replace("\x00", "\ufffd").encode("utf-8", "replace")
+    text = encoded.decode("utf-8")
     if len(encoded) <= limit:
         return text, False
     room = limit - len(TRUNCATED)
