@@ -65,3 +65,12 @@ def test_runscheduler_refuses_a_database_it_cannot_run_on(tmp_path, options):
         assert migrated.returncode == 0, migrated.stderr
         ran = manage(url, "runscheduler", "--burst", "--poll-interval", "0.05")
         assert ran.returncode == 0, ran.stderr
+
+
+@pytest.mark.django_db
+def test_a_migrated_database_lacks_nothing():
+    from django.db import connection
+
+    from django_durable_scheduler.checks import unapplied_migrations
+
+    assert unapplied_migrations(connection) == []

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from ... import checks, declared, registry
 from ...exceptions import SchedulerError
@@ -102,7 +102,7 @@ class Command(BaseCommand):
     def check_migrated(self) -> None:
         """Refuse to start, in one line, on a database that lacks this app's migrations."""
         try:
-            missing = checks.unapplied_migrations()
+            missing = checks.unapplied_migrations(connections[DEFAULT_DB_ALIAS])
         except DatabaseError as exc:
             message = " ".join(str(exc).split())
             raise CommandError(f"runscheduler: could not read the database's migrations: {message}") from exc
