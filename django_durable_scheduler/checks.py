@@ -23,6 +23,8 @@ from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.checks import Warning as CheckWarning
 from django.db import DatabaseError, connections, router
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.migrations.loader import MigrationLoader
 from django.utils.module_loading import import_string, module_has_submodule
 
 from . import conf
@@ -321,3 +323,16 @@ def check_jobs_have_policies(app_configs: Any = None, **kwargs: Any) -> list[Che
                 )
             )
     return messages
+
+
+def unapplied_migrations(connection: BaseDatabaseWrapper) -> list[str]:
+    """This app's migrations that ``connection``'s database lacks (``app_label.name``, in the
+    order they apply): what ``runscheduler`` refuses to start on, as a worker on an older
+    schema would fail on every statement. Reads the migration history, so a partly
+    migrated database is caught, not only one without the tables."""
+    label = apps.get_containing_app_config(__name__).label  # type: ignore[union-attr]
+    loader = MigrationLoader(connection, ignore_no_migrations=True)
+    wanted: dict[tuple[str, str], None] = {}
+    for leaf in loader.graph.leaf_nodes(label):
+        wanted.update((key, None) for key in loader.graph.forwards_plan(leaf) if key[0] == label)
+    return [f"{app}.{name}" for app, name in wanted if (app, name) not in loader.applied_migrations]

@@ -42,6 +42,8 @@ from .leases import (
     renew,
     settle,
     settle_many,
+    storable_error,
+    storable_result,
 )
 from .materialize import materialize_due, next_due_at
 
@@ -73,6 +75,8 @@ __all__ = [
     "set_declared_in",
     "settle",
     "settle_many",
+    "storable_error",
+    "storable_result",
     "undeclare_job",
     "update_job",
 ]

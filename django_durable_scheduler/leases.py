@@ -10,6 +10,7 @@ overwrite the newer owner's outcome.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from .events import (
     OCCURRENCE_SUCCEEDED,
     new_event,
 )
-from .exceptions import InvalidArgument, LeaseLost
+from .exceptions import InvalidArgument, LeaseLost, SchedulerError
 from .identity import (
     column_max,
     from_ms,
@@ -62,6 +63,8 @@ MAX_LEASE_MS = 24 * 60 * 60 * 1000
 MAX_RESULT_BYTES = 64 * 1024
 MAX_ERROR_MESSAGE = 4096
 MAX_FENCE = column_max(Occurrence, "fence")
+MAX_TRACEBACK = 4 * MAX_ERROR_MESSAGE
+MAX_ERROR_DEPTH = 8
 _UNSET: Any = object()
 
 
@@ -338,30 +341,96 @@ def renew(
     return current
 
 
+TRUNCATED = " [truncated]"
+
+
+def storable_text(text: str, limit: int, *, keep_end: bool = False) -> tuple[str, bool]:
+    """``text`` as any database stores it: NUL (which PostgreSQL refuses) replaced by U+FFFD
+    and lone surrogates (not Unicode) by ``?``, and cut to ``limit`` UTF-8 bytes with a
+    visible marker (keeping its end when ``keep_end``, as a traceback's last lines say what
+    failed); and whether it was cut."""
+    encoded = text.replace("\x00", "\ufffd").encode("utf-8", "replace")
+    text = encoded.decode("utf-8")
+    if len(encoded) <= limit:
+        return text, False
+    room = limit - len(TRUNCATED)
+    if keep_end:
+        return TRUNCATED.lstrip() + " " + encoded[-room:].decode("utf-8", "ignore"), True
+    return encoded[:room].decode("utf-8", "ignore") + TRUNCATED, True
+
+
+def _error_text(error: dict[str, Any]) -> dict[str, Any]:
+    """Exception text can hold anything: keep the message and traceback storable (and
+    marked ``message_truncated``/``traceback_truncated`` when cut) rather than fail the
+    settle."""
+    error = dict(error)
+    for key, limit in (("message", MAX_ERROR_MESSAGE), ("traceback", MAX_TRACEBACK)):
+        value = error.get(key)
+        if isinstance(value, str):
+            error[key], cut = storable_text(value, limit, keep_end=key == "traceback")
+            if cut:
+                error[f"{key}_truncated"] = True
+    return error
+
+
+def _exception_error(error: BaseException) -> dict[str, Any]:
+    try:
+        message = str(error)
+    except Exception:  # a broken __str__ must not lose the failure it describes
+        message = f"<unprintable {type(error).__name__}>"
+    return {"type": type(error).__name__, "message": message}
+
+
 def _normalize_error(error: Any, field: str = "error") -> dict[str, Any] | None:
     if error is None:
         return None
     if isinstance(error, BaseException):
-        error = {"type": type(error).__name__, "message": str(error)}
+        error = _exception_error(error)
     elif isinstance(error, str):
         error = {"message": error}
     elif not isinstance(error, dict):
         raise InvalidArgument(field, "must be a string, a dict or an exception")
-    error = dict(error)
-    for key in ("message", "traceback"):
-        value = error.get(key)
-        if isinstance(value, str):
-            # Exception text can hold anything; keep it storable rather than fail the settle
-            # (a lone surrogate or a NUL becomes "?").
-            value = error[key] = value.encode("utf-8", "replace").decode("utf-8").replace("\x00", "?")
-            limit = MAX_ERROR_MESSAGE if key == "message" else 4 * MAX_ERROR_MESSAGE
-            encoded = value.encode("utf-8")
-            if len(encoded) > limit:
-                # Keep the end of a traceback (where the error is), the start of a message.
-                cut = encoded[-limit:] if key == "traceback" else encoded[:limit]
-                error[key] = cut.decode("utf-8", "ignore")
-                error[f"{key}_truncated"] = True
-    return normalize_json(error, field, max_bytes=MAX_RESULT_BYTES)  # type: ignore[no-any-return]
+    return normalize_json(_error_text(error), field, max_bytes=MAX_RESULT_BYTES)  # type: ignore[no-any-return]
+
+
+def _storable_value(value: Any, depth: int) -> Any:
+    """A JSON value that any database stores, made from anything (text for what is not JSON)."""
+    if isinstance(value, str):
+        return storable_text(value, MAX_ERROR_MESSAGE)[0]
+    if value is None or isinstance(value, bool) or (isinstance(value, int) and abs(value) <= 2**53):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    if depth < MAX_ERROR_DEPTH and isinstance(value, dict):
+        return {_storable_key(k): _storable_value(v, depth + 1) for k, v in value.items()}
+    if depth < MAX_ERROR_DEPTH and isinstance(value, list | tuple):
+        return [_storable_value(v, depth + 1) for v in value]
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<unprintable {type(value).__name__}>"
+    return storable_text(text, MAX_ERROR_MESSAGE)[0]
+
+
+def _storable_key(key: Any) -> str:
+    return _storable_value(key if isinstance(key, str) else repr(key), 0)  # type: ignore[no-any-return]
+
+
+def storable_error(error: Any) -> dict[str, Any]:
+    """A handler's failure (an exception, a string or a dict) as an error that settle always
+    stores: text made storable and bounded, anything that is not JSON written as text, and
+    only its type and message kept when the whole is over the result limit. Never raises:
+    the worker must record every failure, whatever the handler raised."""
+    if isinstance(error, BaseException):
+        error = _exception_error(error)
+    elif not isinstance(error, dict):
+        error = {"message": error if isinstance(error, str) else _storable_value(error, MAX_ERROR_DEPTH)}
+    stored = {_storable_key(key): _storable_value(value, 1) for key, value in _error_text(error).items()}
+    try:
+        return normalize_json(stored, "error", max_bytes=MAX_RESULT_BYTES)  # type: ignore[no-any-return]
+    except SchedulerError:
+        kept: dict[str, Any] = {key: stored[key] for key in ("type", "message") if key in stored}
+        return {**kept, "error_truncated": True}
 
 
 def backoff_delay_ms(attempt: int, base_ms: int, max_ms: int, jitter: float | None = None) -> int:
@@ -419,6 +488,23 @@ def _settle_args(
 def check_result(result: Any, field: str = "result") -> Any:
     """A handler result as it will be stored (JSON, at most 64 KiB), or ``InvalidArgument``."""
     return normalize_json(result, field, max_bytes=MAX_RESULT_BYTES)
+
+
+def storable_result(result: Any, field: str = "result") -> Any:
+    """:func:`check_result`, and ``InvalidArgument`` for text that some database cannot store
+    (NUL), so that the worker fails such a result alone instead of its whole batch."""
+    value = check_result(result, field)
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and "\x00" in item:
+            raise InvalidArgument(field, "holds a NUL character (U+0000), which the database cannot store")
+    return value
 
 
 def settle(

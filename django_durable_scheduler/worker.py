@@ -28,7 +28,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, co
 from . import conf, kernel, registry, reservations, wakeup
 from .context import ExecutionContext
 from .exceptions import InvalidArgument, LeaseLost, PermanentFailure, Retry, SchedulerError
-from .identity import to_duration_ms
+from .identity import to_duration_ms, to_ms
 from .models import Occurrence, WorkerHeartbeat
 
 logger = logging.getLogger("django_durable_scheduler")
@@ -68,6 +68,15 @@ class _Running:
         self.started = time.monotonic()
         self.outcome: dict[str, Any] = {}
         self.done = threading.Event()
+
+
+def _one_line(error: BaseException | None) -> str:
+    """An error as one log line (database errors often span several)."""
+    try:
+        text = " ".join(str(error).split()) if error is not None else ""
+    except Exception:
+        text = ""
+    return f"{type(error).__name__}: {text[:500]}" if text else type(error).__name__
 
 
 def _tidy_connections() -> None:
@@ -494,32 +503,43 @@ class Worker:
             _tidy_connections()
 
     def _flush(self) -> None:
-        """Settle every finished outcome in one transaction. On a database error they stay
-        pending (their leases are still renewed) and the next turn tries again."""
+        """Settle every finished outcome in one transaction. When the database refuses the
+        batch, each outcome is settled on its own, so that one the database cannot store
+        fails alone rather than stall the rest; while the database does not answer at all
+        they stay pending (their leases are still renewed) and the next turn tries again."""
         with self._lock:
             finished, self._finished = self._finished, []
         if not finished:
             return
+        items = [self._settle_item(running) for running in finished]
+        results: list[Occurrence | LeaseLost | None] = []
         try:
+            results.extend(kernel.settle_many(items, owner=self.worker_id, using=self.using))
+        except (InvalidArgument, DatabaseError) as exc:
             try:
-                results = kernel.settle_many(
-                    [self._settle_item(running) for running in finished],
-                    owner=self.worker_id,
-                    using=self.using,
+                if isinstance(exc, DatabaseError) and not self._database_answers():
+                    raise
+                logger.warning(
+                    "could not settle %d outcomes together (%s); settling them one by one",
+                    len(finished),
+                    _one_line(exc),
                 )
-            except InvalidArgument:
-                # A result (or retry time) the kernel refuses: find which, one by one.
-                results = [self._settle_one(running) for running in finished]
-        except DatabaseError:
-            with self._lock:
-                self._finished = finished + self._finished
-            raise
+                for running, item in zip(finished, items, strict=True):
+                    results.append(self._settle_alone(running, item))
+            except DatabaseError:
+                with self._lock:
+                    self._finished = finished[len(results) :] + self._finished
+                self._report(finished[: len(results)], results)
+                raise
+        self._report(finished, results)
+
+    def _report(self, finished: list[_Running], results: list[Occurrence | LeaseLost | None]) -> None:
         for running, settled in zip(finished, results, strict=True):
             ctx = running.context
             if isinstance(settled, LeaseLost):
                 ctx._lease_lost.set()
                 logger.warning("%s: result not recorded: %s", ctx.occurrence_id, settled)
-            else:
+            elif settled is not None:
                 logger.info(
                     "%s %s job=%s kind=%s attempt=%d/%d in %.0f ms",
                     ctx.occurrence_id,
@@ -532,35 +552,87 @@ class Worker:
                 )
             self._forget(running)
 
-    def _settle_item(self, running: _Running) -> dict[str, Any]:
-        outcome = running.outcome
-        item: dict[str, Any] = {
-            "occurrence_id": running.occurrence.pk,
-            "fence": running.occurrence.fence,
-            "outcome": outcome["status"],
-        }
-        if outcome["status"] == "succeeded":
-            item["result"] = outcome["result"]
-        else:
-            item.update(
-                error=outcome["error"],
-                retryable=outcome.get("retryable", True),
-                retry_at=outcome.get("retry_at"),
-            )
-        return item
-
-    def _settle_one(self, running: _Running) -> Occurrence | LeaseLost:
-        item = self._settle_item(running)
+    def _database_answers(self) -> bool:
+        """Whether the database answers at all: tells an outage (everything waits for it to
+        come back) from an error that only some statement's values cause."""
+        conn = connections[self.using or DEFAULT_DB_ALIAS]
         try:
+            conn.close_if_unusable_or_obsolete()
+            conn.ensure_connection()
+            return bool(conn.is_usable())
+        except DatabaseError:
+            return False
+
+    def _settle_item(self, running: _Running) -> dict[str, Any]:
+        """The settle arguments of a handler's outcome, made storable: a result the database
+        could not store is the occurrence's failure, dead-lettered at once (the handler would
+        return the same again), and error text is repaired and cut to its limits."""
+        outcome = running.outcome
+        item: dict[str, Any] = {"occurrence_id": running.occurrence.pk, "fence": running.occurrence.fence}
+        if outcome["status"] == "succeeded":
+            try:
+                return {**item, "outcome": "succeeded", "result": kernel.storable_result(outcome["result"])}
+            except SchedulerError as exc:
+                reason = f"the handler's result could not be stored: {exc}"
+                return self._failure(item, "InvalidResult", reason)
+        retry_at = outcome.get("retry_at")
+        if retry_at is not None:
+            try:
+                to_ms(retry_at, "Retry.at")
+            except SchedulerError as exc:
+                return self._failure(
+                    item, "InvalidRetry", f"the handler's Retry could not be scheduled: {exc}"
+                )
+        return {
+            **item,
+            "outcome": "failed",
+            "error": kernel.storable_error(outcome["error"]),
+            "retryable": outcome.get("retryable", True) is not False,
+            "retry_at": retry_at,
+        }
+
+    @staticmethod
+    def _failure(item: dict[str, Any], kind: str, reason: str) -> dict[str, Any]:
+        error = kernel.storable_error({"type": kind, "message": reason})
+        return {**item, "outcome": "failed", "error": error, "retryable": False}
+
+    def _settle_alone(self, running: _Running, item: dict[str, Any]) -> Occurrence | LeaseLost | None:
+        """Settle one outcome on its own, after its batch failed. One the kernel refuses, or
+        that the database refuses twice while it answers otherwise, is recorded as the
+        occurrence's failure instead (dead-lettered: it would be refused again). If even
+        that is refused, the occurrence is given up with one log line: it is no longer
+        renewed, and its lease expires as a crashed worker's would. A DatabaseError means
+        the database stopped answering: the caller keeps what is left for the next turn."""
+        problem: Exception | None = None
+        for _ in range(2):  # twice: a deadlock or a lost connection rarely repeats
             try:
                 return kernel.settle(owner=self.worker_id, using=self.using, **item)
+            except LeaseLost as exc:
+                return exc
             except InvalidArgument as exc:
-                # A result that is not JSON or too large is the handler's durable failure.
-                error = {"type": "InvalidResult", "message": str(exc)}
-                running.outcome = {"status": "failed", "error": error, "retryable": False}
-                return kernel.settle(owner=self.worker_id, using=self.using, **self._settle_item(running))
+                problem = exc
+                break
+            except DatabaseError as exc:
+                if not self._database_answers():
+                    raise
+                problem = exc
+        reason = f"the handler's outcome could not be stored: {_one_line(problem)}"
+        failure = self._failure(item, "UnstorableOutcome", reason)
+        try:
+            return kernel.settle(owner=self.worker_id, using=self.using, **failure)
         except LeaseLost as exc:
             return exc
+        except (SchedulerError, DatabaseError) as exc:
+            if isinstance(exc, DatabaseError) and not self._database_answers():
+                raise
+            logger.error(
+                "%s: could not record its outcome (%s) nor that failure (%s); "
+                "no longer renewing its lease, which will expire",
+                running.occurrence.pk,
+                _one_line(problem),
+                _one_line(exc),
+            )
+            return None
 
     def _call_handler(self, ctx: ExecutionContext) -> dict[str, Any]:
         handler = registry.get_handler(ctx.kind)
@@ -577,16 +649,16 @@ class Worker:
             if exc.delay is not None:
                 delay_ms = to_duration_ms(exc.delay, "Retry.delay", minimum_ms=0)
                 retry_at = conf.now() + timedelta(milliseconds=delay_ms)
-            return {"status": "failed", "error": {"type": "Retry", "message": str(exc)}, "retry_at": retry_at}
+            return {
+                "status": "failed",
+                "error": {**kernel.storable_error(exc), "type": "Retry"},
+                "retry_at": retry_at,
+            }
         except PermanentFailure as exc:
-            error = {"type": "PermanentFailure", "message": str(exc), "code": exc.code}
+            error = {**kernel.storable_error(exc), "type": "PermanentFailure", "code": exc.code}
             return {"status": "failed", "error": error, "retryable": False}
         except Exception as exc:
-            error = {
-                "type": type(exc).__name__,
-                "message": str(exc),
-                "traceback": traceback.format_exc()[-MAX_TRACEBACK:],
-            }
+            error = {**kernel.storable_error(exc), "traceback": traceback.format_exc()[-MAX_TRACEBACK:]}
             return {"status": "failed", "error": error}
         return {"status": "succeeded", "result": result}
 

@@ -19,14 +19,13 @@ import os
 import shutil
 import subprocess
 import sys
-from contextlib import closing
 from pathlib import Path
 
 import pytest
-from django.db import connection
 from django.db.migrations.loader import MigrationLoader
 
 from .conftest import ROOT
+from .procs.scratch import scratch_database
 
 pytestmark = pytest.mark.slow
 
@@ -67,67 +66,11 @@ OPERATIONS = {
 }
 
 
-def _server(settings: dict) -> dict:
-    return {
-        "host": settings.get("HOST") or "127.0.0.1",
-        "port": int(settings["PORT"]) if settings.get("PORT") else None,
-        "user": settings.get("USER") or "",
-        "password": settings.get("PASSWORD") or "",
-    }
-
-
-def _admin_sql(vendor: str, server: dict, statement: str) -> None:
-    """One statement outside any database, with the leg's driver (so a server that does not
-    answer fails here, as it fails the leg's other tests)."""
-    if vendor == "postgresql":
-        import psycopg
-
-        with psycopg.connect(
-            host=server["host"],
-            port=server["port"] or 5432,
-            user=server["user"],
-            password=server["password"] or None,
-            dbname="postgres",
-            autocommit=True,
-            connect_timeout=10,
-        ) as conn:
-            conn.execute(statement)
-    else:
-        import MySQLdb
-
-        with closing(
-            MySQLdb.connect(
-                host=server["host"],
-                port=server["port"] or 3306,
-                user=server["user"],
-                passwd=server["password"],
-                connect_timeout=10,
-            )
-        ) as conn:
-            conn.cursor().execute(statement)
-
-
 @pytest.fixture
 def scratch_url(tmp_path):
     """DATABASE_URL of an empty database of this leg's kind, dropped afterwards."""
-    vendor = connection.vendor
-    if vendor == "sqlite":
-        yield f"sqlite:///{tmp_path / 'schema.sqlite3'}"
-        return
-    server = _server(connection.settings_dict)
-    name = f"dsch_schema_{os.getpid()}"
-    if vendor == "postgresql":
-        scheme, quoted, create = "postgres", f'"{name}"', ""
-    else:
-        scheme, quoted, create = "mysql", f"`{name}`", " CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
-    _admin_sql(vendor, server, f"DROP DATABASE IF EXISTS {quoted}")
-    _admin_sql(vendor, server, f"CREATE DATABASE {quoted}{create}")
-    password = f":{server['password']}" if server["password"] else ""
-    port = f":{server['port']}" if server["port"] else ""
-    try:
-        yield f"{scheme}://{server['user']}{password}@{server['host']}{port}/{name}"
-    finally:
-        _admin_sql(vendor, server, f"DROP DATABASE IF EXISTS {quoted}")
+    with scratch_database(tmp_path, "dsch_schema") as url:
+        yield url
 
 
 def package_source(code: Path) -> Path:

@@ -65,3 +65,32 @@ def echo(ctx):
     """Sleeps ``payload.seconds``, then returns its own occurrence id (checkable per occurrence)."""
     time.sleep(float((ctx.payload or {}).get("seconds", 0)))
     return {"occurrence": ctx.occurrence_id, "attempt": ctx.attempt}
+
+
+# --- outcomes the database cannot store as they are (tests/test_poison.py)
+
+
+@scheduler.handler("test.poison")
+def poison(ctx):
+    """Returns or raises what ``payload.mode`` names; "ok" succeeds with a plain result."""
+    mode = (ctx.payload or {}).get("mode", "ok")
+    if mode == "nul-result":
+        return {"text": "before\x00after"}
+    if mode == "nul-key":
+        return {"key\x00": 1}
+    if mode == "huge-result":
+        return "x" * (64 * 1024 + 1)
+    if mode == "deep-result":
+        deep: list = []
+        for _ in range(100):
+            deep = [deep]
+        return deep
+    if mode == "set-result":
+        return {"ids": {1, 2}}
+    if mode == "nul-error":
+        raise RuntimeError("bad\x00message")
+    if mode == "long-error":
+        raise RuntimeError("\ud800" + "é" * 10_000)
+    if mode == "nul-permanent":
+        raise scheduler.PermanentFailure("never\x00works", code="E\x00NUL")
+    return {"mode": mode, "occurrence": ctx.occurrence_id}

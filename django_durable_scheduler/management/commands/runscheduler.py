@@ -7,9 +7,9 @@ import logging
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DatabaseError
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
-from ... import declared, registry
+from ... import checks, declared, registry
 from ...exceptions import SchedulerError
 from ...worker import Worker, default_worker_id
 
@@ -78,6 +78,7 @@ class Command(BaseCommand):
             self.stderr.write("runscheduler: --once and --burst cannot be combined")
             raise SystemExit(2)
         registry.autodiscover()
+        self.check_migrated()
         try:
             declared.sync_declared_jobs()  # create/update the jobs declared in code
         except (SchedulerError, DatabaseError) as exc:
@@ -97,3 +98,16 @@ class Command(BaseCommand):
         code = worker.run()
         if code:
             raise SystemExit(code)
+
+    def check_migrated(self) -> None:
+        """Refuse to start, in one line, on a database that lacks this app's migrations."""
+        try:
+            missing = checks.unapplied_migrations(connections[DEFAULT_DB_ALIAS])
+        except DatabaseError as exc:
+            message = " ".join(str(exc).split())
+            raise CommandError(f"runscheduler: could not read the database's migrations: {message}") from exc
+        if missing:
+            raise CommandError(
+                f"runscheduler: the database lacks migrations {', '.join(missing)}: "
+                "run `manage.py migrate` first"
+            )
