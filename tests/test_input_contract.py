@@ -341,12 +341,12 @@ def test_text_that_only_looks_like_nul_is_stored_alike(world, value):
 @pytest.mark.parametrize("key", ["message", "traceback"])
 def test_nul_in_error_text_is_stored_replaced(world, key):
     """A handler's error text can hold anything; like a lone surrogate, a NUL in it is
-    replaced, so the failure is recorded the same way on every database."""
+    replaced (by U+FFFD), so the failure is recorded the same way on every database."""
     error = {"message": "boom", key: "bo\x00om"}
     done = scheduler.settle(world.running, owner="w", fence=1, outcome="failed", error=error, retryable=False)
     done.refresh_from_db()
     assert done.status == "dead_letter"
-    assert done.last_error[key] == "bo?om"
+    assert done.last_error[key] == "bo\ufffdom"
 
 
 def test_exception_with_nul_is_stored_replaced(world):
@@ -354,7 +354,7 @@ def test_exception_with_nul_is_stored_replaced(world):
         world.running, owner="w", fence=1, outcome="failed", error=ValueError("a\x00b"), retryable=False
     )
     done.refresh_from_db()
-    assert done.last_error == {"type": "ValueError", "message": "a?b"}
+    assert done.last_error == {"type": "ValueError", "message": "a\ufffdb"}
 
 
 def test_longest_principal_key_is_stored(world):
