@@ -15,6 +15,7 @@ import re
 import shlex
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -29,14 +30,20 @@ pytestmark = [
 ]
 
 README = (ROOT / "README.md").read_text()
-FENCE = re.compile(r"^```(?P<lang>\w*)\n(?P<body>.*?)^```", re.S | re.M)
+# Fenced blocks, also those indented under a list item.
+FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>\w*)\n(?P<body>.*?)^(?P=indent)```", re.S | re.M)
 FILE_MARK = re.compile(r"^# (?P<path>[\w/]+\.py)\n")
 QUICKSTART = README.split("## Quickstart", 1)[-1].split("\n## ", 1)[0]
+QUICKSTART_BLOCKS = [textwrap.dedent(m["body"]) for m in FENCE.finditer(QUICKSTART)]
 INLINE_MANAGE = re.compile(r"`(python manage\.py [^`]+)`")
 
 
 def blocks(lang: str) -> list[str]:
-    return [m["body"] for m in FENCE.finditer(README) if m["lang"] == lang]
+    return [textwrap.dedent(m["body"]) for m in FENCE.finditer(README) if m["lang"] == lang]
+
+
+def is_settings(block: str) -> bool:
+    return "INSTALLED_APPS" in block or "DATABASES" in block
 
 
 def manage_commands() -> list[str]:
@@ -98,11 +105,14 @@ def test_quickstart_in_a_fresh_project(tmp_path):
     # The reader's own app is installed as any app is; the README's block does the rest.
     settings.write_text(settings.read_text() + '\nINSTALLED_APPS += ["myapp"]\n')
     in_shell: list[str] = []
+    other_database_settings: list[str] = []
     for block in blocks("python"):
         if mark := FILE_MARK.match(block):
             (project.dir / mark["path"]).write_text(block)
-        elif "INSTALLED_APPS" in block:
+        elif is_settings(block) and block in QUICKSTART_BLOCKS:
             settings.write_text(settings.read_text() + "\n" + block)
+        elif is_settings(block):
+            other_database_settings.append(block)
         else:
             in_shell.append(block)
 
@@ -130,6 +140,12 @@ def test_quickstart_in_a_fresh_project(tmp_path):
 
     for block in in_shell:
         project.shell(block)
+    # Settings for another database than the quickstart's SQLite: they run against settings of
+    # that shape, and leave OPTIONS that Django's backend takes.
+    for block in other_database_settings:
+        namespace = {"DATABASES": {"default": {"ENGINE": "django.db.backends.postgresql", "OPTIONS": {}}}}
+        exec(compile(block, "README.md", "exec"), namespace)
+        assert isinstance(namespace["DATABASES"]["default"]["OPTIONS"], dict)
 
     # Step 8: the admin lists the job.
     project.shell(
