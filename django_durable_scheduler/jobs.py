@@ -243,18 +243,20 @@ def update_job(job_id: str, *, expected_revision: int, using: str | None = None,
             _record_expired_one_off(job, after, now, alias)
         elif "enabled" in changed and job.enabled:
             superseded = _misfired_while_disabled(job, now, alias)
-        new_event(
-            job_id,
-            JOB_UPDATED,
-            now,
-            data={
-                "revision": job.revision,
-                "previousRevision": expected,
-                "changed": changed,
-                "superseded": len(superseded),
-            },
-        ).save(using=alias)
+        _revision_event(job, expected, changed, now, alias, superseded=len(superseded))
     return job
+
+
+def _revision_event(
+    job: Job, previous: int, changed: list[str], now: datetime, alias: str, **data: Any
+) -> None:
+    """The ``job_updated`` event of a change that gave ``job`` its current revision."""
+    new_event(
+        job.job_id,
+        JOB_UPDATED,
+        now,
+        data={"revision": job.revision, "previousRevision": previous, "changed": changed, **data},
+    ).save(using=alias)
 
 
 def _record_expired_one_off(job: Job, after: datetime, now: datetime, alias: str) -> None:
@@ -355,17 +357,7 @@ def undeclare_job(job_id: str, app: str, *, using: str | None = None) -> bool:
         job.revision += 1
         job.updated_at = now
         job.save(using=alias, update_fields=["enabled", "declared_in", "revision", "updated_at"])
-        new_event(
-            job_id,
-            JOB_UPDATED,
-            now,
-            data={
-                "revision": job.revision,
-                "previousRevision": job.revision - 1,
-                "changed": ["enabled"],
-                "superseded": 0,
-                "reason": "undeclared",
-                "declaredIn": app,
-            },
-        ).save(using=alias)
+        _revision_event(
+            job, job.revision - 1, ["enabled"], now, alias, superseded=0, reason="undeclared", declaredIn=app
+        )
     return True

@@ -154,3 +154,53 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+# ``test_bad_input``'s world of jobs, occurrences and policies in every state, shared by the
+# modules that throw bad input at the API (test_bad_input, test_input_contract, test_api_property).
+
+
+@pytest.fixture(scope="module")
+def module_world(django_db_setup, django_db_blocker):
+    """The world, built once for the module in a transaction that is rolled back at its end.
+    Each test runs inside it (pytest-django's per-test transaction is a savepoint there) and
+    its writes are undone after it, as they would be without this."""
+    from django.db import transaction
+    from django.test.utils import override_settings
+
+    from .test_bad_input import build_world
+
+    with django_db_blocker.unblock():
+        build_clock = Clock(CLOCK_START)
+        with override_settings(DURABLE_SCHEDULER_CLOCK=build_clock), transaction.atomic():
+            yield build_world(build_clock)
+            transaction.set_rollback(True)
+
+
+@pytest.fixture
+def world(module_world, db, clock):
+    clock.set(module_world.now)
+    return module_world
+
+
+@pytest.fixture
+def registered():
+    """``register(kind, units=1)`` registers a handler that records the occurrences it runs
+    (the list it returns) until the test ends."""
+    from django_durable_scheduler import registry
+
+    kinds: list[str] = []
+    calls: list[str] = []
+
+    def register(kind: str, units=1) -> list[str]:
+        def run(ctx):
+            calls.append(ctx.occurrence_id)
+            return {"ok": True}
+
+        registry.handler(kind, units=units)(run)
+        kinds.append(kind)
+        return calls
+
+    yield register
+    for kind in kinds:
+        registry.unregister(kind)

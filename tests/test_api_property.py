@@ -14,21 +14,20 @@ store alike.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, timedelta
 from typing import Any
 
 import pytest
 from django.db import transaction
-from django.test import override_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import triggers
 
-from .conftest import AUTHORITY, CLOCK_START, Clock, snapshot
-from .test_bad_input import NOW, QUEUED, RUNNING, Ref, World, build_world
+from .conftest import AUTHORITY, snapshot
+from .test_bad_input import NOW, QUEUED, RUNNING, Ref, World
 
 pytestmark = pytest.mark.django_db
 
@@ -309,22 +308,6 @@ def arguments(fn: str) -> st.SearchStrategy[dict[str, Any]]:
         {name: strategy for name, strategy in spec.items() if name in required},
         optional={name: strategy for name, strategy in spec.items() if name not in required},
     )
-
-
-@pytest.fixture(scope="module")
-def module_world(django_db_setup, django_db_blocker) -> Iterator[World]:
-    """``test_bad_input``'s world, built once for the module and rolled back at its end."""
-    with django_db_blocker.unblock():
-        build_clock = Clock(CLOCK_START)
-        with override_settings(DURABLE_SCHEDULER_CLOCK=build_clock), transaction.atomic():
-            yield build_world(build_clock)
-            transaction.set_rollback(True)
-
-
-@pytest.fixture
-def world(module_world: World, db, clock: Clock) -> World:
-    clock.set(module_world.now)
-    return module_world
 
 
 def resolve(world: World, value: Any, depth: int = 0) -> Any:

@@ -21,14 +21,12 @@ since failing to record a failure would be worse.
 from __future__ import annotations
 
 import decimal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from django.db import transaction
-from django.test import override_settings
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler.models import (
@@ -36,7 +34,7 @@ from django_durable_scheduler.models import (
     Event,
 )
 
-from .conftest import AUTHORITY, CLOCK_START, Clock, snapshot
+from .conftest import AUTHORITY, Clock, snapshot
 
 pytestmark = pytest.mark.django_db
 
@@ -80,25 +78,6 @@ def build_world(clock: Clock) -> World:
     )
     clock.advance(2)  # job-b's final-attempt lease is now expired; job-a's is not
     return World(now=clock(), queued=queued.pk, running=running.pk)
-
-
-@pytest.fixture(scope="module")
-def module_world(django_db_setup, django_db_blocker) -> Iterator[World]:
-    """The world, built once for the module in a transaction that is rolled back at its end.
-    Each test runs inside it (pytest-django's per-test transaction is a savepoint there) and
-    its writes are undone after it, as they would be without this. The cases are some 700
-    and building the world was most of their time."""
-    with django_db_blocker.unblock():
-        build_clock = Clock(CLOCK_START)
-        with override_settings(DURABLE_SCHEDULER_CLOCK=build_clock), transaction.atomic():
-            yield build_world(build_clock)
-            transaction.set_rollback(True)
-
-
-@pytest.fixture
-def world(module_world: World, db, clock: Clock) -> World:
-    clock.set(module_world.now)
-    return module_world
 
 
 # --------------------------------------------------------------------------- calls

@@ -13,7 +13,7 @@ import pytest
 from django.core.management import call_command
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import checks, declared, registry
+from django_durable_scheduler import checks, declared
 from django_durable_scheduler.authority import DEFAULT_MAX_RUNS, DEFAULT_MAX_UNITS, DEFAULT_WINDOW_MS
 from django_durable_scheduler.models import Occurrence
 from django_durable_scheduler.policies import jobs_without_policy
@@ -26,21 +26,6 @@ DEFAULT = {"type": "app", "id": "durable_scheduler"}
 
 def default_policy():
     return scheduler.get_policy("app", "durable_scheduler")
-
-
-@pytest.fixture
-def ran():
-    calls: list[str] = []
-    kinds: list[str] = []
-
-    def register(kind: str) -> list[str]:
-        registry.handler(kind)(lambda ctx: calls.append(ctx.occurrence_id) or {"ok": True})
-        kinds.append(kind)
-        return calls
-
-    yield register
-    for kind in kinds:
-        registry.unregister(kind)
 
 
 def _burst() -> int:
@@ -90,8 +75,8 @@ def test_an_operator_edit_of_the_default_budget_is_kept(clock):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_first_run_of_a_job_without_authority_succeeds(clock, ran):
-    calls = ran("first.run")
+def test_the_first_run_of_a_job_without_authority_succeeds(clock, registered):
+    calls = registered("first.run")
     scheduler.create_job("first", "first.run")
     occ, _ = scheduler.enqueue("first", scheduled_for=clock(), trigger_key="t")
     assert _burst() == 0
@@ -100,8 +85,8 @@ def test_the_first_run_of_a_job_without_authority_succeeds(clock, ran):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_explicit_envelope_stays_fail_closed(clock, ran, caplog):
-    calls = ran("explicit.run")
+def test_an_explicit_envelope_stays_fail_closed(clock, registered, caplog):
+    calls = registered("explicit.run")
     with caplog.at_level(logging.WARNING, logger="django_durable_scheduler"):
         scheduler.create_job("strict", "explicit.run", authority=authority_for("erin", "x.run"))
     (line,) = [r.getMessage() for r in caplog.records if "strict" in r.getMessage()]

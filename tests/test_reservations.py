@@ -833,27 +833,6 @@ def test_racing_workers_authorize_within_budget(settings):
 # --------------------------------------------------------------------------- the worker
 
 
-@pytest.fixture
-def registered():
-    from django_durable_scheduler import registry
-
-    kinds: list[str] = []
-    calls: list[Any] = []
-
-    def register(kind: str, units: Any = 1) -> list[Any]:
-        def run(ctx):
-            calls.append(ctx.occurrence_id)
-            return {"ok": True}
-
-        registry.handler(kind, units=units)(run)
-        kinds.append(kind)
-        return calls
-
-    yield register
-    for kind in kinds:
-        registry.unregister(kind)
-
-
 def _burst() -> int:
     # One at a time: occurrences are authorized in claim order.
     return Worker(worker_id="w-authz", concurrency=1, poll_interval=0.05, burst=True).run()
