@@ -593,8 +593,10 @@ class Worker:
 
     @staticmethod
     def _failure(item: dict[str, Any], kind: str, reason: str) -> dict[str, Any]:
+        """``item``'s occurrence failed for good with ``reason``, whatever outcome it held."""
         error = kernel.storable_error({"type": kind, "message": reason})
-        return {**item, "outcome": "failed", "error": error, "retryable": False}
+        held = {key: item[key] for key in ("occurrence_id", "fence")}
+        return {**held, "outcome": "failed", "error": error, "retryable": False}
 
     def _settle_alone(self, running: _Running, item: dict[str, Any]) -> Occurrence | LeaseLost | None:
         """Settle one outcome on its own, after its batch failed. One the kernel refuses, or

@@ -193,11 +193,9 @@ def test_outcomes_wait_while_the_database_does_not_answer(worker, monkeypatch):
     assert not worker._running and not worker._finished
 
 
-def test_a_nul_that_passes_the_checks_fails_its_occurrence_alone_on_postgresql(worker, monkeypatch):
-    if connection.vendor != "postgresql":
-        pytest.skip("only PostgreSQL refuses NUL inside JSON text; the others store it")
-    # As if the worker's own check had missed it: the database is the last line of defence.
-    monkeypatch.setattr(kernel, "storable_result", kernel.check_result)
+def test_a_result_the_worker_lets_through_but_settle_refuses_fails_alone(worker, monkeypatch):
+    # As if the worker's own check had missed it: settle's input contract refuses the NUL.
+    monkeypatch.setattr(kernel, "storable_result", lambda result: result)
     ids = hold(
         worker,
         [
