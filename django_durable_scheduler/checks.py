@@ -196,6 +196,15 @@ def _settings_problems() -> list[tuple[str, str, str]]:
                 "Leave it unset in production: the scheduler then uses the system clock.",
             )
         )
+    source = _setting("TIME_SOURCE", "host")
+    if source not in ("host", "database"):
+        problems.append(
+            (
+                "TIME_SOURCE",
+                f"must be 'host' or 'database', not {source!r}",
+                "'database' takes the time from the database server, for hosts whose clocks disagree.",
+            )
+        )
     try:
         normalize_principal(conf.settings.DEFAULT_PRINCIPAL, "principal")
     except InvalidArgument as exc:

@@ -5,12 +5,17 @@ Reading on access (never at import) keeps ``override_settings`` working in tests
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings as django_settings
 from django.utils.module_loading import import_string
+
+logger = logging.getLogger("django_durable_scheduler")
 
 _DEFAULTS: dict[str, Any] = {
     # Module name autodiscovered in every installed app for @handler registrations.
@@ -27,6 +32,8 @@ _DEFAULTS: dict[str, Any] = {
     "MAX_CLAIM_BATCH": 500,
     # Who a job created without an authority envelope runs as (see policies.grant_default).
     "DEFAULT_PRINCIPAL": {"type": "app", "id": "durable_scheduler"},
+    # "host" or "database": whose clock says what time it is (see DatabaseClock).
+    "TIME_SOURCE": "host",
 }
 
 
@@ -71,13 +78,70 @@ class Settings:
     def DEFAULT_PRINCIPAL(self) -> Any:  # noqa: N802
         return self._get("DEFAULT_PRINCIPAL")
 
+    @property
+    def TIME_SOURCE(self) -> str:  # noqa: N802
+        return str(self._get("TIME_SOURCE"))
+
 
 settings = Settings()
 
 
-def now() -> datetime:
-    """The scheduler's clock: aware UTC, truncated to milliseconds."""
+class DatabaseClock:
+    """The database server's clock, read through this host's: the offset between the two is
+    measured with one query every ``REFRESH`` seconds (half the round trip is the error),
+    so many hosts whose clocks disagree agree on the time at the cost of one ``SELECT`` per
+    process per half minute, not one per statement. Until a measurement succeeds, or when
+    the database does not answer, the last offset (at first none) is used."""
+
+    REFRESH = 30.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._offset = timedelta(0)
+        self._measured_at: float | None = None
+
+    def offset(self, host: Callable[[], datetime]) -> timedelta:
+        with self._lock:
+            due = self._measured_at is None or time.monotonic() - self._measured_at >= self.REFRESH
+            if due:
+                self._measure(host)
+            return self._offset
+
+    def _measure(self, host: Callable[[], datetime]) -> None:
+        from django.db import DEFAULT_DB_ALIAS, DatabaseError
+
+        from .dialect import server_now
+
+        self._measured_at = time.monotonic()
+        try:
+            before = host()
+            server = server_now(DEFAULT_DB_ALIAS)
+            after = host()
+        except DatabaseError as exc:
+            logger.warning("could not read the database's clock (%s); using the last offset", exc)
+            return
+        if server is not None:
+            self._offset = server - (before + (after - before) / 2)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._offset, self._measured_at = timedelta(0), None
+
+
+database_clock = DatabaseClock()
+
+
+def _host_now() -> datetime:
     clock = settings.CLOCK
-    value = clock() if clock is not None else datetime.now(UTC)
+    return clock() if clock is not None else datetime.now(UTC)
+
+
+def now() -> datetime:
+    """The scheduler's clock: aware UTC, truncated to milliseconds. With
+    ``DURABLE_SCHEDULER_TIME_SOURCE = "database"``, this host's clock corrected to the
+    database server's (:class:`DatabaseClock`)."""
+    value = _host_now()
+    if settings.TIME_SOURCE == "database":
+        value += database_clock.offset(_host_now)
     value = value.astimezone(UTC)
     return value.replace(microsecond=value.microsecond - value.microsecond % 1000)

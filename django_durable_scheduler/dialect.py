@@ -18,7 +18,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import date, datetime, time
+from datetime import UTC, date, datetime, time
 from functools import cache
 from operator import attrgetter
 from typing import Any
@@ -51,6 +51,27 @@ def alias_for(using: str | None) -> str:
     if using is not None and not isinstance(using, str):
         raise InvalidArgument("using", "must be a database alias or None")
     return using or DEFAULT_DB_ALIAS
+
+
+# The server's current time, to the microsecond, in UTC. SQLite runs on this host, so its clock
+# is the host's.
+_SERVER_NOW = {
+    "postgresql": "SELECT clock_timestamp()",
+    "mysql": "SELECT UTC_TIMESTAMP(6)",
+}
+
+
+def server_now(alias: str) -> datetime | None:
+    """The database server's clock (aware UTC), or None where it is this host's (SQLite)."""
+    connection = connections[alias]
+    sql = _SERVER_NOW.get(connection.vendor)
+    if sql is None:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        (value,) = cursor.fetchone()
+    server: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return server if server.tzinfo is not None else server.replace(tzinfo=UTC)
 
 
 @contextmanager

@@ -75,6 +75,7 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Subprocesses of the race tests share a dilated clock (tests/procs/clock.py).
 if os.environ.get("DSCH_CLOCK_T0"):
     DURABLE_SCHEDULER_CLOCK = "tests.procs.clock.dilated"
+DURABLE_SCHEDULER_TIME_SOURCE = os.environ.get("DSCH_TIME_SOURCE", "host")
 STATIC_URL = "/static/"
 LOGGING = {
     "version": 1,
