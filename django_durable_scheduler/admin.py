@@ -12,12 +12,14 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.forms import BaseForm, ModelForm
 from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.utils.html import format_html_join
 
-from . import conf, kernel, policies
+from . import conf, dashboard, kernel, policies
 from .exceptions import SchedulerError
 from .forms import AuthorityPolicyForm, JobForm, describe_window
 from .identity import iso_ms
@@ -31,6 +33,7 @@ from .models import (
     Job,
     Occurrence,
     OccurrenceStatus,
+    SchedulerDashboard,
     WorkerHeartbeat,
 )
 from .triggers import describe_trigger
@@ -577,3 +580,36 @@ __all__ = [
     "WorkerHeartbeatAdmin",
     "revision_diff",
 ]
+
+
+@admin.register(SchedulerDashboard)
+class DashboardAdmin(ReadOnlyAdmin):
+    """The dashboard page, in place of a list: what ran per kind, how late work is, the
+    workers, budget use and the last day's dead letters. Needs only the view permission on
+    occurrences, and refreshes itself."""
+
+    REFRESH_SECONDS = 5
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if request.user.has_perm("durable_scheduler.view_occurrence"):
+            return True
+        return bool(super().has_view_permission(request, obj))
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        board = dashboard.collect()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Scheduler dashboard",
+            "opts": self.model._meta,
+            "board": board,
+            "charts": board.charts(),
+            "workers": board.workers(),
+            "chart_width": dashboard.LABEL_WIDTH + dashboard.BAR_WIDTH + 40,
+            "refresh": self.REFRESH_SECONDS,
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/durable_scheduler/dashboard.html", context)

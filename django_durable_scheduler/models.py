@@ -373,3 +373,13 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+class SchedulerDashboard(Occurrence):
+    """No table of its own: the admin's dashboard page, listed on the admin index under this
+    app (a proxy, so that it has its place and its view permission there)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dashboard"
+        verbose_name_plural = "dashboard"

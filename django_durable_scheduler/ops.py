@@ -222,8 +222,9 @@ def _workers(
     return live, stale, stopped
 
 
-def _near_budget(now: datetime, percent: int, alias: str) -> list[BudgetUsage]:
-    """Enabled policies whose current window used ``percent`` % of its runs or units."""
+def budget_usage(now: datetime, percent: int, alias: str) -> list[BudgetUsage]:
+    """Enabled policies whose current window used ``percent`` % of its runs or units (0: every
+    one with usage in the window)."""
     by_window: dict[int, list[AuthorityPolicy]] = defaultdict(list)
     for policy in AuthorityPolicy.objects.using(alias).filter(enabled=True):
         by_window[policy.window_ms].append(policy)
@@ -312,7 +313,7 @@ def collect_status(
         stale_workers=stale,
         stopped_workers=stopped,
         unhandled=unhandled,
-        near_budget=_near_budget(now, budget_percent, alias),
+        near_budget=budget_usage(now, budget_percent, alias),
         disabled_waiting=disabled_waiting,
         without_policy={f"{t}:{i}": jobs for (t, i), jobs in jobs_without_policy(using=alias).items()},
     )

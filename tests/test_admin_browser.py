@@ -15,6 +15,7 @@ from .browser import TIMEOUT_MS, skip_unless_browser
 from .conftest import authority_for
 
 SCREENSHOT = Path("/tmp/admin-policy.png")
+DASHBOARD_SCREENSHOT = Path("/tmp/admin-dashboard.png")
 
 pytestmark = [
     skip_unless_browser(),
@@ -218,3 +219,20 @@ def test_user_without_change_permission_cannot_edit(new_context, live_server, po
     )
     assert status == 403
     assert AuthorityPolicy.objects.get(pk=policy.pk).revision == 1
+
+
+def test_the_dashboard(new_context, live_server, admin_user, clock):
+    from .test_dashboard import run
+
+    kernel.create_job("mail", "mail.send")
+    kernel.create_job("sync", "crm.sync")
+    run("mail", "succeeded", clock, n=5)
+    run("sync", "failed", clock, n=2)
+    page = login(new_context(), live_server, "root")
+    page.goto(f"{live_server.url}/admin/")
+    page.click("text=Dashboard")
+    page.wait_for_selector("#dsch-outcomes-1 svg")
+    assert page.locator("#dsch-outcomes-1 rect.dsch-succeeded").count() == 1
+    assert page.locator("#dsch-outcomes-1 rect.dsch-dead_letter").count() == 1
+    assert "the printer is on fire" in page.inner_text("#dsch-dead-letters")
+    page.screenshot(path=str(DASHBOARD_SCREENSHOT), full_page=True)

@@ -1,0 +1,163 @@
+"""The admin dashboard's figures: outcomes per kind over the last hour and day, the due lag,
+the workers and what each runs, budget use per principal, and the last day's dead letters.
+
+Every query is an indexed aggregate or a bounded list, so the page stays fast on a large
+occurrences table: settled outcomes are read through the ``(status, settled_at)`` index, running
+ones through the claim index, budget use from the current window's usage rows.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db.models import Count
+
+from . import ops
+from .models import TERMINAL_STATUSES, Occurrence, OccurrenceStatus
+
+WINDOWS = (("last hour", timedelta(hours=1)), ("last day", timedelta(days=1)))
+DEAD_LETTERS_SHOWN = 25
+RUNNING_SHOWN = 200
+# The outcomes a chart bar shows, in its order.
+OUTCOMES = (OccurrenceStatus.SUCCEEDED, OccurrenceStatus.DEAD_LETTER, OccurrenceStatus.CANCELLED)
+
+
+@dataclass
+class KindOutcomes:
+    kind: str
+    counts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def segments(self, largest: int, width: int = 600) -> list[tuple[str, int, float, float]]:
+        """The bar of this kind in a chart whose longest bar (``largest`` runs) is ``width``
+        wide: ``(outcome, count, x, width)`` per outcome it had."""
+        found: list[tuple[str, int, float, float]] = []
+        x = 0.0
+        for outcome in OUTCOMES:
+            n = self.counts.get(outcome, 0)
+            if n:
+                length = width * n / max(largest, 1)
+                found.append((str(outcome), n, round(x, 1), round(length, 1)))
+                x += length
+        return found
+
+
+ROW_HEIGHT = 22
+LABEL_WIDTH = 140
+BAR_WIDTH = 250
+
+
+@dataclass
+class Chart:
+    """One window's runs per kind as rows of an SVG bar chart."""
+
+    title: str
+    rows: list[dict[str, object]]
+
+    @property
+    def height(self) -> int:
+        return ROW_HEIGHT * len(self.rows)
+
+
+@dataclass
+class WorkerRow:
+    worker: ops.WorkerState
+    stale: bool
+    running: list[tuple[str, str]]  # (occurrence id, kind)
+
+
+def error_text(occurrence: Occurrence) -> str:
+    """A dead letter's error in one line: its type and message, or the denial's reason."""
+    error = occurrence.last_error if isinstance(occurrence.last_error, dict) else {}
+    message = error.get("message") or error.get("reason") or ""
+    kind = error.get("type") or error.get("code") or ""
+    return f"{kind}: {message}" if kind and message else str(kind or message)
+
+
+@dataclass
+class Dashboard:
+    status: ops.Status
+    outcomes: dict[str, list[KindOutcomes]]  # by window title, kinds with the most runs first
+    running: dict[str, list[tuple[str, str]]]  # by lease owner: (occurrence id, kind)
+    budgets: list[ops.BudgetUsage]
+    dead_letters: list[Occurrence]
+    largest: dict[str, int] = field(default_factory=dict)  # by window: the longest bar's total
+
+    def charts(self) -> list[Chart]:
+        return [
+            Chart(
+                title,
+                [
+                    {
+                        "kind": kind.kind,
+                        "total": kind.total,
+                        "y": ROW_HEIGHT * index,
+                        "segments": [
+                            {"outcome": outcome, "n": n, "x": LABEL_WIDTH + x, "width": width}
+                            for outcome, n, x, width in kind.segments(self.largest[title], BAR_WIDTH)
+                        ],
+                    }
+                    for index, kind in enumerate(kinds)
+                ],
+            )
+            for title, kinds in self.outcomes.items()
+        ]
+
+    def dead_letter_rows(self) -> list[tuple[Occurrence, str]]:
+        return [(occurrence, error_text(occurrence)) for occurrence in self.dead_letters]
+
+    def workers(self) -> list[WorkerRow]:
+        rows = [WorkerRow(w, False, self.running.get(w.worker_id, [])) for w in self.status.live_workers]
+        rows += [WorkerRow(w, True, self.running.get(w.worker_id, [])) for w in self.status.stale_workers]
+        return rows
+
+
+def outcomes_since(since: datetime, alias: str) -> list[KindOutcomes]:
+    """Settled occurrences per kind and outcome since ``since``, kinds with the most first."""
+    by_kind: dict[str, dict[str, int]] = defaultdict(dict)
+    rows = (
+        Occurrence.objects.using(alias)
+        .filter(status__in=TERMINAL_STATUSES, settled_at__gte=since)
+        .values_list("job__kind", "status")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    for kind, status, n in rows:
+        by_kind[kind][status] = n
+    found = [KindOutcomes(kind, counts) for kind, counts in by_kind.items()]
+    return sorted(found, key=lambda k: (-k.total, k.kind))
+
+
+def collect(*, using: str | None = None) -> Dashboard:
+    alias = using or "default"
+    status = ops.collect_status(using=alias)
+    now = status.now
+    outcomes = {title: outcomes_since(now - span, alias) for title, span in WINDOWS}
+    running: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for pk, owner, kind in (
+        Occurrence.objects.using(alias)
+        .filter(status=OccurrenceStatus.RUNNING)
+        .order_by("lease_owner", "pk")
+        .values_list("pk", "lease_owner", "job__kind")[:RUNNING_SHOWN]
+    ):
+        running[str(owner)].append((pk, kind))
+    dead = list(
+        Occurrence.objects.using(alias)
+        .filter(status=OccurrenceStatus.DEAD_LETTER, settled_at__gte=now - timedelta(days=1))
+        .select_related("job")
+        .order_by("-settled_at")[:DEAD_LETTERS_SHOWN]
+    )
+    board = Dashboard(
+        status=status,
+        outcomes=outcomes,
+        running=dict(running),
+        budgets=ops.budget_usage(now, 0, alias),
+        dead_letters=dead,
+    )
+    board.largest = {title: max((k.total for k in kinds), default=0) for title, kinds in outcomes.items()}
+    return board

@@ -1,0 +1,113 @@
+"""The admin dashboard: what ran per kind over the last hour and day, the due lag, the workers
+and what each runs, budget use, the last day's dead letters; view permission only; a number of
+queries that does not grow with the rows."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+import django_durable_scheduler as scheduler
+from django_durable_scheduler import dashboard, kernel
+from django_durable_scheduler.models import WorkerHeartbeat
+
+from .test_admin import staff_user
+
+pytestmark = pytest.mark.django_db
+
+URL = "admin:durable_scheduler_schedulerdashboard_changelist"
+
+
+def run(job_id: str, outcome: str, clock, n: int = 1, **settle) -> None:
+    """``n`` occurrences of ``job_id`` claimed by worker w1 and settled as ``outcome``."""
+    for _ in range(n):
+        clock.advance(1)
+        occ, _ = kernel.enqueue(job_id, scheduled_for=clock(), trigger_key=f"t{clock().timestamp()}")
+        held = kernel.claim(owner="w1", lease=60)
+        assert held is not None and held.pk == occ.pk
+        policy = scheduler.get_policy("app", "durable_scheduler")
+        scheduler.reserve_authority(held.pk, policy_revision=policy.revision)
+        if outcome == "succeeded":
+            kernel.settle(held.pk, owner="w1", fence=held.fence, outcome="succeeded", result={"ok": 1})
+        else:
+            kernel.settle(
+                held.pk,
+                owner="w1",
+                fence=held.fence,
+                outcome="failed",
+                retryable=False,
+                error={"type": "ValueError", "message": "the printer is on fire"},
+            )
+
+
+@pytest.fixture
+def world(clock):
+    scheduler.create_job("mail", "mail.send")
+    scheduler.create_job("sync", "crm.sync")
+    clock.advance(hours=-30)
+    run("mail", "succeeded", clock, n=2)  # more than a day ago: in neither chart
+    clock.advance(hours=26)
+    run("mail", "succeeded", clock, n=3)  # within the day, not the hour
+    clock.advance(hours=3, minutes=30)
+    run("mail", "succeeded", clock, n=4)
+    run("sync", "failed", clock, n=2)
+    clock.advance(1)
+    kernel.enqueue("sync", scheduled_for=clock(), trigger_key="running")
+    kernel.claim(owner="w1", lease=3600)
+    WorkerHeartbeat.objects.create(
+        worker_id="w1", hostname="host", pid=1, concurrency=4, started_at=clock(), last_seen_at=clock()
+    )
+    clock.advance(minutes=2)  # the oldest due: none; the running one still leased
+
+
+def test_the_figures(world):
+    board = dashboard.collect()
+    hour, day = (dict((k.kind, k.counts) for k in kinds) for kinds in board.outcomes.values())
+    assert hour == {"mail.send": {"succeeded": 4}, "crm.sync": {"dead_letter": 2}}
+    assert day == {"mail.send": {"succeeded": 7}, "crm.sync": {"dead_letter": 2}}
+    assert [kind.kind for kind in board.outcomes["last day"]] == ["mail.send", "crm.sync"]
+    assert [(row.worker.worker_id, [kind for _, kind in row.running]) for row in board.workers()] == [
+        ("w1", ["crm.sync"])
+    ]
+    # The runs of the current window (a day, epoch-aligned) charged to the default principal.
+    assert [(b.principal_id, b.runs) for b in board.budgets] == [("durable_scheduler", 9)]  # 3 + 4 + 2
+    assert [o.job_id for o in board.dead_letters] == ["sync", "sync"]
+    (chart, _) = board.charts()
+    (mail, sync) = chart.rows
+    # Bars are scaled to the longest: 4 runs fill the bar, 2 take half of it.
+    assert mail["segments"] == [
+        {"outcome": "succeeded", "n": 4, "x": dashboard.LABEL_WIDTH, "width": dashboard.BAR_WIDTH}
+    ]
+    assert sync["segments"][0]["width"] == dashboard.BAR_WIDTH / 2 and sync["y"] == dashboard.ROW_HEIGHT
+
+
+def test_the_page_with_view_permission_only(client, world):
+    client.force_login(staff_user("viewer", "view_occurrence"))
+    page = client.get(reverse(URL))
+    assert page.status_code == 200
+    html = page.content.decode()
+    for text in ("Runs per kind, last hour", "mail.send", "crm.sync", "the printer is on fire", "w1"):
+        assert text in html, text
+    assert 'http-equiv="refresh"' in html
+    assert html.count('<rect class="dsch-succeeded"') == 2  # one bar per chart
+    index = client.get(reverse("admin:index")).content.decode()
+    assert reverse(URL) in index
+
+
+def test_without_permission(client, world):
+    client.force_login(staff_user("nobody"))
+    assert client.get(reverse(URL)).status_code == 403
+
+
+def test_the_queries_do_not_grow_with_the_rows(admin_client, world, clock):
+    def count() -> int:
+        with CaptureQueriesContext(connection) as queries:
+            assert admin_client.get(reverse(URL)).status_code == 200
+        return len(queries)
+
+    before = count()
+    run("mail", "succeeded", clock, n=20)
+    run("sync", "failed", clock, n=10)
+    assert count() == before
