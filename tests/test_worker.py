@@ -153,3 +153,39 @@ def test_claim_ahead_is_sized_by_the_work_not_by_the_thread_count():
     assert ahead(handler=0.001, turn=10.0, lease=0.4, concurrency=2) == 200
     # Never fewer than one per thread.
     assert ahead(concurrency=6, handler=0.049, lease=0.01) == 6
+
+
+def test_a_wake_up_is_kept_until_a_claim_can_take_it():
+    """The listener's wake-up is latched: one that comes while no slot is free still ends the
+    sleep of the first turn that has a slot, and only a claim clears it."""
+    import threading
+
+    worker = Worker(worker_id="w", concurrency=1)
+    worker._kinds = ["test.ok"]
+
+    def sleeper() -> threading.Thread:
+        thread = threading.Thread(target=worker._sleep, args=(300,), daemon=True)
+        thread.start()
+        return thread
+
+    worker._running["busy"] = object()  # type: ignore[assignment]  # the one slot is taken
+    worker._announced()
+    assert not worker._turn_due(), "no free slot: the turn waits for one"
+    thread = sleeper()
+    thread.join(0.2)
+    assert thread.is_alive(), "a full worker sleeps on"
+    del worker._running["busy"]
+    worker._wake.set()  # the handler finished (its outcome settled)
+    thread.join(30)
+    assert not thread.is_alive()
+    assert worker._new_work.is_set() and worker._turn_due(), "the wake-up outlived the full turn"
+    thread = sleeper()
+    thread.join(30)
+    assert not thread.is_alive(), "a latched wake-up and a free slot: no sleep"
+    worker._new_work.clear()  # what a claim does first
+    thread = sleeper()
+    thread.join(0.2)
+    assert thread.is_alive()
+    worker._announced()  # a wake-up in the middle of the sleep ends it
+    thread.join(30)
+    assert not thread.is_alive()
