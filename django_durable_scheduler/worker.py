@@ -6,6 +6,11 @@ transaction), authorize what it claimed (one transaction), and hand the runnable
 ``concurrency`` long-lived handler threads. A heartbeat thread renews the leases of
 everything held (every lease/3) until it is settled. Handlers for kinds this process has
 not registered are never claimed.
+
+Between turns the loop sleeps until the next due slot, a finished handler, a wake-up or the
+poll interval. A wake-up (NOTIFY, or a datagram on SQLite: see :mod:`.wakeup`) is latched
+until the next claim starts, so one that comes in while the loop is busy (settling,
+claiming, materializing, or with no free slot) is acted on by the next turn that can claim.
 """
 
 from __future__ import annotations
@@ -39,14 +44,17 @@ MAX_TRACEBACK = 16 * 1024
 MATERIALIZE_EVERY = 0.2
 SWEEP_EVERY = 1.0
 # Handlers that take less than this on average (seconds) are "fast": the loop then claims
-# ahead, holding up to about HOLD_AHEAD seconds of queued work per handler thread (at most
-# MAX_AHEAD times --concurrency, and MAX_CLAIM_BATCH), so that each turn's settle, claim
-# and authorize transactions are shared by that many more occurrences: for handlers of a
-# millisecond or less the loop's per-turn cost, not the handlers, bounds the rate. Slow
-# handlers get no claim-ahead: rows waiting behind them would be rows other workers could run.
+# ahead (see claim_ahead), so that each turn's settle, claim and authorize transactions are
+# shared by that many more occurrences: for handlers of a millisecond or less the loop's
+# per-turn cost, not the handlers, bounds the rate. Slow handlers get no claim-ahead: rows
+# waiting behind them would be rows other workers could run.
 FAST_HANDLER = 0.05
+# The least queued work (seconds per handler thread) a fast worker holds; it holds more when
+# its turns take longer (TURNS_AHEAD of them), so the threads do not run dry before the next
+# claim, and never more than LEASE_SHARE of the lease.
 HOLD_AHEAD = 0.05
-MAX_AHEAD = 32
+TURNS_AHEAD = 2
+LEASE_SHARE = 0.25
 # How long a finished outcome may wait for others before the loop settles it (seconds).
 GATHER = 0.01
 # An empty claim while work is due means other claimers hold those rows (SKIP LOCKED) or
@@ -57,6 +65,24 @@ LOCKED_RETRY = 0.02
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def claim_ahead(
+    *, concurrency: int, handler_seconds: float, turn_seconds: float, lease: float, max_batch: int
+) -> int:
+    """How many occurrences a worker holds at once (running or queued for a handler thread).
+
+    ``concurrency`` for slow handlers. For fast ones, as many as the threads run in the
+    longer of HOLD_AHEAD and TURNS_AHEAD of the loop's recent turns, so that a worker with
+    one thread batches as much as its handlers' speed allows, not a fixed multiple of its
+    thread count; the last one queued starts within LEASE_SHARE of its lease (which the
+    heartbeat renews meanwhile anyway). At most ``max_batch`` (MAX_CLAIM_BATCH).
+    """
+    if handler_seconds >= FAST_HANDLER:
+        return concurrency
+    horizon = min(max(HOLD_AHEAD, TURNS_AHEAD * turn_seconds), LEASE_SHARE * lease)
+    per_thread = horizon / max(handler_seconds, 1e-6)
+    return max(concurrency, min(int(concurrency * per_thread), max_batch))
 
 
 class _Running:
@@ -117,7 +143,8 @@ class Worker:
         self.processed = 0
         self._running: dict[str, _Running] = {}
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._wake = threading.Event()  # ends the loop's sleep; see _sleep
+        self._new_work = threading.Event()  # a wake-up came; cleared as the next claim starts
         self._stopping = threading.Event()
         self._signals = 0
         self._signal_pipe: tuple[int, int] | None = None  # (read, write), see _on_signal
@@ -132,6 +159,8 @@ class Worker:
         self._next_due: tuple[float, datetime | None] | None = None  # (read at, value)
         self._handler_seconds = 1.0  # moving average of handler run time (starts "slow")
         self._handler_runs = 0
+        self._turn_seconds = 0.0  # moving average of a turn that claimed (settle to authorize)
+        self._kinds: list[str] = []
         self._retry_wait = 0.0  # the current back-off while due work is held elsewhere
         self._listener: wakeup.Listener | wakeup.SocketListener | None = None
         self._listener_thread: threading.Thread | None = None
@@ -141,6 +170,12 @@ class Worker:
     def stop(self) -> None:
         """Stop claiming; running handlers get ``grace`` seconds to finish."""
         self._stopping.set()
+        self._wake.set()
+
+    def _announced(self) -> None:
+        """The listener's callback: new work was committed. Latched until the next claim
+        starts, so it is not lost if it comes while the loop is busy or has no free slot."""
+        self._new_work.set()
         self._wake.set()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -186,7 +221,7 @@ class Worker:
     # ------------------------------------------------------------------ loop
 
     def run(self) -> int:
-        kinds = self.kinds()
+        kinds = self._kinds = self.kinds()
         logger.info(
             "worker %s: concurrency %d, lease %.1f s, kinds %s",
             self.worker_id,
@@ -196,7 +231,7 @@ class Worker:
         )
         # Listening before the first heartbeat: a worker that shows as started already hears
         # the wake-ups of enqueues made from then on.
-        listener = wakeup.listener(self.using or DEFAULT_DB_ALIAS, self._wake.set, logger)
+        listener = wakeup.listener(self.using or DEFAULT_DB_ALIAS, self._announced, logger)
         if listener.supported and not (self.once or self.burst) and listener.open():
             self._listener = listener
             self._listener_thread = threading.Thread(target=listener.run, name="dsch-listen", daemon=True)
@@ -212,11 +247,10 @@ class Worker:
             asked = 0
             attempted = drained = False
             try:
+                turn_started = time.monotonic()
                 _tidy_connections()
                 self._flush()
-                free = self._capacity() - len(self._running)
-                if self.max_occurrences is not None:
-                    free = min(free, self.max_occurrences - self.processed - len(self._running))
+                free = self._free()
                 now = time.monotonic()
                 if now >= self._next_materialize:
                     self._next_materialize = now + MATERIALIZE_EVERY
@@ -229,6 +263,8 @@ class Worker:
                 if free > 0 and kinds:
                     attempted = True
                     asked = min(free, conf.settings.MAX_CLAIM_BATCH)
+                    # Cleared before the claim reads: a wake-up from now on gets another turn.
+                    self._new_work.clear()
                     claimed = kernel.claim_batch(
                         owner=self.worker_id,
                         lease=self.lease,
@@ -242,6 +278,8 @@ class Worker:
                         # Round-robin: the next claim starts after the last principal served.
                         self._principal_cursor = claimed[-1].principal_key
                     self._authorize(self._hold(claimed))
+                    if claimed:
+                        self._turn_seconds += (time.monotonic() - turn_started - self._turn_seconds) / 10
                     if not claimed and not self._running:
                         # Empty may mean "locked by another claimer", not "nothing due".
                         drained = not kernel.has_due(kinds=kinds, using=self.using)
@@ -274,40 +312,66 @@ class Worker:
                 self._retry_wait = min(self.poll_interval, max(LOCKED_RETRY, 2 * self._retry_wait))
             else:
                 self._retry_wait = 0.0
-            if not self._finished:
-                wait = self._idle_wait()
-                self._wake.wait(min(wait, self._retry_wait) if held_elsewhere else wait)
-                self._wake.clear()
+            wait = self._idle_wait()
+            self._sleep(min(wait, self._retry_wait) if held_elsewhere else wait)
             self._gather()
         self._shutdown()
         return 0
 
+    def _free(self) -> int:
+        """How many more occurrences this turn may claim."""
+        free = self._capacity() - len(self._running)
+        if self.max_occurrences is not None:
+            free = min(free, self.max_occurrences - self.processed - len(self._running))
+        return free
+
+    def _turn_due(self) -> bool:
+        """Whether the next turn has something to do at once: outcomes to settle, stopping,
+        or a wake-up and a free slot to claim it into."""
+        return (
+            bool(self._finished)
+            or self._stopping.is_set()
+            or (self._new_work.is_set() and bool(self._kinds) and self._free() > 0)
+        )
+
+    def _sleep(self, timeout: float) -> None:
+        """Sleep up to ``timeout`` seconds, unless or until the next turn has something to
+        do. The event is cleared before the state is read: whatever sets it afterwards ends
+        the sleep, and whatever came before is seen in the state."""
+        self._wake.clear()
+        if not self._turn_due():
+            self._wake.wait(timeout)
+
     def _gather(self) -> None:
         """Once a handler has finished, wait up to GATHER seconds for others still running,
         until half of what is held has finished: then one settle (and the claim after it)
-        serves them all, instead of one loop turn per finished handler."""
+        serves them all, instead of one loop turn per finished handler. A wake-up ends the
+        wait: new work is not kept waiting for a settle."""
         deadline = time.monotonic() + GATHER
         while True:
+            self._wake.clear()
             with self._lock:
                 finished = len(self._finished)
                 executing = len(self._running) - finished - len(self._unauthorized)
             if not finished or executing <= 0 or 2 * finished >= self._capacity():
                 return
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._stopping.is_set():
+            if remaining <= 0 or self._stopping.is_set() or self._new_work.is_set():
                 return
             self._wake.wait(remaining)
-            self._wake.clear()
 
     def _capacity(self) -> int:
-        """How many occurrences to hold at once: --concurrency, and for fast handlers (see
-        FAST_HANDLER) as many more as make about HOLD_AHEAD seconds of work per handler
-        thread; never more than --max-occurrences allows (the caller checks)."""
-        seconds = self._handler_seconds
-        if seconds >= FAST_HANDLER or self.once:
+        """How many occurrences to hold at once (see claim_ahead); never more than
+        --max-occurrences allows (_free checks)."""
+        if self.once:
             return self.concurrency
-        ahead = min(MAX_AHEAD, max(1, int(HOLD_AHEAD / max(seconds, 1e-6))))
-        return max(self.concurrency, min(self.concurrency * ahead, conf.settings.MAX_CLAIM_BATCH))
+        return claim_ahead(
+            concurrency=self.concurrency,
+            handler_seconds=self._handler_seconds,
+            turn_seconds=self._turn_seconds,
+            lease=self.lease,
+            max_batch=conf.settings.MAX_CLAIM_BATCH,
+        )
 
     def _idle_wait(self) -> float:
         """Sleep until the next poll, or sooner when a job's next slot comes first. The
@@ -328,6 +392,7 @@ class Worker:
         """Settle and authorize what is pending until nothing is held (or ``timeout``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            self._wake.clear()  # before the state is read, as in _sleep
             try:
                 self._flush()
                 if self._unauthorized:
@@ -343,7 +408,6 @@ class Worker:
             if remaining is not None and remaining <= 0:
                 return
             self._wake.wait(0.5 if remaining is None else min(0.5, remaining))
-            self._wake.clear()
 
     def _shutdown(self) -> None:
         self._drain(self.grace)

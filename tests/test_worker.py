@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import conf, registry
+from django_durable_scheduler import registry
 from django_durable_scheduler.models import Occurrence
-from django_durable_scheduler.worker import MAX_AHEAD, Worker
+from django_durable_scheduler.worker import HOLD_AHEAD, Worker, claim_ahead
 
 from .conftest import AUTHORITY
 
@@ -119,8 +119,9 @@ def test_claim_ahead_follows_the_handlers_speed_from_the_first_runs():
     worker = Worker(worker_id="w", concurrency=4)
     assert worker._capacity() == 4  # nothing run yet: no claim-ahead
     worker._learn(0.001)
-    # 1 ms handlers: HOLD_AHEAD (50 ms) of work per thread, at most MAX_AHEAD times over.
-    assert worker._capacity() == min(4 * MAX_AHEAD, conf.settings.MAX_CLAIM_BATCH)
+    # 1 ms handlers: HOLD_AHEAD (50 ms) of work per thread (the average is 1 ms give or
+    # take a float's last digit, hence the range).
+    assert 4 * 49 <= worker._capacity() <= 4 * 50
     for _ in range(40):
         worker._learn(0.5)  # the handlers became slow: no claim-ahead
     assert worker._capacity() == 4
@@ -130,3 +131,61 @@ def test_claim_ahead_follows_the_handlers_speed_from_the_first_runs():
     for _ in range(200):
         worker._learn(0.0099)
     assert worker._capacity() == 4 * 5  # 50 ms / 9.9 ms, rounded down
+
+
+def test_claim_ahead_is_sized_by_the_work_not_by_the_thread_count():
+    def ahead(concurrency=1, handler=0.001, turn=0.0, lease=30.0, max_batch=500):
+        sizes = {"handler_seconds": handler, "turn_seconds": turn, "lease": lease, "max_batch": max_batch}
+        return claim_ahead(concurrency=concurrency, **sizes)
+
+    assert ahead(concurrency=3, handler=0.05) == 3, "slow handlers: no claim-ahead"
+    assert ahead(concurrency=3, handler=2.0, turn=5.0) == 3
+    # One thread and near-instant handlers: as large a batch as MAX_CLAIM_BATCH allows.
+    assert ahead(handler=0.00002) == 500
+    assert ahead(handler=0.00002, max_batch=64) == 64
+    assert ahead(handler=0.0, max_batch=64) == 64
+    # HOLD_AHEAD of work per thread, or TURNS_AHEAD turns of it when turns take longer.
+    assert ahead(handler=0.001) == round(HOLD_AHEAD / 0.001)
+    assert ahead(handler=0.001, turn=0.1) == 200
+    assert ahead(concurrency=4, handler=0.001, turn=0.1) == 500
+    # Never more than a quarter of the lease of queued work per thread.
+    assert ahead(handler=0.001, turn=10.0, lease=0.4) == 100
+    assert ahead(handler=0.001, turn=10.0, lease=0.4, concurrency=2) == 200
+    # Never fewer than one per thread.
+    assert ahead(concurrency=6, handler=0.049, lease=0.01) == 6
+
+
+def test_a_wake_up_is_kept_until_a_claim_can_take_it():
+    """The listener's wake-up is latched: one that comes while no slot is free still ends the
+    sleep of the first turn that has a slot, and only a claim clears it."""
+    import threading
+
+    worker = Worker(worker_id="w", concurrency=1)
+    worker._kinds = ["test.ok"]
+
+    def sleeper() -> threading.Thread:
+        thread = threading.Thread(target=worker._sleep, args=(300,), daemon=True)
+        thread.start()
+        return thread
+
+    worker._running["busy"] = object()  # type: ignore[assignment]  # the one slot is taken
+    worker._announced()
+    assert not worker._turn_due(), "no free slot: the turn waits for one"
+    thread = sleeper()
+    thread.join(0.2)
+    assert thread.is_alive(), "a full worker sleeps on"
+    del worker._running["busy"]
+    worker._wake.set()  # the handler finished (its outcome settled)
+    thread.join(30)
+    assert not thread.is_alive()
+    assert worker._new_work.is_set() and worker._turn_due(), "the wake-up outlived the full turn"
+    thread = sleeper()
+    thread.join(30)
+    assert not thread.is_alive(), "a latched wake-up and a free slot: no sleep"
+    worker._new_work.clear()  # what a claim does first
+    thread = sleeper()
+    thread.join(0.2)
+    assert thread.is_alive()
+    worker._announced()  # a wake-up in the middle of the sleep ends it
+    thread.join(30)
+    assert not thread.is_alive()

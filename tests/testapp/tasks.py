@@ -94,3 +94,15 @@ def poison(ctx):
     if mode == "nul-permanent":
         raise scheduler.PermanentFailure("never\x00works", code="E\x00NUL")
     return {"mode": mode, "occurrence": ctx.occurrence_id}
+
+
+# --- wake-ups (tests/test_wakeups.py)
+
+
+@scheduler.handler("test.stamp")
+def stamp(ctx):
+    """Returns the wall-clock time it started (the test compares it to the enqueue's), after
+    sleeping ``payload.seconds`` (so that later enqueues find the worker busy)."""
+    started = time.time()
+    time.sleep(float((ctx.payload or {}).get("seconds", 0)))
+    return {"started": started}
