@@ -1,8 +1,9 @@
 """Authority reservations: charging a run against its principal's budget (SPEC section 7).
 
-``reserve_authority`` is the seed's reservation primitive. ``authorize`` is what the worker
-runs after claiming an occurrence and before calling its handler: the policy checks in the
-SPEC's order, then a reservation (or the reuse of the one a previous attempt made). Denials
+``reserve_authority`` is the seed's reservation primitive. ``authorize`` runs between the
+claim of an occurrence and its handler's start: the policy checks in the SPEC's order, then
+a reservation (or the reuse of the one a previous attempt made); the worker runs it in the
+claim's own transaction (``claim_authorized``). Denials
 dead-letter the occurrence without retry (``leases.deny``); an exhausted budget puts it
 back to wait for the next window without using an attempt (``leases.defer``). The charge
 itself is ``budgets.charge``.
@@ -483,9 +484,10 @@ def claim_authorized(
     deferred (queued again until its window ends, no attempt used) before the commit.
 
     ``units_of(occurrence)`` gives the units of the occurrence's handler registration (an
-    int or a function of the occurrence, as ``resolve_units`` takes); default 1. The
-    principals' policy rows are locked before any occurrence row, the order ``set_policy``
-    and :func:`authorize` use, so neither can wait on this in a cycle.
+    int or a function of the occurrence, as ``resolve_units`` takes); default 1. Both run
+    inside the transaction, while it holds its locks: they should only look at the
+    occurrence. The principals' policy rows are locked before any occurrence row, the order
+    ``set_policy`` and :func:`authorize` use, so neither can wait on this in a cycle.
     """
     if units_of is not None and not callable(units_of):
         raise InvalidArgument("units_of", "must be a function of the occurrence or None")
