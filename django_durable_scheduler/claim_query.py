@@ -8,6 +8,7 @@ column names.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -290,6 +291,7 @@ def claim_candidates(
     limit: int,
     after_principal: str | None = None,
     waiting: dict[str, datetime] | None = None,
+    before_lock: Callable[[list[str]], None] | None = None,
 ) -> list[Occurrence]:
     """Lock and return up to ``limit`` claimable occurrences, fair across principals.
 
@@ -310,6 +312,8 @@ def claim_candidates(
     the due state under the lock: only rows that are returned stay locked, so a
     concurrent claimer is never kept from rows this one does not take. ``waiting``: the
     principals, when the caller has listed them already (a hint: every row is re-checked).
+    ``before_lock``: called with the pool's principal keys (sorted) before any occurrence row
+    is locked, so that a caller can lock rows that come before occurrences in the lock order.
     """
     base = Occurrence.objects.using(alias)
     want = limit * CANDIDATE_FACTOR
@@ -362,6 +366,8 @@ def claim_candidates(
         ranked.sort(key=lambda item: (item[0], item[1], item[2][3], item[2][4], item[2][0]))
     pool = [row for _, _, row in ranked[:want]]
     kind_of = {row[0]: row[1] for row in pool}
+    if before_lock is not None and pool:
+        before_lock(sorted({row[2] for row in pool}))
     rank = {row[0]: index for index, row in enumerate(pool)}
     # The candidate reads join jobs (enabled, kind). Re-checking that under FOR UPDATE would lock
     # job rows too on MySQL (no OF), making claimers skip each other's jobs; so the locking

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -153,6 +153,107 @@ def _job_filter(kinds: list[str] | None) -> Q:
     return condition
 
 
+@dataclass(frozen=True)
+class ClaimPlan:
+    """A checked claim request and what was read before its transaction (see
+    :func:`plan_claim`)."""
+
+    owner: str
+    now: datetime
+    expires: datetime
+    kinds: list[str] | None
+    limit: int
+    after_principal: str | None
+    waiting: dict[str, datetime]
+
+
+def plan_claim(
+    *,
+    owner: str,
+    lease: float | timedelta,
+    limit: int = 1,
+    kinds: Iterable[str] | None = None,
+    after_principal: str | None = None,
+    sweep_expired: bool = True,
+    using: str | None = None,
+) -> ClaimPlan | None:
+    """The arguments of :func:`claim_batch` checked, and the principals with work read
+    before the transaction; None when nobody has any (an idle worker's every turn is then one
+    statement and no transaction). The rows are re-checked under the lock anyway."""
+    owner = _owner(owner)
+    lease_ms = _lease_ms(lease)
+    limit = normalize_int(limit, "limit", minimum=1, maximum=conf.settings.MAX_CLAIM_BATCH)
+    kind_list = _kinds(kinds)
+    if after_principal is not None and not isinstance(after_principal, str):
+        # Only compared with principal keys in Python, never stored or sent to the database.
+        raise InvalidArgument("after_principal", "must be a principal key (a string) or None")
+    if normalize_bool(sweep_expired, "sweep_expired"):
+        # The worker sweeps on its own schedule instead of before every claim.
+        dead_letter_expired(using=using)
+    now = conf.now()
+    waiting = waiting_principals(using or DEFAULT_DB_ALIAS, now)
+    if not waiting:
+        return None
+    if after_principal is None and len(waiting) > 1:  # with one principal there is no turn to take
+        after_principal = last_claimed_principal(using or DEFAULT_DB_ALIAS)
+    return ClaimPlan(
+        owner, now, now + timedelta(milliseconds=lease_ms), kind_list, limit, after_principal, waiting
+    )
+
+
+def claim_planned(
+    plan: ClaimPlan, alias: str, *, before_lock: Callable[[list[str]], None] | None = None
+) -> list[Occurrence]:
+    """The body of :func:`claim_batch`, inside the caller's write transaction on ``alias``:
+    lock the fair batch, make it running and append its events. ``before_lock`` is called
+    with the candidates' principal keys before any occurrence row is locked (see
+    ``claim_query.claim_candidates``)."""
+    owner, now, expires = plan.owner, plan.now, plan.expires
+    rows = claim_candidates(
+        alias, now, plan.kinds, plan.limit, plan.after_principal, plan.waiting, before_lock=before_lock
+    )
+    if not rows:
+        return []
+    ids = [row.pk for row in rows]
+    Occurrence.objects.using(alias).filter(pk__in=ids).update(
+        status=OccurrenceStatus.RUNNING,
+        attempt=F("attempt") + 1,
+        fence=F("fence") + 1,
+        lease_owner=owner,
+        lease_expires_at=expires,
+        updated_at=now,
+    )
+    events = []
+    for row in rows:
+        reclaimed = row.status == OccurrenceStatus.RUNNING
+        data: dict[str, Any] = {
+            "attempt": row.attempt + 1,
+            "maxAttempts": row.max_attempts,
+            "leaseExpiresAt": iso_ms(expires),
+        }
+        if reclaimed:
+            data.update(previousOwner=row.lease_owner, previousFence=row.fence)
+        events.append(
+            new_event(
+                row.job_id,
+                OCCURRENCE_RECLAIMED if reclaimed else OCCURRENCE_CLAIMED,
+                now,
+                occurrence_id=row.pk,
+                owner_id=owner,
+                fence=row.fence + 1,
+                data=data,
+            )
+        )
+        row.status = OccurrenceStatus.RUNNING
+        row.attempt += 1
+        row.fence += 1
+        row.lease_owner = owner
+        row.lease_expires_at = expires
+        row.updated_at = now
+    insert_rows(alias, events)
+    return list(rows)
+
+
 def claim_batch(
     *,
     owner: str,
@@ -172,68 +273,19 @@ def claim_batch(
     Due: queued/retry_wait whose time has come, or running with an expired lease and
     attempts left (a reclaim). Each becomes running with attempt+1 and fence+1.
     """
-    owner = _owner(owner)
-    lease_ms = _lease_ms(lease)
-    limit = normalize_int(limit, "limit", minimum=1, maximum=conf.settings.MAX_CLAIM_BATCH)
-    kind_list = _kinds(kinds)
-    if after_principal is not None and not isinstance(after_principal, str):
-        # Only compared with principal keys in Python, never stored or sent to the database.
-        raise InvalidArgument("after_principal", "must be a principal key (a string) or None")
-    if normalize_bool(sweep_expired, "sweep_expired"):
-        # The worker sweeps on its own schedule instead of before every claim.
-        dead_letter_expired(using=using)
-    now = conf.now()
-    expires = now + timedelta(milliseconds=lease_ms)
-    # Who has work is read before the transaction: when nobody has (an idle worker's every
-    # turn), the claim is one statement and no transaction. The rows are re-checked under
-    # the lock anyway.
-    waiting = waiting_principals(using or DEFAULT_DB_ALIAS, now)
-    if not waiting:
+    plan = plan_claim(
+        owner=owner,
+        lease=lease,
+        limit=limit,
+        kinds=kinds,
+        after_principal=after_principal,
+        sweep_expired=sweep_expired,
+        using=using,
+    )
+    if plan is None:
         return []
-    if after_principal is None and len(waiting) > 1:  # with one principal there is no turn to take
-        after_principal = last_claimed_principal(using or DEFAULT_DB_ALIAS)
     with write_transaction(using) as alias:
-        rows = claim_candidates(alias, now, kind_list, limit, after_principal, waiting)
-        if not rows:
-            return []
-        ids = [row.pk for row in rows]
-        Occurrence.objects.using(alias).filter(pk__in=ids).update(
-            status=OccurrenceStatus.RUNNING,
-            attempt=F("attempt") + 1,
-            fence=F("fence") + 1,
-            lease_owner=owner,
-            lease_expires_at=expires,
-            updated_at=now,
-        )
-        events = []
-        for row in rows:
-            reclaimed = row.status == OccurrenceStatus.RUNNING
-            data: dict[str, Any] = {
-                "attempt": row.attempt + 1,
-                "maxAttempts": row.max_attempts,
-                "leaseExpiresAt": iso_ms(expires),
-            }
-            if reclaimed:
-                data.update(previousOwner=row.lease_owner, previousFence=row.fence)
-            events.append(
-                new_event(
-                    row.job_id,
-                    OCCURRENCE_RECLAIMED if reclaimed else OCCURRENCE_CLAIMED,
-                    now,
-                    occurrence_id=row.pk,
-                    owner_id=owner,
-                    fence=row.fence + 1,
-                    data=data,
-                )
-            )
-            row.status = OccurrenceStatus.RUNNING
-            row.attempt += 1
-            row.fence += 1
-            row.lease_owner = owner
-            row.lease_expires_at = expires
-            row.updated_at = now
-        insert_rows(alias, events)
-    return list(rows)
+        return claim_planned(plan, alias)
 
 
 def has_due(*, kinds: Iterable[str] | None = None, using: str | None = None) -> bool:

@@ -1,8 +1,9 @@
 """Authority reservations: charging a run against its principal's budget (SPEC section 7).
 
-``reserve_authority`` is the seed's reservation primitive. ``authorize`` is what the worker
-runs after claiming an occurrence and before calling its handler: the policy checks in the
-SPEC's order, then a reservation (or the reuse of the one a previous attempt made). Denials
+``reserve_authority`` is the seed's reservation primitive. ``authorize`` runs between the
+claim of an occurrence and its handler's start: the policy checks in the SPEC's order, then
+a reservation (or the reuse of the one a previous attempt made); the worker runs it in the
+claim's own transaction (``claim_authorized``). Denials
 dead-letter the occurrence without retry (``leases.deny``); an exhausted budget puts it
 back to wait for the next window without using an attempt (``leases.defer``). The charge
 itself is ``budgets.charge``.
@@ -17,9 +18,10 @@ the order ``set_policy`` uses too (see ``policies.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Q
@@ -285,6 +287,23 @@ def _check_held(held: Occurrence, policy: AuthorityPolicy | None) -> AuthorityPo
     return policy
 
 
+def _lock_policies(keys: set[tuple[str, str]], alias: str) -> dict[tuple[str, str], AuthorityPolicy]:
+    """Lock the policy rows of these principals, sorted, so that concurrent authorizers
+    cannot deadlock."""
+    if not keys:
+        return {}
+    match = Q()
+    for principal_type, principal_id in sorted(keys):
+        match |= Q(principal_type=principal_type, principal_id=principal_id)
+    return {
+        (p.principal_type, p.principal_id): p
+        for p in AuthorityPolicy.objects.using(alias)
+        .select_for_update()
+        .filter(match)
+        .order_by("principal_type", "principal_id")
+    }
+
+
 def _authorize_locked(
     items: list[tuple[Occurrence, int]], owner: str, now: datetime, alias: str
 ) -> list[Authorization | LeaseLost]:
@@ -292,17 +311,7 @@ def _authorize_locked(
     authorizers cannot deadlock, and before the occurrence rows, the order ``set_policy``
     uses), then the occurrences, check each, charge what passes per principal, and write
     the refusals through the lease code."""
-    keys = sorted({_policy_key(occurrence.authority) for occurrence, _ in items})
-    match = Q()
-    for principal_type, principal_id in keys:
-        match |= Q(principal_type=principal_type, principal_id=principal_id)
-    policies = {
-        (p.principal_type, p.principal_id): p
-        for p in AuthorityPolicy.objects.using(alias)
-        .select_for_update()
-        .filter(match)
-        .order_by("principal_type", "principal_id")
-    }
+    policies = _lock_policies({_policy_key(occurrence.authority) for occurrence, _ in items}, alias)
     ids = [occurrence.pk for occurrence, _ in items]
     locked = {
         row.pk: row
@@ -433,3 +442,89 @@ def authorize_batch(
     with write_transaction(alias):
         verdicts = _authorize_locked(checked, owner, now, alias)
     return [Authorization(LEASE_LOST) if isinstance(v, LeaseLost) else v for v in verdicts]
+
+
+@dataclass(frozen=True)
+class AuthorizedClaim:
+    """What :func:`claim_authorized` claimed: ``claimed`` (all of it, in claim order),
+    ``runnable`` (reserved or reused: the handlers
+    may start), ``refused`` (denied or deferred, already written, with their verdict) and
+    ``unpriced`` (held, but the units function failed: the caller settles them as failed)."""
+
+    claimed: list[Occurrence]
+    runnable: list[Occurrence]
+    refused: list[tuple[Occurrence, Authorization]]
+    unpriced: list[tuple[Occurrence, InvalidArgument]]
+
+
+def _principals_of(keys: list[str]) -> set[tuple[str, str]]:
+    # A principal_key is the canonical JSON of [type, id] (authority.principal_key).
+    found = set()
+    for key in keys:
+        value = json.loads(key)
+        if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+            found.add((value[0], value[1]))
+    return found
+
+
+def claim_authorized(
+    *,
+    owner: str,
+    lease: float | timedelta,
+    limit: int = 1,
+    kinds: Iterable[str] | None = None,
+    units_of: Callable[[Occurrence], Units] | None = None,
+    after_principal: str | None = None,
+    sweep_expired: bool = True,
+    using: str | None = None,
+) -> AuthorizedClaim:
+    """:func:`leases.claim_batch` and :func:`authorize_batch` in one transaction (one commit
+    between a due occurrence and its handler's start), with the same rules: the batch is
+    claimed fairly, then each claimed occurrence is authorized, denied (dead-lettered) or
+    deferred (queued again until its window ends, no attempt used) before the commit.
+
+    ``units_of(occurrence)`` gives the units of the occurrence's handler registration (an
+    int or a function of the occurrence, as ``resolve_units`` takes); default 1. Both run
+    inside the transaction, while it holds its locks: they should only look at the
+    occurrence. The principals' policy rows are locked before any occurrence row, the order
+    ``set_policy`` and :func:`authorize` use, so neither can wait on this in a cycle.
+    """
+    if units_of is not None and not callable(units_of):
+        raise InvalidArgument("units_of", "must be a function of the occurrence or None")
+    plan = leases.plan_claim(
+        owner=owner,
+        lease=lease,
+        limit=limit,
+        kinds=kinds,
+        after_principal=after_principal,
+        sweep_expired=sweep_expired,
+        using=using,
+    )
+    if plan is None:
+        return AuthorizedClaim([], [], [], [])
+    with write_transaction(using) as alias:
+
+        def lock_policies(keys: list[str]) -> None:
+            _lock_policies(_principals_of(keys), alias)
+
+        claimed = leases.claim_planned(plan, alias, before_lock=lock_policies)
+        items: list[tuple[Occurrence, int]] = []
+        unpriced: list[tuple[Occurrence, InvalidArgument]] = []
+        for occurrence in claimed:
+            try:
+                units = resolve_units(1 if units_of is None else units_of(occurrence), occurrence)
+            except InvalidArgument as exc:
+                unpriced.append((occurrence, exc))
+                continue
+            items.append((occurrence, units))
+        verdicts = _authorize_locked(items, plan.owner, conf.now(), alias) if items else []
+    runnable: list[Occurrence] = []
+    refused: list[tuple[Occurrence, Authorization]] = []
+    for (occurrence, _), verdict in zip(items, verdicts, strict=True):
+        if isinstance(verdict, LeaseLost):  # a lease shorter than the transaction
+            refused.append((occurrence, Authorization(LEASE_LOST)))
+        elif verdict.verdict in (RESERVED, REUSED):
+            runnable.append(occurrence)
+        else:
+            refused.append((occurrence, verdict))
+    return AuthorizedClaim(claimed, runnable, refused, unpriced)

@@ -2,7 +2,7 @@
 
 The loop thread does every kernel write of the hot path, in batches: settle the outcomes
 that finished since its last turn (one transaction), claim up to the free capacity (one
-transaction), authorize what it claimed (one transaction), and hand the runnable ones to
+transaction, which also authorizes what it claims), and hand the runnable ones to
 ``concurrency`` long-lived handler threads. A heartbeat thread renews the leases of
 everything held (every lease/3) until it is settled. Handlers for kinds this process has
 not registered are never claimed.
@@ -44,7 +44,7 @@ MAX_TRACEBACK = 16 * 1024
 MATERIALIZE_EVERY = 0.2
 SWEEP_EVERY = 1.0
 # Handlers that take less than this on average (seconds) are "fast": the loop then claims
-# ahead (see claim_ahead), so that each turn's settle, claim and authorize transactions are
+# ahead (see claim_ahead), so that each turn's settle and claim transactions are
 # shared by that many more occurrences: for handlers of a millisecond or less the loop's
 # per-turn cost, not the handlers, bounds the rate. Slow handlers get no claim-ahead: rows
 # waiting behind them would be rows other workers could run.
@@ -61,6 +61,12 @@ GATHER = 0.01
 # cannot yet take them: the loop looks again after this, doubling up to the poll interval,
 # rather than idling a whole poll interval with nothing running (nothing would wake it).
 LOCKED_RETRY = 0.02
+
+
+def _handler_units(occurrence: Occurrence) -> reservations.Units:
+    """The units of the occurrence's handler registration (1 without a handler)."""
+    handler = registry.get_handler(occurrence.claimed_kind or "")
+    return handler.units if handler is not None else 1
 
 
 def default_worker_id() -> str:
@@ -153,7 +159,6 @@ class Worker:
         self._principal_cursor: str | None = None
         self._queue: queue.Queue[_Running | None] = queue.Queue()
         self._finished: list[_Running] = []  # handlers done, outcomes not yet settled
-        self._unauthorized: list[_Running] = []  # claimed, authorization not yet written
         self._next_materialize = 0.0
         self._next_sweep = 0.0
         self._next_due: tuple[float, datetime | None] | None = None  # (read at, value)
@@ -258,26 +263,12 @@ class Worker:
                 if now >= self._next_sweep:
                     self._next_sweep = now + SWEEP_EVERY
                     kernel.dead_letter_expired(using=self.using)
-                if self._unauthorized:
-                    self._authorize([])
                 if free > 0 and kinds:
                     attempted = True
                     asked = min(free, conf.settings.MAX_CLAIM_BATCH)
                     # Cleared before the claim reads: a wake-up from now on gets another turn.
                     self._new_work.clear()
-                    claimed = kernel.claim_batch(
-                        owner=self.worker_id,
-                        lease=self.lease,
-                        limit=asked,
-                        kinds=kinds,
-                        after_principal=self._principal_cursor,
-                        sweep_expired=False,
-                        using=self.using,
-                    )
-                    if claimed:
-                        # Round-robin: the next claim starts after the last principal served.
-                        self._principal_cursor = claimed[-1].principal_key
-                    self._authorize(self._hold(claimed))
+                    claimed = self._claim(asked, kinds)
                     if claimed:
                         self._turn_seconds += (time.monotonic() - turn_started - self._turn_seconds) / 10
                     if not claimed and not self._running:
@@ -352,7 +343,7 @@ class Worker:
             self._wake.clear()
             with self._lock:
                 finished = len(self._finished)
-                executing = len(self._running) - finished - len(self._unauthorized)
+                executing = len(self._running) - finished
             if not finished or executing <= 0 or 2 * finished >= self._capacity():
                 return
             remaining = deadline - time.monotonic()
@@ -389,14 +380,12 @@ class Worker:
         return max(0.0, min(self.poll_interval, (due - conf.now()).total_seconds()))
 
     def _drain(self, timeout: float | None) -> None:
-        """Settle and authorize what is pending until nothing is held (or ``timeout``)."""
+        """Settle what is pending until nothing is held (or ``timeout``)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self._wake.clear()  # before the state is read, as in _sleep
             try:
                 self._flush()
-                if self._unauthorized:
-                    self._authorize([])
             except DatabaseError:
                 logger.exception("database error while finishing the running occurrences; retrying")
                 connections.close_all()
@@ -474,62 +463,57 @@ class Worker:
             self.processed += 1
         running.done.set()
 
-    def _authorize(self, claimed: list[_Running]) -> None:
-        """Check and reserve the principals' authority for the claimed occurrences in one
-        transaction, then hand the runnable ones to the handler threads. Denied ones are
-        dead-lettered, deferred ones wait for their window (both written by the kernel);
-        a failing units function is the occurrence's durable failure. On a database error
-        they stay held and pending, and the next turn tries again."""
-        pending = self._unauthorized + claimed
-        self._unauthorized = []
-        items: list[tuple[_Running, int]] = []
-        for running in pending:
-            handler = registry.get_handler(running.context.kind)
-            try:
-                units = reservations.resolve_units(
-                    handler.units if handler is not None else 1, running.occurrence
-                )
-            except InvalidArgument as exc:
-                error = {"type": "InvalidUnits", "message": str(exc)}
-                self._finish(running, {"status": "failed", "error": error, "retryable": False})
-                continue
-            items.append((running, units))
-        if not items:
-            return
-        try:
-            results = reservations.authorize_batch(
-                [(running.occurrence, units) for running, units in items],
-                owner=self.worker_id,
-                using=self.using,
+    def _claim(self, asked: int, kinds: list[str]) -> list[Occurrence]:
+        """Claim and authorize up to ``asked`` occurrences in one transaction (one commit
+        before the handlers start), then hand the runnable ones to the handler threads.
+        Denied ones are dead-lettered, deferred ones wait for their window (both written in
+        that transaction); a failing units function is the occurrence's durable failure.
+        Returns everything claimed, in claim order."""
+        batch = reservations.claim_authorized(
+            owner=self.worker_id,
+            lease=self.lease,
+            limit=asked,
+            kinds=kinds,
+            units_of=_handler_units,
+            after_principal=self._principal_cursor,
+            sweep_expired=False,
+            using=self.using,
+        )
+        if batch.claimed:
+            # Round-robin: the next claim starts after the last principal served.
+            self._principal_cursor = batch.claimed[-1].principal_key
+        for occurrence, result in batch.refused:
+            self._log_refusal(occurrence, result)
+        with self._lock:
+            self.processed += len(batch.refused)
+        unpriced = self._hold([occurrence for occurrence, _ in batch.unpriced])
+        for running, (_, exc) in zip(unpriced, batch.unpriced, strict=True):
+            error = {"type": "InvalidUnits", "message": str(exc)}
+            self._finish(running, {"status": "failed", "error": error, "retryable": False})
+        for running in self._hold(batch.runnable):
+            self._queue.put(running)
+        return batch.claimed
+
+    @staticmethod
+    def _log_refusal(occurrence: Occurrence, result: reservations.Authorization) -> None:
+        kind = occurrence.claimed_kind or ""
+        if result.verdict == reservations.LEASE_LOST:
+            logger.warning("%s: lease lost before authorization", occurrence.pk)
+        elif result.error is not None:
+            # The stored message names the reason and what was refused (the missing
+            # capabilities, the principal), so the log line alone tells the operator.
+            logger.info(
+                "%s %s job=%s kind=%s: %s",
+                occurrence.pk,
+                result.verdict,
+                occurrence.job_id,
+                kind,
+                result.error.get("message"),
             )
-        except DatabaseError:
-            self._unauthorized = [running for running, _ in items]
-            raise
-        for (running, _), result in zip(items, results, strict=True):
-            verdict = result.verdict
-            if verdict in (reservations.RESERVED, reservations.REUSED):
-                self._queue.put(running)
-                continue
-            ctx = running.context
-            if verdict == reservations.LEASE_LOST:
-                ctx._lease_lost.set()
-                logger.warning("%s: lease lost before authorization", running.occurrence.pk)
-            elif result.error is not None:
-                # The stored message names the reason and what was refused (the missing
-                # capabilities, the principal), so the log line alone tells the operator.
-                logger.info(
-                    "%s %s job=%s kind=%s: %s",
-                    ctx.occurrence_id,
-                    verdict,
-                    ctx.job_id,
-                    ctx.kind,
-                    result.error.get("message"),
-                )
-            else:
-                logger.info(
-                    "%s %s job=%s kind=%s by authority", ctx.occurrence_id, verdict, ctx.job_id, ctx.kind
-                )
-            self._forget(running)
+        else:
+            logger.info(
+                "%s %s job=%s kind=%s by authority", occurrence.pk, result.verdict, occurrence.job_id, kind
+            )
 
     def _finish(self, running: _Running, outcome: dict[str, Any]) -> None:
         """Hand an outcome to the loop thread, which settles it with the others."""

@@ -815,8 +815,9 @@ def test_racing_reservations_never_overspend(settings):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_racing_workers_authorize_within_budget(settings):
-    outputs = _race("authorize", settings)
+@pytest.mark.parametrize("mode", ["authorize", "claim_authorized"])
+def test_racing_workers_authorize_within_budget(settings, mode):
+    outputs = _race(mode, settings)
     lines = [line for out in outputs for line in out]
     results = Counter(kind for kind, _ in lines)
     assert results == {"reserved": BUDGET, "deferred": QUEUED - BUDGET}, results
