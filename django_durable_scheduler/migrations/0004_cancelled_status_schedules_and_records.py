@@ -7,6 +7,8 @@
 - Schedules: ``Job.next_fire_at`` (the next slot to materialize, given to each scheduled job
   here) and ``Job.last_slot_at``, with the index of due jobs.
 - Retry backoff: ``Job.retry_base_delay_ms`` and ``retry_max_delay_ms``.
+- ``Job.declared_in``: the installed app whose code declares a job (a sync disables the jobs
+  it stops declaring), and the admin dashboard's proxy model.
 - Execution records: ``Occurrence.metadata`` and ``receipt``, the policy history table and the
   worker heartbeat table.
 - Fewer index writes on every enqueue and status change: the (status, settled_at) index holds
@@ -214,6 +216,11 @@ class Migration(migrations.Migration):
             name="retry_max_delay_ms",
             field=models.PositiveBigIntegerField(default=3600000),
         ),
+        migrations.AddField(
+            model_name="job",
+            name="declared_in",
+            field=models.CharField(blank=True, max_length=100, null=True),
+        ),
         migrations.CreateModel(
             name="AuthorityPolicyRevision",
             fields=[
@@ -262,6 +269,18 @@ class Migration(migrations.Migration):
             },
         ),
         # Data.
+        migrations.CreateModel(
+            name="SchedulerDashboard",
+            fields=[],
+            options={
+                "verbose_name": "dashboard",
+                "verbose_name_plural": "dashboard",
+                "proxy": True,
+                "indexes": [],
+                "constraints": [],
+            },
+            bases=("durable_scheduler.occurrence",),
+        ),
         migrations.RunPython(fill_principal_keys, migrations.RunPython.noop, elidable=False),
         migrations.RunPython(migrations.RunPython.noop, cancelled_to_dead_letter, elidable=False),
         migrations.RunPython(first_fire_times, migrations.RunPython.noop, elidable=False),
