@@ -5,11 +5,8 @@ the verdicts, budget accounting and fairness of ``claim_batch`` followed by
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from collections import Counter
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
@@ -19,7 +16,8 @@ from django_durable_scheduler import reservations
 from django_durable_scheduler.models import AuthorityReservation, AuthorityUsage, Event, Occurrence
 from django_durable_scheduler.worker import Worker
 
-from .conftest import ROOT, Clock, authority_for, snapshot, subprocess_env
+from .conftest import authority_for, snapshot
+from .procs.runner import queue_race, start_racers
 
 pytestmark = pytest.mark.django_db
 OWNER = "w-one"
@@ -230,40 +228,9 @@ def test_claimers_and_policy_changes_never_deadlock(settings):
     its own that this test is not about."""
     if connection.vendor == "sqlite":
         pytest.skip("SQLite has one writer at a time and no row locks: no lock order to get wrong")
-    t0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
-    settings.DURABLE_SCHEDULER_CLOCK = Clock(t0)
-    scheduler.create_job("race", "k", authority=authority_for("racer", "x.run"), max_attempts=3)
+    policy = queue_race(settings, QUEUED, 10**6)
     budget = {"capabilities": ["x.run"], "window": timedelta(hours=24), "max_units": 10**6}
-    policy = scheduler.set_policy("user", "racer", max_runs=10**6, **budget)
-    with transaction.atomic():
-        for n in range(QUEUED):
-            scheduler.enqueue("race", scheduled_for=t0 - timedelta(seconds=QUEUED - n), trigger_key=f"t{n}")
-    env = subprocess_env(
-        START_AT=str(time.time() + 2.0),
-        DSCH_CLOCK_T0=str(int(t0.timestamp() * 1000)),
-        DSCH_CLOCK_START=str(time.time()),
-        DSCH_CLOCK_SPEED="1",
-    )
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.procs.budget_racer",
-                f"racer-{i}",
-                "claim_authorized",
-                "1",
-                str(2 + i),
-                "hold",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(RACERS)
-    ]
+    procs = start_racers(RACERS, "claim_authorized", policy.revision, "hold")
     changes = 0
     while any(proc.poll() is None for proc in procs):
         with transaction.atomic():

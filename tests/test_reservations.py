@@ -3,9 +3,6 @@ exhausted budget, reuse on retry) and settlement on every terminal path (SPEC se
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -25,7 +22,8 @@ from django_durable_scheduler.models import (
 )
 from django_durable_scheduler.worker import Worker
 
-from .conftest import ROOT, Clock, authority_for, snapshot, subprocess_env
+from .conftest import authority_for, snapshot
+from .procs.runner import queue_race, start_racers
 
 pytestmark = pytest.mark.django_db
 
@@ -752,40 +750,8 @@ BUDGET = 25
 
 
 def _race(mode: str, settings) -> list[list[str]]:
-    t0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)  # a window of 24 h starts at 00:00: 12 h of margin
-    settings.DURABLE_SCHEDULER_CLOCK = Clock(t0)
-    scheduler.create_job("race", "k", authority=authority_for("racer", "x.run"), max_attempts=3)
-    policy = scheduler.set_policy(
-        "user", "racer", capabilities=["x.run"], window=timedelta(hours=24), max_runs=BUDGET, max_units=10**6
-    )
-    with transaction.atomic():
-        for n in range(QUEUED):
-            scheduler.enqueue("race", scheduled_for=t0 - timedelta(seconds=QUEUED - n), trigger_key=f"t{n}")
-    env = subprocess_env(
-        START_AT=str(time.time() + 2.0),
-        DSCH_CLOCK_T0=str(int(t0.timestamp() * 1000)),
-        DSCH_CLOCK_START=str(time.time()),
-        DSCH_CLOCK_SPEED="1",
-    )
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.procs.budget_racer",
-                f"racer-{i}",
-                mode,
-                str(policy.revision),
-                str(2 + i),
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(RACERS)
-    ]
+    policy = queue_race(settings, QUEUED, BUDGET)
+    procs = start_racers(RACERS, mode, policy.revision)
     outputs = []
     for proc in procs:
         out, err = proc.communicate(timeout=600)

@@ -102,3 +102,59 @@ def granted(principal_id: str) -> dict:
     if ensure_policy is not None:
         ensure_policy(authority)
     return authority
+
+
+RACE_T0_MS = 1_767_614_400_000  # 2026-01-05 12:00 UTC: a 24 h window starts at 00:00, 12 h of margin
+
+
+def queue_race(settings, queued: int, max_runs: int):
+    """The budget race's world: job ``race`` of principal ``racer`` with ``queued`` due
+    occurrences and a 24 h policy of ``max_runs`` runs, on a clock set to the race's start.
+    Returns the policy."""
+    from datetime import timedelta
+
+    from django.db import transaction
+
+    import django_durable_scheduler as scheduler
+    from django_durable_scheduler.identity import from_ms
+
+    from ..conftest import Clock, authority_for
+
+    t0 = from_ms(RACE_T0_MS)
+    settings.DURABLE_SCHEDULER_CLOCK = Clock(t0)
+    scheduler.create_job("race", "k", authority=authority_for("racer", "x.run"), max_attempts=3)
+    policy = scheduler.set_policy(
+        "user",
+        "racer",
+        capabilities=["x.run"],
+        window=timedelta(hours=24),
+        max_runs=max_runs,
+        max_units=10**6,
+    )
+    with transaction.atomic():
+        for n in range(queued):
+            scheduler.enqueue("race", scheduled_for=t0 - timedelta(seconds=queued - n), trigger_key=f"t{n}")
+    return policy
+
+
+def start_racers(racers: int, mode: str, revision: int, *extra: str) -> list[subprocess.Popen[str]]:
+    """``racers`` budget racer processes (tests/procs/budget_racer.py) on the race's clock,
+    all starting their claims at the same instant, two seconds from now."""
+    env = subprocess_env(
+        START_AT=str(time.time() + 2.0),
+        DSCH_CLOCK_T0=str(RACE_T0_MS),
+        DSCH_CLOCK_START=str(time.time()),
+        DSCH_CLOCK_SPEED="1",
+    )
+    command = [sys.executable, "-m", "tests.procs.budget_racer"]
+    return [
+        subprocess.Popen(
+            [*command, f"racer-{i}", mode, str(revision), str(2 + i), *extra],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(racers)
+    ]
