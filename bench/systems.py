@@ -115,11 +115,16 @@ class Ours:
             ]
         )
 
-    def drain_workers(self, level: int) -> WorkerSpec:
+    def drain_workers(self, level: int, concurrency: int | None = None) -> WorkerSpec:
         # Its natural settings: the default --concurrency (8 handler threads); --burst exits
-        # once nothing is due.
+        # once nothing is due. ``concurrency``: that many handler threads instead.
         cmd = [*MANAGE, "runscheduler", "--burst"]
-        return WorkerSpec([(cmd, {})] * level, True, f"{level} x runscheduler --burst (concurrency 8)")
+        if concurrency is not None:
+            cmd += ["--concurrency", str(concurrency)]
+        threads = concurrency or 8
+        return WorkerSpec(
+            [(cmd, {})] * level, True, f"{level} x runscheduler --burst (concurrency {threads})"
+        )
 
     def idle_worker(self, poll: float | None) -> WorkerSpec:
         cmd = [*MANAGE, "runscheduler"]

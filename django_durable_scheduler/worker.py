@@ -256,13 +256,10 @@ class Worker:
                 _tidy_connections()
                 self._flush()
                 free = self._free()
-                now = time.monotonic()
-                if now >= self._next_materialize:
-                    self._next_materialize = now + MATERIALIZE_EVERY
-                    kernel.materialize_due(using=self.using)
-                if now >= self._next_sweep:
-                    self._next_sweep = now + SWEEP_EVERY
-                    kernel.dead_letter_expired(using=self.using)
+                # Woken for new work: claim it first, and look after the schedules after.
+                woken = self._new_work.is_set() and free > 0
+                if not woken:
+                    self._maintain()
                 if free > 0 and kinds:
                     attempted = True
                     asked = min(free, conf.settings.MAX_CLAIM_BATCH)
@@ -274,6 +271,8 @@ class Worker:
                     if not claimed and not self._running:
                         # Empty may mean "locked by another claimer", not "nothing due".
                         drained = not kernel.has_due(kinds=kinds, using=self.using)
+                if woken:
+                    self._maintain()
                 failures = 0
             except DatabaseError:
                 failures += 1
@@ -308,6 +307,17 @@ class Worker:
             self._gather()
         self._shutdown()
         return 0
+
+    def _maintain(self) -> None:
+        """Materialize the jobs' due slots and dead-letter expired leases, each on its own
+        period."""
+        now = time.monotonic()
+        if now >= self._next_materialize:
+            self._next_materialize = now + MATERIALIZE_EVERY
+            kernel.materialize_due(using=self.using)
+        if now >= self._next_sweep:
+            self._next_sweep = now + SWEEP_EVERY
+            kernel.dead_letter_expired(using=self.using)
 
     def _free(self) -> int:
         """How many more occurrences this turn may claim."""
