@@ -108,14 +108,14 @@ class DatabaseClock:
             return self._offset
 
     def _measure(self, host: Callable[[], datetime]) -> None:
-        from django.db import DEFAULT_DB_ALIAS, DatabaseError
+        from django.db import DatabaseError
 
-        from .dialect import server_now
+        from .dialect import alias_for, server_now
 
         self._measured_at = time.monotonic()
         try:
             before = host()
-            server = server_now(DEFAULT_DB_ALIAS)
+            server = server_now(alias_for(None))
             after = host()
         except DatabaseError as exc:
             logger.warning("could not read the database's clock (%s); using the last offset", exc)

@@ -28,10 +28,11 @@ from datetime import datetime, timedelta
 from types import FrameType
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
+from django.db import DatabaseError, close_old_connections, connections
 
 from . import conf, kernel, registry, reservations, wakeup
 from .context import ExecutionContext
+from .dialect import alias_for
 from .exceptions import InvalidArgument, LeaseLost, PermanentFailure, Retry, SchedulerError
 from .identity import to_duration_ms, to_ms
 from .models import Occurrence, WorkerHeartbeat
@@ -236,7 +237,7 @@ class Worker:
         )
         # Listening before the first heartbeat: a worker that shows as started already hears
         # the wake-ups of enqueues made from then on.
-        listener = wakeup.listener(self.using or DEFAULT_DB_ALIAS, self._announced, logger)
+        listener = wakeup.listener(alias_for(self.using), self._announced, logger)
         if listener.supported and not (self.once or self.burst) and listener.open():
             self._listener = listener
             self._listener_thread = threading.Thread(target=listener.run, name="dsch-listen", daemon=True)
@@ -613,7 +614,7 @@ class Worker:
     def _database_answers(self) -> bool:
         """Whether the database answers at all: tells an outage (everything waits for it to
         come back) from an error that only some statement's values cause."""
-        conn = connections[self.using or DEFAULT_DB_ALIAS]
+        conn = connections[alias_for(self.using)]
         try:
             conn.close_if_unusable_or_obsolete()
             conn.ensure_connection()
