@@ -206,6 +206,14 @@ def _settings_problems() -> list[tuple[str, str, str]]:
                 "'database' takes the time from the database server, for hosts whose clocks disagree.",
             )
         )
+    if not isinstance(_setting("LISTEN", True), bool):
+        problems.append(
+            (
+                "LISTEN",
+                f"must be True or False, not {_setting('LISTEN', True)!r}",
+                "False makes workers poll only (behind a transaction-mode pooler such as PgBouncer).",
+            )
+        )
     try:
         normalize_principal(conf.settings.DEFAULT_PRINCIPAL, "principal")
     except InvalidArgument as exc:

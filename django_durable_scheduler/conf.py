@@ -34,6 +34,9 @@ _DEFAULTS: dict[str, Any] = {
     "DEFAULT_PRINCIPAL": {"type": "app", "id": "durable_scheduler"},
     # "host" or "database": whose clock says what time it is (see DatabaseClock).
     "TIME_SOURCE": "host",
+    # Workers listen for wake-ups (PostgreSQL LISTEN, SQLite's sockets); False: poll only, as
+    # behind a transaction-mode pooler such as PgBouncer, which does not deliver LISTEN.
+    "LISTEN": True,
 }
 
 
@@ -81,6 +84,10 @@ class Settings:
     @property
     def TIME_SOURCE(self) -> str:  # noqa: N802
         return str(self._get("TIME_SOURCE"))
+
+    @property
+    def LISTEN(self) -> bool:  # noqa: N802
+        return bool(self._get("LISTEN"))
 
 
 settings = Settings()

@@ -238,7 +238,11 @@ class Worker:
         # Listening before the first heartbeat: a worker that shows as started already hears
         # the wake-ups of enqueues made from then on.
         listener = wakeup.listener(alias_for(self.using), self._announced, logger)
-        if listener.supported and not (self.once or self.burst) and listener.open():
+        if not conf.settings.LISTEN and listener.supported:
+            logger.info(
+                "wake-ups off (DURABLE_SCHEDULER_LISTEN = False): polling every %.2f s", self.poll_interval
+            )
+        elif listener.supported and not (self.once or self.burst) and listener.open():
             self._listener = listener
             self._listener_thread = threading.Thread(target=listener.run, name="dsch-listen", daemon=True)
             self._listener_thread.start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import environ
 
@@ -51,9 +52,9 @@ TEMPLATES = [
 _default_sqlite = f"sqlite:///{BASE_DIR / '.test-db.sqlite3'}"
 
 
-def database(url: str) -> dict:
+def database(url: str) -> dict[str, Any]:
     """A DATABASES entry for ``url``, with the options the README asks for on its backend."""
-    db = env.db_url_config(url)
+    db: dict[str, Any] = env.db_url_config(url)
     if db["ENGINE"] == "django.db.backends.sqlite3":
         # One writer at a time: take the write lock at BEGIN so no transaction ever has to
         # upgrade a read lock (which SQLite refuses instead of waiting); WAL lets readers go on.
@@ -83,6 +84,10 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if os.environ.get("DSCH_CLOCK_T0"):
     DURABLE_SCHEDULER_CLOCK = "tests.procs.clock.dilated"
 DURABLE_SCHEDULER_TIME_SOURCE = os.environ.get("DSCH_TIME_SOURCE", "host")
+DURABLE_SCHEDULER_LISTEN = os.environ.get("DSCH_LISTEN", "1") == "1"
+if os.environ.get("DSCH_POOLER"):
+    # What Django asks for behind a transaction-mode pooler: no server-side cursors.
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 STATIC_URL = "/static/"
 LOGGING = {
     "version": 1,
