@@ -1,7 +1,7 @@
 """The workloads, run against one database inside .venv-bench (bench/run.py starts this).
 
     python -m bench.suite --url DATABASE_URL --out results.json [--quick] [--reps 3]
-                          [--workloads w1,w2,w3,w4,pgbench,profile]
+                          [--workloads w1,w2,w3,w4,pgbench,profile,scale]
 
 For PostgreSQL the database named in the URL is dropped and created here (names dschbench* only);
 for SQLite the file is created. Results go to --out as JSON; progress goes to stdout.
@@ -38,6 +38,7 @@ SIZES = {
         "w2": 5000,
         "w3": 200,
         "w3_rate": 20.0,
+        "scale": 20_000,
         "w4_jobs": 100_000,
         "w4_terminal": 1_000_000,
         "w4_backlogs": (5000, 20_000),
@@ -49,6 +50,7 @@ SIZES = {
         "w2": 500,
         "w3": 40,
         "w3_rate": 20.0,
+        "scale": 2_000,
         "w4_jobs": 10_000,
         "w4_terminal": 50_000,
         "w4_backlogs": (2000,),
@@ -811,7 +813,9 @@ def _events_clear() -> None:
 # --------------------------------------------------------------------------- pgbench
 
 
-def run_pgbench(res: Results, url: str, sizes: dict[str, Any], reps: int) -> None:
+def run_pgbench(
+    res: Results, url: str, sizes: dict[str, Any], reps: int, clients_list: tuple[int, ...] = (1, 2)
+) -> None:
     pgbench = shutil.which("pgbench")
     if pgbench is None:
         res.notes.append("pgbench not found: no physical reference")
@@ -829,7 +833,7 @@ def run_pgbench(res: Results, url: str, sizes: dict[str, Any], reps: int) -> Non
         "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;\n"
     )
     try:
-        for clients in (1, 2):
+        for clients in clients_list:
             for _ in range(reps):
                 seconds = str(sizes["pgbench_seconds"])
                 argv = [pgbench, "-n", "-c", str(clients), "-j", str(clients), "-T", seconds]
@@ -1017,6 +1021,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--systems", default=None, help="only these systems (comma-separated names)")
     parser.add_argument("--n", type=int, default=None, help="W1/W2 size (overrides the mode's)")
     parser.add_argument("--w3", type=int, default=None, help="W3 count (overrides the mode's)")
+    parser.add_argument("--plot", default=None, help="scale: where to write the PNG plot")
     args = parser.parse_args(argv)
     workloads = {w.strip() for w in args.workloads.split(",") if w.strip()}
     sizes = dict(SIZES["quick" if args.quick else "full"])
@@ -1083,6 +1088,12 @@ def main(argv: list[str]) -> int:
         if "w4" in workloads:
             say("W4 scale")
             run_w4(res, systems[0], sizes, args.reps)
+            save()
+        if "scale" in workloads and vendor == "postgresql":
+            from bench.scale import run_scale
+
+            say(f"scale: 1-8 processes draining {sizes['scale']:,} occurrences")
+            run_scale(res, systems[0], sizes, args.url, args.plot)
             save()
     finally:
         save()
