@@ -14,7 +14,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models import Case, Count, F, Min, Q, When
 
-from . import conf, dialect
+from . import conf, dialect, rollups
 from .identity import from_ms, iso_ms, to_ms
 from .models import (
     PENDING_STATUSES,
@@ -31,6 +31,8 @@ from .models import (
 from .policies import jobs_without_policy
 
 DEFAULT_STALE_AFTER = timedelta(seconds=60)
+# The status counts settled occurrences (succeeded, dead_letter, cancelled) of this last span.
+SETTLED_COUNTED = timedelta(days=1)
 DEFAULT_MAX_LAG = timedelta(seconds=300)
 # A policy is "near its budget" when the current window used this share of runs or units.
 NEAR_BUDGET_PERCENT = 80
@@ -278,8 +280,12 @@ def collect_status(
     now = conf.now()
     occurrences = Occurrence.objects.using(alias)
     counts = {status.value: 0 for status in OccurrenceStatus}
-    for status_name, n in occurrences.values_list("status").annotate(n=Count("pk")).order_by():
+    waiting = occurrences.filter(status__in=[*PENDING_STATUSES, OccurrenceStatus.RUNNING])
+    for status_name, n in waiting.values_list("status").annotate(n=Count("pk")).order_by():
         counts[status_name] = n
+    # Settled ones over the last day only: a count over all history would read the whole table.
+    for (_, status_name), n in rollups.outcomes(now - SETTLED_COUNTED, now, alias=alias).items():
+        counts[status_name] += n
     due_by_kind: dict[str, int] = {}
     oldest: datetime | None = None
     for kind, n, kind_oldest in (
