@@ -353,26 +353,25 @@ class JobAdmin(ApiFormAdmin):
             return "none yet"
         cells = format_html_join(
             "",
-            '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
+            '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}/{}</td>'
+            '<td style="white-space: nowrap">{}</td><td style="overflow-wrap: anywhere">{}</td></tr>',
             (
                 (
                     reverse("admin:durable_scheduler_occurrence_change", args=[row.pk]),
-                    row.pk[:16] + "…",
+                    row.pk[:12] + "…",
                     OccurrenceStatus(row.status).label,
                     row.attempt,
                     row.max_attempts,
-                    iso_ms(row.scheduled_for),
-                    iso_ms(row.settled_at) if row.settled_at else "-",
-                    dashboard.error_text(row) if row.last_error else "",
+                    f"{row.scheduled_for:%Y-%m-%d %H:%M:%S}",
+                    dashboard.error_text(row)[:100] if row.last_error else "",
                 )
                 for row in rows
             ),
         )
         head = mark_safe(  # a constant
-            "<tr><th>occurrence</th><th>status</th><th>attempt</th><th>scheduled for</th>"
-            "<th>settled</th><th>error</th></tr>"
+            "<tr><th>occurrence</th><th>status</th><th>attempt</th><th>scheduled for</th><th>error</th></tr>"
         )
-        return format_html('<table class="dsch-recent">{}{}</table>', head, cells)
+        return format_html('<table class="dsch-recent" style="width: 100%">{}{}</table>', head, cells)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         latest = Occurrence.objects.filter(job=OuterRef("pk")).order_by("-created_at", "-occurrence_id")
