@@ -12,13 +12,14 @@ clock, which may run a little behind another host's (``DURABLE_SCHEDULER_TIME_SO
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 from django.db.models import Count, Sum
 from django.db.models.functions import Trunc
 
 from . import conf
-from .models import TERMINAL_STATUSES, Occurrence, OutcomeCount
+from .models import TERMINAL_STATUSES, Job, Occurrence, OutcomeCount
 
 HOUR = timedelta(hours=1)
 SETTLE_MARGIN = timedelta(minutes=10)
@@ -38,16 +39,30 @@ def _ceil(moment: datetime) -> datetime:
     return floor if floor == moment else floor + HOUR
 
 
+def job_kinds(job_ids: Iterable[str], alias: str) -> dict[str, tuple[str, bool]]:
+    """``(kind, enabled)`` of these jobs, in one query. Aggregates group occurrences by their
+    job and look the kinds up here, rather than join every occurrence row to its job."""
+    wanted = set(job_ids)
+    if not wanted:
+        return {}
+    rows = Job.objects.using(alias).filter(pk__in=wanted).values_list("pk", "kind", "enabled")
+    return {pk: (kind, enabled) for pk, kind, enabled in rows}
+
+
 def _live(start: datetime, end: datetime, alias: str) -> Outcomes:
     """Counted from the occurrences themselves: for ranges of at most an hour or so."""
-    rows = (
+    rows = list(
         Occurrence.objects.using(alias)
         .filter(status__in=TERMINAL_STATUSES, settled_at__gte=start, settled_at__lt=end)
-        .values_list("job__kind", "status")
+        .values_list("job_id", "status")
         .annotate(n=Count("pk"))
         .order_by()
     )
-    return Counter({(kind, status): n for kind, status, n in rows})
+    kinds = job_kinds((job_id for job_id, _, _ in rows), alias)
+    found = Outcomes()
+    for job_id, status, n in rows:
+        found[kinds[job_id][0], status] += n
+    return found
 
 
 def _count_hours(first: datetime, end: datetime, alias: str) -> None:
@@ -66,19 +81,23 @@ def _count_hours(first: datetime, end: datetime, alias: str) -> None:
     missing = [hour for hour in wanted if hour not in counted]
     if not missing:
         return
-    span = (
+    span = list(
         Occurrence.objects.using(alias)
         .filter(status__in=TERMINAL_STATUSES, settled_at__gte=missing[0], settled_at__lt=missing[-1] + HOUR)
         .annotate(hour=Trunc("settled_at", "hour", tzinfo=UTC))
-        .values_list("hour", "job__kind", "status")
+        .values_list("hour", "job_id", "status")
         .annotate(n=Count("pk"))
         .order_by()
     )
+    kinds = job_kinds((job_id for _, job_id, _, _ in span), alias)
     todo = set(missing)
+    counted_by: Counter[tuple[datetime, str, str]] = Counter()
+    for hour, job_id, status, n in span:
+        if hour in todo:
+            counted_by[hour, kinds[job_id][0], status] += n
     rows = [
         OutcomeCount(hour=hour, kind=kind, status=status, count=n)
-        for hour, kind, status, n in span
-        if hour in todo
+        for (hour, kind, status), n in counted_by.items()
     ]
     rows += [OutcomeCount(hour=hour, kind=MARK, status=MARK, count=0) for hour in missing]
     table.bulk_create(rows, ignore_conflicts=True)
