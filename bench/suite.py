@@ -356,7 +356,7 @@ def _drain_once(
         system.clear()
         return None
     if before:
-        # Commits per occurrence include the enqueue's; the peers' are counted the same way.
+        # The drain's commits per occurrence (the enqueue's come before), the same for every system.
         res.add(
             f"{workload}: commits per occurrence",
             system.name,
