@@ -147,7 +147,7 @@ LEGS = (
         wheel=True,
     ),
     # The worker through a real PgBouncer in transaction mode (what most PostgreSQL deployments
-    # put in front): wake-ups, drains by several processes and crash recovery. The test database
+    # put in front): wake-ups, a drain by several processes, crash recovery. The test database
     # is created and dropped beside the pooler (see pooler_database), so pytest reuses it.
     Leg(
         "pgbouncer",
@@ -155,7 +155,7 @@ LEGS = (
         "postgres",
         f"postgres://postgres@127.0.0.1:{devenv.PGBOUNCER_PORT}/dschpool",
         (("DSCH_POOLER", "pgbouncer"), (RESTART_ENV, "skip")),
-        tests=("--reuse-db", "tests/test_pooler.py", "tests/test_crash.py", "tests/test_concurrency.py"),
+        tests=("--reuse-db", "tests/test_pooler.py", "tests/test_crash.py"),
         pooler=True,
     ),
 )

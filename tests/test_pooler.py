@@ -2,8 +2,8 @@
 worker finds that out at start (a test notification that does not arrive), says so in one
 WARNING line and polls; ``DURABLE_SCHEDULER_LISTEN = False`` skips LISTEN altogether. On
 a direct PostgreSQL connection the same test notification arrives and the worker says it
-listens. tests/run.py's ``pgbouncer`` leg runs this module, the crash tests and the
-multi-process tests through a real PgBouncer in transaction mode (DSCH_POOLER=pgbouncer)."""
+listens. tests/run.py's ``pgbouncer`` leg runs this module and the crash tests through a real
+PgBouncer in transaction mode (DSCH_POOLER=pgbouncer)."""
 
 from __future__ import annotations
 
