@@ -9,6 +9,8 @@
 - Retry backoff: ``Job.retry_base_delay_ms`` and ``retry_max_delay_ms``.
 - ``Job.declared_in``: the installed app whose code declares a job (a sync disables the jobs
   it stops declaring), and the admin dashboard's proxy model.
+- ``Occurrence.priority`` (-100..100, higher first among a principal's due occurrences), for
+  the ``django.tasks`` backend.
 - Execution records: ``Occurrence.metadata`` and ``receipt``, the policy history table and the
   worker heartbeat table.
 - Fewer index writes on every enqueue and status change: the (status, settled_at) index holds
@@ -197,6 +199,11 @@ class Migration(migrations.Migration):
             field=models.JSONField(blank=True, default=None, null=True),
         ),
         migrations.AddField(
+            model_name="occurrence",
+            name="priority",
+            field=models.SmallIntegerField(default=0),
+        ),
+        migrations.AddField(
             model_name="job",
             name="next_fire_at",
             field=models.DateTimeField(blank=True, null=True),
@@ -317,6 +324,13 @@ class Migration(migrations.Migration):
                     models.Q(("settled_at__isnull", False)),
                 ),
                 name="dsch_occ_terminal_settled",
+            ),
+        ),
+        migrations.AddConstraint(
+            model_name="occurrence",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("priority__gte", -100), ("priority__lte", 100)),
+                name="dsch_occ_priority_range",
             ),
         ),
         migrations.AddConstraint(
