@@ -127,6 +127,14 @@ class Occurrence(models.Model):
                 name="dsch_occurrences_fair",
                 condition=Q(status=OccurrenceStatus.QUEUED) | Q(status=OccurrenceStatus.RETRY_WAIT),
             ),
+            # The waiting occurrences with a priority other than 0 (django.tasks' priority),
+            # highest first: empty unless tasks set one, so other work writes no entry.
+            models.Index(
+                fields=["principal_key", "-priority", "available_at", "scheduled_for", "occurrence_id"],
+                name="dsch_occurrences_priority",
+                condition=(Q(status=OccurrenceStatus.QUEUED) | Q(status=OccurrenceStatus.RETRY_WAIT))
+                & ~Q(priority=0),
+            ),
             models.Index(fields=["job", "trigger_key"], name="dsch_occurrences_job_trigger"),
             # Settled rows only (pruning by age): a queued or running row has no entry, so an
             # enqueue, a claim and a retry write none (MySQL/MariaDB: the whole table).

@@ -45,6 +45,7 @@ TABLE = "durable_scheduler_occurrences"
 CLAIM_INDEX = "dsch_occurrences_claim"
 STATUS_INDEX = "dsch_occurrences_settled"  # (status, settled_at)
 FAIR_INDEX = "dsch_occurrences_fair"  # (principal_key, status, available_at, ...)
+PRIORITY_INDEX = "dsch_occurrences_priority"  # waiting rows whose priority is not 0
 TERMINAL = 4000
 QUEUED = 40  # due now
 WAITING = 400  # queued or retry_wait, due later (future enqueues, retry back-off)
@@ -127,6 +128,10 @@ def _claim_statements(captured):
         upper = sql.upper()
         if head.startswith("UPDATE"):
             out.append(("update", sql))
+        elif PRIORITY_INDEX.upper() in upper or (
+            "NOT (" in upper and "PRIORITY" in upper and "LIMIT 1" in upper
+        ):
+            out.append(("prioritized", sql))
         elif not head.startswith(("SELECT", "WITH", "(")):
             continue
         elif "DISTINCT" in upper or "RECURSIVE" in upper or "GROUP BY" in upper:
@@ -176,6 +181,11 @@ def test_claim_uses_the_claim_index(job, clock):
     for kind, sql in statements:
         plan = _explain(sql)
         report.append(f"[{kind}] {sql}\n{plan}")
+        if kind == "prioritized":
+            # Whether any waiting row has a priority: the first entry of the partial index
+            # that holds only those rows (a scan of it stops at its first row).
+            assert PRIORITY_INDEX in plan, f"the priority probe does not use {PRIORITY_INDEX}:\n{sql}\n{plan}"
+            continue
         assert not _scans_occurrences(plan), f"{kind} query scans {TABLE}:\n{sql}\n{plan}"
         if kind == "principals" and "RECURSIVE" in sql.upper():
             assert FAIR_INDEX in plan, f"the loose index scan does not use {FAIR_INDEX}:\n{sql}\n{plan}"

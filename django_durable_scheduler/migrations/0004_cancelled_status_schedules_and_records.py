@@ -10,7 +10,8 @@
 - ``Job.declared_in``: the installed app whose code declares a job (a sync disables the jobs
   it stops declaring), and the admin dashboard's proxy model.
 - ``Occurrence.priority`` (-100..100, higher first among a principal's due occurrences), for
-  the ``django.tasks`` backend.
+  the ``django.tasks`` backend, and the partial index of the waiting rows whose priority is
+  not 0.
 - Execution records: ``Occurrence.metadata`` and ``receipt``, the policy history table and the
   worker heartbeat table.
 - Fewer index writes on every enqueue and status change: the (status, settled_at) index holds
@@ -349,6 +350,17 @@ class Migration(migrations.Migration):
                 condition=models.Q(("status", "queued"), ("status", "retry_wait"), _connector="OR"),
                 fields=["principal_key", "status", "available_at", "scheduled_for", "occurrence_id"],
                 name="dsch_occurrences_fair",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="occurrence",
+            index=models.Index(
+                condition=models.Q(
+                    models.Q(("status", "queued"), ("status", "retry_wait"), _connector="OR"),
+                    models.Q(("priority", 0), _negated=True),
+                ),
+                fields=["principal_key", "-priority", "available_at", "scheduled_for", "occurrence_id"],
+                name="dsch_occurrences_priority",
             ),
         ),
         migrations.AddIndex(
