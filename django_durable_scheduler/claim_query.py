@@ -115,8 +115,8 @@ class _Arms:
             + f" WHERE {o['principal_key']} = %s AND {waiting} AND NOT ({o['priority']} = 0)"
             + f" AND {o['available_at']} <= %s"
             + tail
-            + f" ORDER BY {o['priority']} DESC, {o['available_at']}, {o['scheduled_for']}, {o['occurrence_id']}"
-            + " LIMIT %s"
+            + f" ORDER BY {o['priority']} DESC, {o['available_at']}, {o['scheduled_for']},"
+            + f" {o['occurrence_id']} LIMIT %s"
         )
         self.unprioritized = self.pending.replace(
             f" AND {o['available_at']} <= %s", f" AND {o['priority']} = 0 AND {o['available_at']} <= %s", 1
