@@ -32,7 +32,7 @@ from ..exceptions import (
     RevisionConflict,
     SchedulerError,
 )
-from ..identity import canonical_json, from_ms, iso_ms, normalize_json, to_ms
+from ..identity import canonical_json, from_ms, normalize_json, to_ms
 from ..models import Event, Job, Occurrence, OccurrenceStatus
 from .framework import (
     DEFAULT_TASK_QUEUE_NAME,
@@ -144,7 +144,21 @@ class DurableBackend(BaseTaskBackend):
             "backend": self.alias,
         }
         if task.run_after is not None:
-            payload["runAfter"] = iso_ms(task.run_after)
+            payload["runAfter"] = to_ms(task.run_after, "run_after")
+        try:
+            occurrence = self._enqueue(task, payload)
+        except NotFound:
+            # The job this process confirmed is gone (deleted in the admin, a flushed
+            # database): make it again, once.
+            with _confirmed_lock:
+                _confirmed.pop((self.using, self._job_id(task)), None)
+            occurrence = self._enqueue(task, payload)
+        result = self._new_result(task, occurrence.pk, TaskResultStatus.READY, args, kwargs)
+        set_field(result, "enqueued_at", occurrence.created_at)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def _enqueue(self, task: AnyTask, payload: dict[str, Any]) -> Occurrence:
         job_id = self._ensure_job(task)
         occurrence, _ = kernel.enqueue(
             job_id,
@@ -155,10 +169,7 @@ class DurableBackend(BaseTaskBackend):
             priority=task.priority,
             using=self.using,
         )
-        result = self._new_result(task, occurrence.pk, TaskResultStatus.READY, args, kwargs)
-        set_field(result, "enqueued_at", occurrence.created_at)
-        task_enqueued.send(type(self), task_result=result)
-        return result
+        return occurrence
 
     @staticmethod
     def _json(value: Any, field: str) -> Any:
@@ -343,7 +354,7 @@ class DurableBackend(BaseTaskBackend):
         return found.using(
             priority=occurrence.priority,
             queue_name=queue_of(occurrence.job.kind),
-            run_after=None if run_after is None else from_ms(to_ms(run_after, "runAfter")),
+            run_after=None if run_after is None else from_ms(run_after),
             backend=self.alias,
         )
 

@@ -69,3 +69,9 @@ def die_once(marker_dir):
 def sleep_for(seconds):
     time.sleep(seconds)
     return seconds
+
+
+@task
+@durable(principal={"type": "team", "id": "other"})
+def as_other():
+    return "other"
