@@ -10,9 +10,10 @@ import signal
 from datetime import timedelta
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
-from django.db import transaction
+from django.db import connections, transaction
 from django.test import override_settings
 
 if not (importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_tasks")):
@@ -330,6 +331,19 @@ def workers(tmp_path):
     spawned.cleanup()
 
 
+def run_async(awaitable):
+    """Run ``awaitable`` as an async view would; then close the database connection that
+    the framework's ``sync_to_async`` thread opened (it would outlive the test database)."""
+
+    async def run():
+        try:
+            return await awaitable
+        finally:
+            await sync_to_async(connections.close_all, thread_sensitive=True)()
+
+    return asyncio.run(run())
+
+
 def _finished(*results) -> bool:
     for result in results:
         result.refresh()
@@ -341,7 +355,7 @@ def test_runscheduler_runs_tasks_of_its_queues(workers, tmp_path):
     marks = tmp_path / "flaky"
     marks.mkdir()
     added = djtasks.add.enqueue(2, b=3)
-    async_added = asyncio.run(djtasks.async_add.aenqueue(4, 5))
+    async_added = run_async(djtasks.async_add.aenqueue(4, 5))
     with_context = djtasks.attempts_seen.enqueue("m")
     flaky = djtasks.flaky.enqueue(str(marks))
     doomed = djtasks.doomed.enqueue()
@@ -352,7 +366,7 @@ def test_runscheduler_runs_tasks_of_its_queues(workers, tmp_path):
     assert wait_for(lambda: _finished(*results), timeout=30), worker.output()
     assert added.return_value == 5
     assert async_added.return_value == 9
-    assert asyncio.run(djtasks.async_add.aget_result(async_added.id)).return_value == 9
+    assert run_async(djtasks.async_add.aget_result(async_added.id)).return_value == 9
     assert with_context.return_value == {"attempt": 1, "id": with_context.id, "marker": "m"}
     assert flaky.status == TaskResultStatus.SUCCESSFUL and flaky.return_value == 2
     assert flaky.worker_ids == ["tw1"] * 3

@@ -34,6 +34,7 @@ from ..exceptions import (
 )
 from ..identity import canonical_json, from_ms, normalize_json, to_ms
 from ..models import Event, Job, Occurrence, OccurrenceStatus
+from .display import ERRORS_KEY, TASK_STATUS, task_errors
 from .framework import (
     DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
@@ -58,23 +59,11 @@ from .options import (
     validate_queue,
 )
 
-STATUS = {
-    OccurrenceStatus.QUEUED: TaskResultStatus.READY,
-    OccurrenceStatus.RETRY_WAIT: TaskResultStatus.READY,
-    OccurrenceStatus.RUNNING: TaskResultStatus.RUNNING,
-    OccurrenceStatus.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
-    OccurrenceStatus.DEAD_LETTER: TaskResultStatus.FAILED,
-    OccurrenceStatus.CANCELLED: TaskResultStatus.FAILED,
-}
+STATUS = {status: TaskResultStatus(word) for status, word in TASK_STATUS.items()}
 # The failed attempts' errors are kept in the occurrence's metadata (the task handler's
 # record), the newest MAX_ERRORS, each traceback cut to MAX_TRACEBACK: within 64 KiB.
-ERRORS_KEY = "taskErrors"
 MAX_ERRORS = 8
 MAX_TRACEBACK = 6 * 1024
-# What a failure that no task raised (a lease that expired, a cancel, an authority denial)
-# is reported as: an error class that ``TaskError.exception_class`` can import.
-SCHEDULER_ERROR_PATH = "django_durable_scheduler.exceptions.SchedulerError"
-BACKEND_PATH = "django_durable_scheduler.tasks.DurableBackend"
 
 if TYPE_CHECKING:  # generic in the stubs (and the backport), not in Django 6
     AnyTask = Task[Any, Any]
@@ -360,26 +349,7 @@ class DurableBackend(BaseTaskBackend):
 
     @staticmethod
     def _errors(occurrence: Occurrence) -> list[TaskError]:
-        metadata = occurrence.metadata if isinstance(occurrence.metadata, dict) else {}
-        recorded = metadata.get(ERRORS_KEY) or []
-        errors = [
-            TaskError(exception_class_path=e["exceptionClassPath"], traceback=e["traceback"])
-            for e in recorded
-        ]
-        last = occurrence.last_error if isinstance(occurrence.last_error, dict) else None
-        failed = occurrence.status in (OccurrenceStatus.DEAD_LETTER, OccurrenceStatus.CANCELLED)
-        attempts = {e.get("attempt") for e in recorded}
-        if failed and last is not None and (occurrence.attempt not in attempts or occurrence.attempt == 0):
-            # Failed without the task raising on its last attempt (a lease that expired, a
-            # cancel, a denial, a result that could not be stored): report that too.
-            message = last.get("message") or last.get("code") or "failed"
-            reason = " ".join(str(last.get(k)) for k in ("type", "code") if last.get(k))
-            errors.append(
-                TaskError(
-                    exception_class_path=SCHEDULER_ERROR_PATH, traceback=f"{reason}: {message}".strip(": ")
-                )
-            )
-        return errors
+        return [TaskError(exception_class_path=cls, traceback=text) for cls, text in task_errors(occurrence)]
 
     # ------------------------------------------------------------------ the worker side
 
