@@ -15,6 +15,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.db import connections, transaction
 from django.test import override_settings
+from django.urls import reverse
+from django.utils.html import escape
 
 if not (importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_tasks")):
     pytest.skip(
@@ -268,6 +270,26 @@ def test_running_a_task_sends_djangos_signals_and_keeps_each_attempts_error(db, 
     assert [e.exception_class_path for e in result.errors] == ["builtins.RuntimeError"] * 2
     assert "flaky run 0" in result.errors[0].traceback and result.errors[0].exception_class is RuntimeError
     assert result.worker_ids == ["w1", "w2", "w3"]
+
+
+def test_the_admin_shows_a_task_in_djangos_words(admin_client, tmp_path):
+    result = djtasks.flaky.enqueue(str(tmp_path), note="<b>x</b>")
+    occurrence = claim("w1")
+    with pytest.raises(RuntimeError):
+        task_backends["default"].run(context_of(occurrence))
+    kernel.settle(result.id, owner="w1", fence=occurrence.fence, outcome="failed", error="x", retry_at=0)
+    plain, _ = scheduler.enqueue(
+        scheduler.create_job("plain", "reports.send").job_id, scheduled_for=1_700_000_000_000, trigger_key="t"
+    )
+    listing = admin_client.get(reverse("admin:durable_scheduler_occurrence_changelist")).content.decode()
+    assert "tests.testapp.djtasks.flaky (READY)" in listing
+    page = admin_client.get(reverse("admin:durable_scheduler_occurrence_change", args=[result.id]))
+    html = page.content.decode()
+    assert "tests.testapp.djtasks.flaky" in html and "READY" in html
+    assert escape('{"note":"<b>x</b>"}') in html and escape(f'["{tmp_path}"]') in html
+    assert "builtins.RuntimeError" in html and "flaky run 0" in html and "<b>x</b>" not in html
+    other = admin_client.get(reverse("admin:durable_scheduler_occurrence_change", args=[plain.pk]))
+    assert other.status_code == 200 and "task status" not in other.content.decode()
 
 
 # --------------------------------------------------------------------------- options

@@ -33,7 +33,7 @@ def attempts_seen(context, marker):
 
 @task
 @durable(max_attempts=3, retry_base_delay=0.05, retry_max_delay=0.05)
-def flaky(marker_dir):
+def flaky(marker_dir, note=None):
     """Fails until it has run twice (the attempts are counted in files)."""
     marks = Path(marker_dir)
     runs = len(list(marks.glob("run-*")))
