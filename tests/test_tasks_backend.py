@@ -25,11 +25,11 @@ if not (importlib.util.find_spec("django.tasks") or importlib.util.find_spec("dj
     )
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import kernel
+from django_durable_scheduler import declared, kernel
 from django_durable_scheduler.context import ExecutionContext
 from django_durable_scheduler.identity import to_ms
 from django_durable_scheduler.models import Job, Occurrence, OccurrenceStatus
-from django_durable_scheduler.tasks import DurableBackend, framework
+from django_durable_scheduler.tasks import DurableBackend, framework, schedule
 from django_durable_scheduler.tasks.framework import (
     InvalidTask,
     TaskResultDoesNotExist,
@@ -336,6 +336,60 @@ def test_priority_runs_higher_first_within_a_principal_and_principals_take_turns
     assert set(claimed[:2]) == {higher.id, others.id}
     assert claimed[2:] == [high.id, plain.id, low.id]
     assert Occurrence.objects.get(pk=high.id).priority == 50
+
+
+@pytest.fixture
+def scheduled():
+    """Schedules a test declares, forgotten after it (declarations are process-wide)."""
+    made = []
+    yield made
+    for declaration in made:
+        declared.undeclare(declaration.job_id)
+
+
+def test_a_scheduled_task_runs_once_per_slot_as_a_task(db, clock, scheduled):
+    # clock: 2026-01-05 12:00 UTC, 13:00 in Berlin.
+    scheduled.append(
+        schedule(djtasks.add, cron="30 13 * * *", timezone="Europe/Berlin", args=(1,), kwargs={"b": 2})
+    )
+    scheduled.append(schedule(djtasks.shout, every=60, args=["hey"], name="shouting", misfire="skip"))
+    assert declared.sync_declared_jobs()["created"] == [
+        "task-schedule:default:shouting",
+        "task-schedule:default:tests.testapp.djtasks.add",
+    ]
+    job = Job.objects.get(job_id="task-schedule:default:tests.testapp.djtasks.add")
+    assert job.kind == DEFAULT_KIND and scheduled[0].module == __name__  # the declaring module
+    assert (job.trigger["cron"], job.trigger["timezone"]) == ("30 13 * * *", "Europe/Berlin")
+    clock.advance(minutes=31)
+    assert kernel.materialize_due() >= 1
+    assert kernel.materialize_due() == 0  # a slot fires once
+    occurrence = claim("w1")
+    assert occurrence.job_id == job.job_id and occurrence.trigger_key.startswith("schedule:2026-01-05T12:30")
+    assert task_backends["default"].run(context_of(occurrence)) == 3
+    kernel.settle(occurrence.pk, owner="w1", fence=occurrence.fence, outcome="succeeded", result=3)
+    result = djtasks.add.get_result(occurrence.pk)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 3
+    assert result.args == [1] and result.kwargs == {"b": 2}
+    shouted = claim("w1", kinds=[HIGH_KIND])
+    assert task_backends["default"].run(context_of(shouted)) == "HEY"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({}, scheduler.InvalidArgument, "exactly one of cron, every and at"),
+        ({"cron": "* * *", "every": 5}, scheduler.InvalidArgument, "exactly one"),
+        ({"cron": "61 * * * *"}, scheduler.InvalidArgument, "trigger.cron"),
+        ({"cron": "0 9 * * *", "timezone": "Mars/Olympus"}, scheduler.InvalidArgument, "trigger.timezone"),
+        ({"every": 5, "overlap": "sometimes"}, scheduler.InvalidArgument, "trigger.overlap"),
+        ({"every": 5, "args": [object()]}, TypeError, "Unsupported type"),
+        ({"every": 5, "name": ""}, scheduler.InvalidArgument, "name"),
+    ],
+)
+def test_a_bad_schedule_is_refused_where_it_is_written(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        schedule(djtasks.add, **kwargs)
+    assert not [d for d in declared.declared_jobs() if d.job_id.startswith("task-schedule:")]
 
 
 def test_runscheduler_refuses_a_queue_no_backend_lists():

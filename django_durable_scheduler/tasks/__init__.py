@@ -16,6 +16,7 @@ _EXPORTS = {
     "durable": "options",
     "TaskOptions": "options",
     "queue_kind": "options",
+    "schedule": "schedules",
 }
 
 __all__ = sorted(_EXPORTS)

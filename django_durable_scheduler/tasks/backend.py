@@ -124,8 +124,8 @@ class DurableBackend(BaseTaskBackend):
     def enqueue(self, task: AnyTask, args: Any, kwargs: Any) -> AnyResult:
         """Write the task's occurrence in the caller's transaction and return its result."""
         self.validate_task(task)
-        args = self._json(args, "args")
-        kwargs = self._json(kwargs, "kwargs")
+        args = self.json_value(args, "args")
+        kwargs = self.json_value(kwargs, "kwargs")
         payload: dict[str, Any] = {
             "task": task.module_path,
             "args": args,
@@ -161,7 +161,7 @@ class DurableBackend(BaseTaskBackend):
         return occurrence
 
     @staticmethod
-    def _json(value: Any, field: str) -> Any:
+    def json_value(value: Any, field: str) -> Any:
         """``value`` as the framework normalizes it (its TypeError/ValueError for what is not
         JSON), then refused with a ValueError unless it round-trips through stored JSON
         (non-string keys, NaN, NUL, nesting over 64 levels, over 1 MiB)."""
@@ -178,9 +178,11 @@ class DurableBackend(BaseTaskBackend):
             raise InvalidTask(f"task path {task.module_path!r} is too long for this backend")
         return job_id
 
-    def _ensure_job(self, task: AnyTask) -> str:
-        """The id of the task's job, created or brought up to date with its options first."""
-        job_id = self._job_id(task)
+    def job_settings(self, task: AnyTask) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """What the job of ``task`` holds, from its ``@durable`` options over this backend's
+        ``OPTIONS`` over the app's defaults: ``({"kind", "max_attempts",
+        "retry_base_delay_ms", "retry_max_delay_ms"}, authority or None for the default
+        principal)``."""
         opts = options_for(task.module_path).merged_over(self.defaults)
         kind = queue_kind(task.queue_name)
         wanted: dict[str, Any] = {
@@ -200,6 +202,12 @@ class DurableBackend(BaseTaskBackend):
         authority = None
         if opts.principal is not None:
             authority = {"principal": opts.principal, "requestedCapabilities": [kind]}
+        return wanted, authority
+
+    def _ensure_job(self, task: AnyTask) -> str:
+        """The id of the task's job, created or brought up to date with its options first."""
+        job_id = self._job_id(task)
+        wanted, authority = self.job_settings(task)
         signature = (canonical_json(wanted), canonical_json(authority))
         key = (self.using, job_id)
         if _confirmed.get(key) == signature:
@@ -370,7 +378,7 @@ class DurableBackend(BaseTaskBackend):
             self._failed(ctx, result, exc, final=final)
             raise
         try:
-            value = self._json(value, "return value")
+            value = self.json_value(value, "return value")
         except (TypeError, ValueError) as exc:
             self._failed(ctx, result, exc, final=True)
             raise PermanentFailure(f"the task's return value is not JSON: {exc}") from exc
