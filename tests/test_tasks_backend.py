@@ -421,9 +421,13 @@ def run_async(awaitable):
 
 
 def _finished(*results) -> bool:
+    """Whether every result's occurrence has settled (one query); then refreshed."""
+    ids = [result.id for result in results]
+    if Occurrence.objects.filter(pk__in=ids, settled_at__isnull=False).count() < len(ids):
+        return False
     for result in results:
         result.refresh()
-    return all(result.is_finished for result in results)
+    return True
 
 
 @pytest.mark.django_db(transaction=True)
@@ -436,9 +440,10 @@ def test_runscheduler_runs_tasks_of_its_queues(workers, tmp_path):
     flaky = djtasks.flaky.enqueue(str(marks))
     doomed = djtasks.doomed.enqueue()
     not_json = djtasks.not_json.enqueue()
+    retried = djtasks.retry_once.enqueue(str(tmp_path))
     elsewhere = djtasks.shout.enqueue("hi")  # queue "high": not this worker's
     worker = workers.start("--queues", "default", "--worker-id", "tw1", "--lease", "5")
-    results = (added, async_added, with_context, flaky, doomed, not_json)
+    results = (added, async_added, with_context, flaky, doomed, not_json, retried)
     assert wait_for(lambda: _finished(*results), timeout=30), worker.output()
     assert added.return_value == 5
     assert async_added.return_value == 9
@@ -453,6 +458,8 @@ def test_runscheduler_runs_tasks_of_its_queues(workers, tmp_path):
     ]
     assert not_json.status == TaskResultStatus.FAILED and not_json.attempts == 1
     assert [e.exception_class_path for e in not_json.errors] == ["builtins.TypeError"]
+    assert retried.return_value == "retried" and retried.attempts == 2
+    assert [e.exception_class_path for e in retried.errors] == ["django_durable_scheduler.exceptions.Retry"]
     elsewhere.refresh()
     assert elsewhere.status == TaskResultStatus.READY and elsewhere.worker_ids == []
     worker.proc.send_signal(signal.SIGTERM)
@@ -470,3 +477,20 @@ def test_a_task_whose_worker_crashed_is_reclaimed_by_another(workers, tmp_path):
     assert result.worker_ids == ["doomed-worker", "rescuer"]
     second.proc.send_signal(signal.SIGTERM)
     assert second.wait(30) == 0, second.output()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_workers_run_each_task_exactly_once(workers, tmp_path):
+    with transaction.atomic():
+        results = [djtasks.mark.enqueue(str(tmp_path)) for _ in range(40)]
+    racers = [workers.start("--worker-id", f"racer-{n}", "--concurrency", "4") for n in range(2)]
+    assert wait_for(lambda: _finished(*results), timeout=30, interval=0.1), (
+        racers[0].output() + racers[1].output()
+    )
+    for result in results:
+        assert result.status == TaskResultStatus.SUCCESSFUL
+        runs = (tmp_path / result.id).read_text().splitlines()
+        assert runs == result.worker_ids  # one run, by the worker that claimed it
+    for racer in racers:
+        racer.proc.send_signal(signal.SIGTERM)
+        assert racer.wait(30) == 0, racer.output()

@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from django_durable_scheduler import PermanentFailure
+from django_durable_scheduler import PermanentFailure, Retry
 from django_durable_scheduler.tasks import durable
 from django_durable_scheduler.tasks.framework import task
 
@@ -75,3 +75,20 @@ def sleep_for(seconds):
 @durable(principal={"type": "team", "id": "other"})
 def as_other():
     return "other"
+
+
+@task
+def retry_once(marker_dir):
+    """Asks for a retry (scheduler.Retry) on its first run."""
+    marks = Path(marker_dir)
+    if not (marks / "retried").exists():
+        (marks / "retried").touch()
+        raise Retry("not yet", delay=0.05)
+    return "retried"
+
+
+@task(takes_context=True)
+def mark(context, marker_dir):
+    """Appends a line to a file named after its result id: one line per run."""
+    with (Path(marker_dir) / context.task_result.id).open("a") as f:
+        f.write(f"{context.task_result.worker_ids[-1]}\n")
