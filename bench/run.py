@@ -224,7 +224,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--db", default="sqlite,postgres", help="comma-separated: sqlite,postgres")
     parser.add_argument("--reps", type=int, default=3, help="repetitions per measurement (default 3)")
     parser.add_argument(
-        "--workloads", default="w1,w2,w3,w4,pgbench,profile", help="subset of w1,w2,w3,w4,pgbench,profile"
+        "--workloads",
+        default="w1,w2,w3,w4,pgbench,profile",
+        help="subset of w1,w2,w3,w4,pgbench,profile, or scale (PostgreSQL: 1-8 processes, with a plot)",
     )
     parser.add_argument("--pg-url", default=PG_URL, help="PostgreSQL database (dschbench* names only)")
     parser.add_argument("--out", default=None, help="results file (default bench/results-<date>.json)")
@@ -266,6 +268,8 @@ def main(argv: list[str]) -> int:
         cmd = [str(python), "-m", "bench.suite", "--url", url, "--out", str(out), "--reps", str(args.reps)]
         cmd += ["--workloads", args.workloads] + (["--quick"] if args.quick else [])
         cmd += (["--n", str(args.n)] if args.n else []) + (["--w3", str(args.w3)] if args.w3 else [])
+        if "scale" in args.workloads:
+            cmd += ["--plot", str(BENCH / f"scale-{datetime.now(UTC):%Y-%m-%d}.png")]
         say(f"{db}: {' '.join(cmd[1:])}")
         code = subprocess.call(cmd, cwd=ROOT)
         if out.exists():

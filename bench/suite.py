@@ -1,7 +1,7 @@
 """The workloads, run against one database inside .venv-bench (bench/run.py starts this).
 
     python -m bench.suite --url DATABASE_URL --out results.json [--quick] [--reps 3]
-                          [--workloads w1,w2,w3,w4,pgbench,profile]
+                          [--workloads w1,w2,w3,w4,pgbench,profile,scale]
 
 For PostgreSQL the database named in the URL is dropped and created here (names dschbench* only);
 for SQLite the file is created. Results go to --out as JSON; progress goes to stdout.
@@ -38,6 +38,7 @@ SIZES = {
         "w2": 5000,
         "w3": 200,
         "w3_rate": 20.0,
+        "scale": 20_000,
         "w4_jobs": 100_000,
         "w4_terminal": 1_000_000,
         "w4_backlogs": (5000, 20_000),
@@ -49,6 +50,7 @@ SIZES = {
         "w2": 500,
         "w3": 40,
         "w3_rate": 20.0,
+        "scale": 2_000,
         "w4_jobs": 10_000,
         "w4_terminal": 50_000,
         "w4_backlogs": (2000,),
@@ -269,7 +271,7 @@ def pg_counters() -> dict[str, int]:
 
 
 def run_w1_w2(res: Results, systems: list[Any], sizes: dict[str, Any], reps: int, levels: list[int]) -> None:
-    n1, n2 = sizes["w1"], sizes["w2"]
+    n1 = sizes["w1"]
     # W1 bulk (ours only): enqueue_many of n1 in one call, one transaction.
     ours = systems[0]
     for rep in range(reps):
@@ -289,85 +291,102 @@ def run_w1_w2(res: Results, systems: list[Any], sizes: dict[str, Any], reps: int
         say(f"W1 bulk rep {rep + 1}: {n1 / seconds:,.0f}/s")
     ours.clear()
     # W2 drain, preceded by a one-by-one enqueue of the same n (that is the W1 one-by-one sample).
+    # At each level every system runs at its own defaults ("W2 drain xN"); ours then runs once
+    # more as one process with N handler threads, against the peers' same runs, which already
+    # run N at a time ("W2 drain xN, matched concurrency").
     for level in levels:
+        matched = f"W2 drain x{level}, matched concurrency"
         for rep in range(reps):
             for system in systems:  # interleaved, so drift on a shared machine hits all alike
-                system.clear()
-                seconds = enqueue_one_by_one(system, n2)
-                if n2 == n1:
-                    res.add(
-                        "W1 enqueue one-by-one",
-                        system.name,
-                        n1 / seconds,
-                        unit="ops/s",
-                        better="higher",
-                        config=f"{n1} calls, autocommit",
-                    )
-                before = pg_counters()
-                spec = system.drain_workers(level)
-                start = time.perf_counter()
-                procs = Procs(spec, f"w2-{system.name}-{level}")
-                try:
-                    end, done = wait_done(system, n2, procs, DRAIN_TIMEOUT)
-                    if end is not None and spec.exits_when_empty:
-                        procs.wait(60)
-                finally:
-                    procs.stop()
-                after = pg_counters()
-                failed = system.failed()
-                once = system.exactly_once(n2)
-                detail: dict[str, Any] = {
-                    "done": done,
-                    "failed": failed,
-                    "load1": os.getloadavg()[0],
-                    "exactly_once": once,
-                    "peak_rss_mb": procs.peak_rss_kb / 1024,
-                }
-                if before:
-                    detail.update({k: (after[k] - before[k]) / n2 for k in before})
-                if end is None:
-                    say(f"W2 {system.name} level {level}: NOT finished ({done}/{n2})\n{procs.tail()}")
-                    res.add(
-                        f"W2 drain x{level}",
-                        system.name,
-                        None,
-                        unit="ops/s",
-                        better="higher",
-                        config=spec.description,
-                        detail=detail,
-                    )
-                    continue
-                rate = n2 / (end - start)
-                res.add(
-                    f"W2 drain x{level}",
-                    system.name,
-                    rate,
-                    unit="ops/s",
-                    better="higher",
-                    config=spec.description,
-                    detail=detail,
-                )
-                if procs.peak_rss_kb:
-                    res.add(
-                        f"W2 x{level} peak RSS per process",
-                        system.name,
-                        procs.peak_rss_kb / 1024,
-                        unit="MB",
-                        better="lower",
-                        config=spec.description,
-                    )
-                if not once:
-                    res.notes.append(f"W2 x{level} rep {rep + 1} {system.name}: NOT exactly once")
-                skip = ("done", "failed", "load1", "exactly_once", "peak_rss_mb")
-                per = ", ".join(f"{k} {v:.2f}" for k, v in detail.items() if k not in skip)
-                say(
-                    f"W2 x{level} rep {rep + 1} {system.name}: enqueue {n2 / seconds:,.0f}/s, "
-                    f"drain {end - start:.2f} s = {rate:,.0f}/s, load {detail['load1']:.1f}"
-                    + (f" (per occurrence: {per})" if per else "")
-                    + (f", {failed} failed" if failed else "")
-                    + f"; peak RSS {procs.peak_rss_kb / 1024:.0f} MB; exactly once: {'yes' if once else 'NO'}"
-                )
-                system.clear()
+                runs = [(f"W2 drain x{level}", system.drain_workers(level))]
+                if system is ours:
+                    runs.append((matched, ours.drain_workers(1, concurrency=level)))
+                for workload, spec in runs:
+                    rate = _drain_once(res, system, spec, workload, level, rep, sizes)
+                    if system is not ours and rate is not None:
+                        res.add(
+                            matched, system.name, rate, unit="ops/s", better="higher", config=spec.description
+                        )
+
+
+def _drain_once(
+    res: Results, system: Any, spec: Any, workload: str, level: int, rep: int, sizes: dict[str, Any]
+) -> float | None:
+    """One W2 sample: enqueue n one by one (the W1 sample when the sizes match), drain it with
+    ``spec``'s workers, record the rate, the per-occurrence server counters and the checks."""
+    n1, n2 = sizes["w1"], sizes["w2"]
+    system.clear()
+    seconds = enqueue_one_by_one(system, n2)
+    if n2 == n1 and not workload.endswith("matched concurrency"):
+        res.add(
+            "W1 enqueue one-by-one",
+            system.name,
+            n1 / seconds,
+            unit="ops/s",
+            better="higher",
+            config=f"{n1} calls, autocommit",
+        )
+    before = pg_counters()
+    start = time.perf_counter()
+    procs = Procs(spec, f"w2-{system.name}-{level}")
+    try:
+        end, done = wait_done(system, n2, procs, DRAIN_TIMEOUT)
+        if end is not None and spec.exits_when_empty:
+            procs.wait(60)
+    finally:
+        procs.stop()
+    after = pg_counters()
+    failed = system.failed()
+    once = system.exactly_once(n2)
+    detail: dict[str, Any] = {
+        "done": done,
+        "failed": failed,
+        "load1": os.getloadavg()[0],
+        "exactly_once": once,
+        "peak_rss_mb": procs.peak_rss_kb / 1024,
+    }
+    if before:
+        detail.update({k: (after[k] - before[k]) / n2 for k in before})
+    rate = None if end is None else n2 / (end - start)
+    res.add(
+        workload, system.name, rate, unit="ops/s", better="higher", config=spec.description, detail=detail
+    )
+    if end is None:
+        say(f"{workload} {system.name}: NOT finished ({done}/{n2})\n{procs.tail()}")
+        system.clear()
+        return None
+    if before:
+        # Commits per occurrence include the enqueue's; the peers' are counted the same way.
+        res.add(
+            f"{workload}: commits per occurrence",
+            system.name,
+            detail["commits"],
+            unit="commits",
+            better="lower",
+            config=spec.description,
+        )
+    if procs.peak_rss_kb:
+        res.add(
+            f"{workload}: peak RSS per process",
+            system.name,
+            procs.peak_rss_kb / 1024,
+            unit="MB",
+            better="lower",
+            config=spec.description,
+        )
+    if not once:
+        res.notes.append(f"{workload} rep {rep + 1} {system.name}: NOT exactly once")
+    skip = ("done", "failed", "load1", "exactly_once", "peak_rss_mb")
+    per = ", ".join(f"{k} {v:.2f}" for k, v in detail.items() if k not in skip)
+    say(
+        f"{workload} rep {rep + 1} {system.name}: enqueue {n2 / seconds:,.0f}/s, "
+        f"drain {end - start:.2f} s = {rate:,.0f}/s, load {detail['load1']:.1f}"
+        + (f" (per occurrence: {per})" if per else "")
+        + (f", {failed} failed" if failed else "")
+        + f"; peak RSS {procs.peak_rss_kb / 1024:.0f} MB; exactly once: {'yes' if once else 'NO'}"
+    )
+    system.clear()
+    return rate
 
 
 def worker_startup(res: Results, systems: list[Any], reps: int) -> None:
@@ -794,7 +813,9 @@ def _events_clear() -> None:
 # --------------------------------------------------------------------------- pgbench
 
 
-def run_pgbench(res: Results, url: str, sizes: dict[str, Any], reps: int) -> None:
+def run_pgbench(
+    res: Results, url: str, sizes: dict[str, Any], reps: int, clients_list: tuple[int, ...] = (1, 2)
+) -> None:
     pgbench = shutil.which("pgbench")
     if pgbench is None:
         res.notes.append("pgbench not found: no physical reference")
@@ -812,7 +833,7 @@ def run_pgbench(res: Results, url: str, sizes: dict[str, Any], reps: int) -> Non
         "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;\n"
     )
     try:
-        for clients in (1, 2):
+        for clients in clients_list:
             for _ in range(reps):
                 seconds = str(sizes["pgbench_seconds"])
                 argv = [pgbench, "-n", "-c", str(clients), "-j", str(clients), "-T", seconds]
@@ -1000,6 +1021,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--systems", default=None, help="only these systems (comma-separated names)")
     parser.add_argument("--n", type=int, default=None, help="W1/W2 size (overrides the mode's)")
     parser.add_argument("--w3", type=int, default=None, help="W3 count (overrides the mode's)")
+    parser.add_argument("--plot", default=None, help="scale: where to write the PNG plot")
     args = parser.parse_args(argv)
     workloads = {w.strip() for w in args.workloads.split(",") if w.strip()}
     sizes = dict(SIZES["quick" if args.quick else "full"])
@@ -1066,6 +1088,12 @@ def main(argv: list[str]) -> int:
         if "w4" in workloads:
             say("W4 scale")
             run_w4(res, systems[0], sizes, args.reps)
+            save()
+        if "scale" in workloads and vendor == "postgresql":
+            from bench.scale import run_scale
+
+            say(f"scale: 1-8 processes draining {sizes['scale']:,} occurrences")
+            run_scale(res, systems[0], sizes, args.url, args.plot)
             save()
     finally:
         save()

@@ -42,6 +42,7 @@ class Ours:
     name = "ours"
     NOOP_JOB = "bench-noop"
     STAMP_JOB = "bench-stamp"
+    SLEEP_JOB = "bench-sleep"
 
     def __init__(self) -> None:
         self.run = 0
@@ -52,7 +53,12 @@ class Ours:
 
         # The worker authorizes every run: give the bench principal a budget that never binds.
         policies.ensure_policy(AUTHORITY, window=31 * 86400, max_runs=1_000_000, max_units=1_000_000)
-        for job_id, kind in ((self.NOOP_JOB, "bench.noop"), (self.STAMP_JOB, "bench.stamp")):
+        jobs = (
+            (self.NOOP_JOB, "bench.noop"),
+            (self.STAMP_JOB, "bench.stamp"),
+            (self.SLEEP_JOB, "bench.sleep"),
+        )
+        for job_id, kind in jobs:
             if not Job.objects.filter(pk=job_id).exists():
                 kernel.create_job(job_id, kind, authority=AUTHORITY, max_attempts=3)
 
@@ -115,11 +121,16 @@ class Ours:
             ]
         )
 
-    def drain_workers(self, level: int) -> WorkerSpec:
+    def drain_workers(self, level: int, concurrency: int | None = None) -> WorkerSpec:
         # Its natural settings: the default --concurrency (8 handler threads); --burst exits
-        # once nothing is due.
+        # once nothing is due. ``concurrency``: that many handler threads instead.
         cmd = [*MANAGE, "runscheduler", "--burst"]
-        return WorkerSpec([(cmd, {})] * level, True, f"{level} x runscheduler --burst (concurrency 8)")
+        if concurrency is not None:
+            cmd += ["--concurrency", str(concurrency)]
+        threads = concurrency or 8
+        return WorkerSpec(
+            [(cmd, {})] * level, True, f"{level} x runscheduler --burst (concurrency {threads})"
+        )
 
     def idle_worker(self, poll: float | None) -> WorkerSpec:
         cmd = [*MANAGE, "runscheduler"]

@@ -3,6 +3,7 @@
 - ``E001`` a handler module of an installed app fails to import.
 - ``E002`` a registered handler is not callable, or its ``units`` are not 1..1,000,000.
 - ``E003`` a ``DURABLE_SCHEDULER_*`` setting has the wrong type or range.
+- ``E004`` the project's routers write this app's models to more than one database.
 - ``W001`` a SQLite database does not use ``transaction_mode`` IMMEDIATE.
 - ``W002`` enabled jobs of a kind no handler is registered for in this process (database
   check: runs only when databases are given, e.g. ``manage.py check --database default``).
@@ -205,6 +206,14 @@ def _settings_problems() -> list[tuple[str, str, str]]:
                 "'database' takes the time from the database server, for hosts whose clocks disagree.",
             )
         )
+    if not isinstance(_setting("LISTEN", True), bool):
+        problems.append(
+            (
+                "LISTEN",
+                f"must be True or False, not {_setting('LISTEN', True)!r}",
+                "False makes workers poll only (behind a transaction-mode pooler such as PgBouncer).",
+            )
+        )
     try:
         normalize_principal(conf.settings.DEFAULT_PRINCIPAL, "principal")
     except InvalidArgument as exc:
@@ -229,6 +238,28 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             id="durable_scheduler.E003",
         )
         for name, problem, hint in _settings_problems()
+    ]
+
+
+@register(TAG)
+def check_one_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    # The kernel's transactions span the app's tables (an occurrence, its events and its
+    # reservation commit together), so they must be in the database it writes occurrences to.
+    app = apps.get_containing_app_config(__name__)
+    assert app is not None
+    placed = {model._meta.object_name: router.db_for_write(model) for model in app.get_models()}
+    if len(set(placed.values())) <= 1:
+        return []
+    where = ", ".join(f"{name} -> {alias}" for name, alias in sorted(placed.items()))
+    return [
+        Error(
+            f"The database routers write this app's models to more than one database: {where}.",
+            hint=(
+                f"Route every model of the '{app.label}' app to one database in db_for_write "
+                "(e.g. by model._meta.app_label); its reads go to that database too."
+            ),
+            id="durable_scheduler.E004",
+        )
     ]
 
 

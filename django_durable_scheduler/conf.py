@@ -34,6 +34,9 @@ _DEFAULTS: dict[str, Any] = {
     "DEFAULT_PRINCIPAL": {"type": "app", "id": "durable_scheduler"},
     # "host" or "database": whose clock says what time it is (see DatabaseClock).
     "TIME_SOURCE": "host",
+    # Workers listen for wake-ups (PostgreSQL LISTEN, SQLite's sockets); False: poll only, as
+    # behind a transaction-mode pooler such as PgBouncer, which does not deliver LISTEN.
+    "LISTEN": True,
 }
 
 
@@ -82,6 +85,10 @@ class Settings:
     def TIME_SOURCE(self) -> str:  # noqa: N802
         return str(self._get("TIME_SOURCE"))
 
+    @property
+    def LISTEN(self) -> bool:  # noqa: N802
+        return bool(self._get("LISTEN"))
+
 
 settings = Settings()
 
@@ -108,14 +115,14 @@ class DatabaseClock:
             return self._offset
 
     def _measure(self, host: Callable[[], datetime]) -> None:
-        from django.db import DEFAULT_DB_ALIAS, DatabaseError
+        from django.db import DatabaseError
 
-        from .dialect import server_now
+        from .dialect import alias_for, server_now
 
         self._measured_at = time.monotonic()
         try:
             before = host()
-            server = server_now(DEFAULT_DB_ALIAS)
+            server = server_now(alias_for(None))
             after = host()
         except DatabaseError as exc:
             logger.warning("could not read the database's clock (%s); using the last offset", exc)

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from django.db.models import Count
 
 from . import ops
+from .dialect import alias_for
 from .models import TERMINAL_STATUSES, Occurrence, OccurrenceStatus
 
 WINDOWS = (("last hour", timedelta(hours=1)), ("last day", timedelta(days=1)))
@@ -134,7 +135,7 @@ def outcomes_since(since: datetime, alias: str) -> list[KindOutcomes]:
 
 
 def collect(*, using: str | None = None) -> Dashboard:
-    alias = using or "default"
+    alias = alias_for(using)
     status = ops.collect_status(using=alias)
     now = status.now
     outcomes = {title: outcomes_since(now - span, alias) for title, span in WINDOWS}

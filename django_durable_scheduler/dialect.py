@@ -24,11 +24,12 @@ from operator import attrgetter
 from typing import Any
 from uuid import UUID
 
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, JSONField, Model, QuerySet
 
 from .exceptions import InvalidArgument
+from .models import Occurrence
 from .wakeup import CHANNEL
 
 
@@ -47,10 +48,13 @@ def take_write_lock(connection: BaseDatabaseWrapper) -> None:
 
 
 def alias_for(using: str | None) -> str:
-    """The database alias an operation given ``using=`` runs on."""
+    """The database alias an operation given ``using=`` runs on: that one, else the database
+    the project's routers write this app's models to. The app's tables live in one database
+    (checks.py says so otherwise), and its reads go there too: what the kernel reads decides
+    what it writes, so it must not come from a replica."""
     if using is not None and not isinstance(using, str):
         raise InvalidArgument("using", "must be a database alias or None")
-    return using or DEFAULT_DB_ALIAS
+    return using or router.db_for_write(Occurrence)
 
 
 # The server's current time, to the microsecond, in UTC. SQLite runs on this host, so its clock
@@ -79,7 +83,7 @@ def write_transaction(using: str | None = None) -> Iterator[str]:
     """One kernel transaction on ``using`` (yields its alias); inside a caller's transaction,
     a savepoint, so that an error undoes only this operation and the caller's transaction
     stays usable."""
-    alias = using or DEFAULT_DB_ALIAS
+    alias = alias_for(using)
     with transaction.atomic(using=alias):
         take_write_lock(connections[alias])
         yield alias

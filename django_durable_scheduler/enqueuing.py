@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
+from django.db import IntegrityError, connections, transaction
 
 from . import conf, dialect
 from .authority import principal_key
@@ -247,7 +247,7 @@ def enqueue(
     job_id, scheduled_ms, key, available_ms = _enqueue_args(job_id, scheduled_for, trigger_key, available_at)
     priority = normalize_int(priority, "priority", minimum=MIN_PRIORITY, maximum=MAX_PRIORITY)
     now = conf.now()
-    alias = using or DEFAULT_DB_ALIAS
+    alias = dialect.alias_for(using)
     args: dict[str, Any] = {
         "scheduled_ms": scheduled_ms,
         "trigger_key": key,

@@ -6,8 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS
-
+from .dialect import alias_for
 from .identity import normalize_identifier, normalize_int
 from .models import Event
 
@@ -55,7 +54,7 @@ def history(
 ) -> list[Event]:
     """Events newest first, for a job, an occurrence, or everything."""
     limit = normalize_int(limit, "limit", minimum=1, maximum=10_000)
-    qs = Event.objects.using(using or DEFAULT_DB_ALIAS).all()
+    qs = Event.objects.using(alias_for(using)).all()
     if job_id is not None:
         qs = qs.filter(job_id=normalize_identifier(job_id, "job_id"))
     if occurrence_id is not None:

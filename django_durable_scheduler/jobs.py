@@ -10,7 +10,7 @@ import logging
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
+from django.db import IntegrityError, transaction
 
 from . import conf
 from .authority import default_authority, normalize_authority
@@ -114,7 +114,7 @@ def _check_retry_delays(base_ms: int, max_ms: int) -> None:
 def get_job(job_id: str, *, using: str | None = None) -> Job:
     job_id = normalize_identifier(job_id, "job_id")
     try:
-        return Job.objects.using(using or DEFAULT_DB_ALIAS).get(pk=job_id)
+        return Job.objects.using(alias_for(using)).get(pk=job_id)
     except Job.DoesNotExist:
         raise NotFound(f"job {job_id!r} does not exist", {"job_id": job_id}) from None
 
@@ -122,7 +122,7 @@ def get_job(job_id: str, *, using: str | None = None) -> Job:
 def get_occurrence(occurrence_id: str, *, using: str | None = None) -> Occurrence:
     occurrence_id = normalize_identifier(occurrence_id, "occurrence_id")
     try:
-        return Occurrence.objects.using(using or DEFAULT_DB_ALIAS).get(pk=occurrence_id)
+        return Occurrence.objects.using(alias_for(using)).get(pk=occurrence_id)
     except Occurrence.DoesNotExist:
         raise NotFound(
             f"occurrence {occurrence_id!r} does not exist", {"occurrence_id": occurrence_id}

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Case, F, PositiveSmallIntegerField, Q, QuerySet, When
 from django.db.models.functions import Greatest
 
@@ -31,7 +30,7 @@ from .claim_query import (
     reclaim_due,
     waiting_principals,
 )
-from .dialect import insert_rows, lock_rows, write_transaction
+from .dialect import alias_for, insert_rows, lock_rows, write_transaction
 from .events import (
     AUTHORITY_DEFERRED,
     AUTHORITY_DENIED,
@@ -122,7 +121,7 @@ def dead_letter_expired(*, limit: int = 500, using: str | None = None) -> int:
     """Dead-letter running occurrences whose lease expired on their final attempt."""
     limit = normalize_int(limit, "limit", minimum=1, maximum=conf.settings.MAX_CLAIM_BATCH)
     now = conf.now()
-    expired = Occurrence.objects.using(using or DEFAULT_DB_ALIAS).filter(
+    expired = Occurrence.objects.using(alias_for(using)).filter(
         status=OccurrenceStatus.RUNNING, lease_expires_at__lte=now, attempt__gte=F("max_attempts")
     )
     # Usually there is nothing to do: find out without taking a write lock.
@@ -191,11 +190,11 @@ def plan_claim(
         # The worker sweeps on its own schedule instead of before every claim.
         dead_letter_expired(using=using)
     now = conf.now()
-    waiting = waiting_principals(using or DEFAULT_DB_ALIAS, now)
+    waiting = waiting_principals(alias_for(using), now)
     if not waiting:
         return None
     if after_principal is None and len(waiting) > 1:  # with one principal there is no turn to take
-        after_principal = last_claimed_principal(using or DEFAULT_DB_ALIAS)
+        after_principal = last_claimed_principal(alias_for(using))
     return ClaimPlan(
         owner, now, now + timedelta(milliseconds=lease_ms), kind_list, limit, after_principal, waiting
     )
@@ -293,11 +292,7 @@ def has_due(*, kinds: Iterable[str] | None = None, using: str | None = None) -> 
     count too)."""
     kind_list = _kinds(kinds)
     now = conf.now()
-    return (
-        Occurrence.objects.using(using or DEFAULT_DB_ALIAS)
-        .filter(_due(now) & _job_filter(kind_list))
-        .exists()
-    )
+    return Occurrence.objects.using(alias_for(using)).filter(_due(now) & _job_filter(kind_list)).exists()
 
 
 def claim(

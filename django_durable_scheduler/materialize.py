@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Count, Min, Q
 
 from . import conf
-from .dialect import insert_rows, lock_rows, write_transaction
+from .dialect import alias_for, insert_rows, lock_rows, write_transaction
 from .enqueuing import JOB_PAYLOAD, insert_occurrence
 from .events import SLOT_SKIPPED, new_event
 from .identity import normalize_int, to_ms
@@ -34,7 +33,7 @@ def materialize_due(*, limit: int = 50, using: str | None = None) -> int:
     """
     limit = normalize_int(limit, "limit", minimum=1, maximum=1000)
     now = conf.now()
-    alias = using or DEFAULT_DB_ALIAS
+    alias = alias_for(using)
     due = Job.objects.using(alias).filter(enabled=True, next_fire_at__lte=now)
     # The common case, nothing due, costs this one indexed query and no write transaction.
     if not due.exists():
@@ -101,7 +100,7 @@ def _overlap_state(job: Job, alias: str) -> tuple[bool, datetime | None]:
 def next_due_at(*, using: str | None = None) -> datetime | None:
     """The earliest next fire time of any enabled job (for the worker's sleep)."""
     row = (
-        Job.objects.using(using or DEFAULT_DB_ALIAS)
+        Job.objects.using(alias_for(using))
         .filter(enabled=True, next_fire_at__isnull=False)
         .order_by("next_fire_at")
         .values_list("next_fire_at", flat=True)

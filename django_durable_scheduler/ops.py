@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import connections, transaction
 from django.db.models import Case, Count, F, Min, Q, When
 
 from . import conf, dialect
@@ -274,7 +274,7 @@ def collect_status(
     that no live worker has a handler for. Occurrences of disabled jobs wait by design and
     count for none of these (``disabled_waiting`` counts them).
     """
-    alias = using or DEFAULT_DB_ALIAS
+    alias = dialect.alias_for(using)
     now = conf.now()
     occurrences = Occurrence.objects.using(alias)
     counts = {status.value: 0 for status in OccurrenceStatus}
@@ -457,7 +457,7 @@ def prune(
     """
     if not 1 <= batch_size <= MAX_PRUNE_BATCH:
         raise ValueError(f"batch_size must be between 1 and {MAX_PRUNE_BATCH}")
-    alias = using or DEFAULT_DB_ALIAS
+    alias = dialect.alias_for(using)
     now = conf.now()
     result = PruneResult(cutoff=now - older_than, dry_run=dry_run)
     cursor = ""

@@ -305,22 +305,31 @@ def _lock_policies(keys: set[tuple[str, str]], alias: str) -> dict[tuple[str, st
 
 
 def _authorize_locked(
-    items: list[tuple[Occurrence, int]], owner: str, now: datetime, alias: str
+    items: list[tuple[Occurrence, int]],
+    owner: str,
+    now: datetime,
+    alias: str,
+    *,
+    already: tuple[dict[tuple[str, str], AuthorityPolicy], dict[str, Occurrence]] | None = None,
 ) -> list[Authorization | LeaseLost]:
     """Inside the transaction: lock the principals' policy rows (sorted, so concurrent
     authorizers cannot deadlock, and before the occurrence rows, the order ``set_policy``
     uses), then the occurrences, check each, charge what passes per principal, and write
-    the refusals through the lease code."""
-    policies = _lock_policies({_policy_key(occurrence.authority) for occurrence, _ in items}, alias)
+    the refusals through the lease code. ``already``: the policies and occurrences this
+    transaction has locked already (a claim's), which are then not read twice."""
     ids = [occurrence.pk for occurrence, _ in items]
-    locked = {
-        row.pk: row
-        for row in Occurrence.objects.using(alias)
-        .select_for_update()
-        .filter(pk__in=ids)
-        .order_by("pk")
-        .only("pk", "job_id", "status", "lease_owner", "lease_expires_at", "fence", "authority")
-    }
+    if already is not None:
+        policies, locked = already
+    else:
+        policies = _lock_policies({_policy_key(occurrence.authority) for occurrence, _ in items}, alias)
+        locked = {
+            row.pk: row
+            for row in Occurrence.objects.using(alias)
+            .select_for_update()
+            .filter(pk__in=ids)
+            .order_by("pk")
+            .only("pk", "job_id", "status", "lease_owner", "lease_expires_at", "fence", "authority")
+        }
     existing = {
         r.pk: r
         for r in AuthorityReservation.objects.using(alias)
@@ -502,10 +511,11 @@ def claim_authorized(
     )
     if plan is None:
         return AuthorizedClaim([], [], [], [])
+    policies: dict[tuple[str, str], AuthorityPolicy] = {}
     with write_transaction(using) as alias:
 
         def lock_policies(keys: list[str]) -> None:
-            _lock_policies(_principals_of(keys), alias)
+            policies.update(_lock_policies(_principals_of(keys), alias))
 
         claimed = leases.claim_planned(plan, alias, before_lock=lock_policies)
         items: list[tuple[Occurrence, int]] = []
@@ -517,7 +527,9 @@ def claim_authorized(
                 unpriced.append((occurrence, exc))
                 continue
             items.append((occurrence, units))
-        verdicts = _authorize_locked(items, plan.owner, conf.now(), alias) if items else []
+        # The claim locked these policies and occurrences and made this owner their holder.
+        already = (policies, {occurrence.pk: occurrence for occurrence in claimed})
+        verdicts = _authorize_locked(items, plan.owner, conf.now(), alias, already=already) if items else []
     runnable: list[Occurrence] = []
     refused: list[tuple[Occurrence, Authorization]] = []
     for (occurrence, _), verdict in zip(items, verdicts, strict=True):

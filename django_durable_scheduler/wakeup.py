@@ -30,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from django.db import connections, transaction
 
@@ -38,6 +39,8 @@ logger = logging.getLogger("django_durable_scheduler")
 SUFFIX = ".sock"
 # PostgreSQL channel on which enqueues announce new work.
 CHANNEL = "durable_scheduler"
+# How long a new LISTEN connection waits for its own test notification (see Listener).
+PROBE_TIMEOUT = 3.0
 
 
 _DIRS: dict[str, Path | None] = {}
@@ -215,18 +218,26 @@ class Listener:
     def stop(self) -> None:
         self._stop = True
 
+    def _params(self) -> dict[str, Any]:
+        params = connections[self.alias].get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        return params
+
     def run(self) -> None:
         import psycopg
 
         failures = 0
+        tested = False
         while not self._stop:
             try:
-                params = connections[self.alias].get_connection_params()
-                params.pop("cursor_factory", None)
-                params.pop("context", None)
-                with psycopg.connect(**params, autocommit=True) as conn:
+                with psycopg.connect(**self._params(), autocommit=True) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     failures = 0
+                    if not tested:
+                        tested = True
+                        if not self._delivered(conn):
+                            return
                     self.wake()  # work may have arrived while we were not listening
                     while not self._stop:
                         for _ in conn.notifies(timeout=1.0, stop_after=1):
@@ -235,3 +246,30 @@ class Listener:
                 failures += 1
                 self.log.warning("LISTEN connection lost; polling until it is back", exc_info=True)
                 time.sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))
+
+    def _delivered(self, conn: Any) -> bool:
+        """Whether a notification sent from another connection reaches this one. A
+        transaction-mode pooler (PgBouncer) accepts LISTEN but hands the server connection
+        to other clients between statements, so nothing would ever arrive: say so once and
+        leave the worker to its poll, instead of waiting for wake-ups that never come."""
+        import psycopg
+
+        token = f"probe:{secrets.token_hex(8)}"
+        with psycopg.connect(**self._params(), autocommit=True) as other:
+            other.execute("SELECT pg_notify(%s, %s)", [CHANNEL, token])
+        deadline = time.monotonic() + PROBE_TIMEOUT
+        while (left := deadline - time.monotonic()) > 0 and not self._stop:
+            for notify in conn.notifies(timeout=left, stop_after=1):
+                if notify.payload == token:
+                    self.log.info("listening for wake-ups on database '%s'", self.alias)
+                    return True
+                self.wake()  # another process's wake-up, meanwhile
+        if not self._stop:
+            self.log.warning(
+                "LISTEN on database '%s' did not deliver a test notification within %.0f s: is a "
+                "transaction-mode pooler (PgBouncer) in between? Wake-ups are off, the worker polls; "
+                "set DURABLE_SCHEDULER_LISTEN = False to skip LISTEN",
+                self.alias,
+                PROBE_TIMEOUT,
+            )
+        return False

@@ -28,10 +28,11 @@ from datetime import datetime, timedelta
 from types import FrameType
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
+from django.db import DatabaseError, close_old_connections, connections
 
 from . import conf, kernel, registry, reservations, wakeup
 from .context import ExecutionContext
+from .dialect import alias_for
 from .exceptions import InvalidArgument, LeaseLost, PermanentFailure, Retry, SchedulerError
 from .identity import to_duration_ms, to_ms
 from .models import Occurrence, WorkerHeartbeat
@@ -236,8 +237,12 @@ class Worker:
         )
         # Listening before the first heartbeat: a worker that shows as started already hears
         # the wake-ups of enqueues made from then on.
-        listener = wakeup.listener(self.using or DEFAULT_DB_ALIAS, self._announced, logger)
-        if listener.supported and not (self.once or self.burst) and listener.open():
+        listener = wakeup.listener(alias_for(self.using), self._announced, logger)
+        if not conf.settings.LISTEN and listener.supported:
+            logger.info(
+                "wake-ups off (DURABLE_SCHEDULER_LISTEN = False): polling every %.2f s", self.poll_interval
+            )
+        elif listener.supported and not (self.once or self.burst) and listener.open():
             self._listener = listener
             self._listener_thread = threading.Thread(target=listener.run, name="dsch-listen", daemon=True)
             self._listener_thread.start()
@@ -256,13 +261,10 @@ class Worker:
                 _tidy_connections()
                 self._flush()
                 free = self._free()
-                now = time.monotonic()
-                if now >= self._next_materialize:
-                    self._next_materialize = now + MATERIALIZE_EVERY
-                    kernel.materialize_due(using=self.using)
-                if now >= self._next_sweep:
-                    self._next_sweep = now + SWEEP_EVERY
-                    kernel.dead_letter_expired(using=self.using)
+                # Woken for new work: claim it first, and look after the schedules after.
+                woken = self._new_work.is_set() and free > 0
+                if not woken:
+                    self._maintain()
                 if free > 0 and kinds:
                     attempted = True
                     asked = min(free, conf.settings.MAX_CLAIM_BATCH)
@@ -274,6 +276,8 @@ class Worker:
                     if not claimed and not self._running:
                         # Empty may mean "locked by another claimer", not "nothing due".
                         drained = not kernel.has_due(kinds=kinds, using=self.using)
+                if woken:
+                    self._maintain()
                 failures = 0
             except DatabaseError:
                 failures += 1
@@ -308,6 +312,17 @@ class Worker:
             self._gather()
         self._shutdown()
         return 0
+
+    def _maintain(self) -> None:
+        """Materialize the jobs' due slots and dead-letter expired leases, each on its own
+        period."""
+        now = time.monotonic()
+        if now >= self._next_materialize:
+            self._next_materialize = now + MATERIALIZE_EVERY
+            kernel.materialize_due(using=self.using)
+        if now >= self._next_sweep:
+            self._next_sweep = now + SWEEP_EVERY
+            kernel.dead_letter_expired(using=self.using)
 
     def _free(self) -> int:
         """How many more occurrences this turn may claim."""
@@ -603,7 +618,7 @@ class Worker:
     def _database_answers(self) -> bool:
         """Whether the database answers at all: tells an outage (everything waits for it to
         come back) from an error that only some statement's values cause."""
-        conn = connections[self.using or DEFAULT_DB_ALIAS]
+        conn = connections[alias_for(self.using)]
         try:
             conn.close_if_unusable_or_obsolete()
             conn.ensure_connection()

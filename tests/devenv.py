@@ -11,10 +11,15 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -342,3 +347,91 @@ def stage_tests() -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, WHEEL_STAGE / name)
     return WHEEL_STAGE
+
+
+# ----------------------------------------------------------------------- PgBouncer
+
+PGBOUNCER = "/usr/sbin/pgbouncer"
+PGBOUNCER_PORT = 6432
+_PGBOUNCER_INI = """\
+[databases]
+* = host=127.0.0.1 port=5432
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {dir}/userlist.txt
+pool_mode = transaction
+max_client_conn = 400
+default_pool_size = 40
+ignore_startup_parameters = extra_float_digits,options
+logfile = {dir}/pgbouncer.log
+pidfile = {dir}/pgbouncer.pid
+"""
+
+
+def install_pgbouncer() -> None:
+    """apt-get install pgbouncer when missing (root and apt only)."""
+    if shutil.which("pgbouncer") or os.path.exists(PGBOUNCER):
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        say("cannot install pgbouncer: needs root and apt-get")
+        return
+    with _APT_LOCK:
+        say("apt-get install pgbouncer")
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        if run(["apt-get", "update", "-q"], env=env, quiet=True) == 0:
+            run(["apt-get", "install", "-y", "-q", "pgbouncer"], env=env, quiet=True)
+
+
+@contextmanager
+def pgbouncer(port: int = PGBOUNCER_PORT) -> Iterator[str | None]:
+    """A PgBouncer in transaction mode on 127.0.0.1:``port`` in front of the local PostgreSQL
+    (every database name passed through, trust auth), for the ``pgbouncer`` leg. Yields None
+    when it runs, else why it could not start; stopped on exit. As root it runs as the
+    ``postgres`` user (PgBouncer refuses root)."""
+    binary = shutil.which("pgbouncer") or (PGBOUNCER if os.path.exists(PGBOUNCER) else None)
+    if binary is None:
+        yield "pgbouncer is not installed (apt-get install pgbouncer)"
+        return
+    with tempfile.TemporaryDirectory(prefix="dsch-pgbouncer-") as tmp:
+        directory = Path(tmp)
+        (directory / "userlist.txt").write_text('"postgres" ""\n')
+        ini = directory / "pgbouncer.ini"
+        ini.write_text(_PGBOUNCER_INI.format(port=port, dir=directory))
+        cmd = [binary, "-q", str(ini)]
+        if os.geteuid() == 0:
+            shutil.chown(directory, "postgres")
+            for path in directory.iterdir():
+                shutil.chown(path, "postgres")
+            cmd[1:1] = ["-u", "postgres"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            if not _port_answers(port, proc):
+                log = directory / "pgbouncer.log"
+                detail = log.read_text() if log.exists() else ""
+                if proc.poll() is not None and proc.stderr is not None:
+                    detail += proc.stderr.read()
+                yield f"pgbouncer did not start on port {port}: {' '.join(detail.split())[-500:]}"
+                return
+            yield None
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _port_answers(port: int, proc: subprocess.Popen[str], timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    return False

@@ -26,6 +26,7 @@ The last line printed is ``N passed, M failed`` summed over the legs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import re
@@ -82,10 +83,12 @@ class Leg:
     url: str | None  # DATABASE_URL; None leaves tests/settings.py on its SQLite file
     env: tuple[tuple[str, str], ...] = ()  # more environment for its pytest runs
     wheel: bool = False  # runs against the built wheel, from devenv.WHEEL_STAGE
+    tests: tuple[str, ...] = ()  # a leg of these pytest arguments only (test modules), in one part
+    pooler: bool = False  # through devenv.pgbouncer(), in transaction mode
 
 
 # Slowest first (as measured in CI): with legs side by side, the last to start is a short one.
-LEG_ORDER = ("postgres", "mariadb", "dj6-postgres", "sqlite", "dj6-sqlite")
+LEG_ORDER = ("postgres", "mariadb", "dj6-postgres", "sqlite", "pgbouncer", "dj6-sqlite")
 # With legs side by side, each leg runs in parts that tests/conftest.py selects from the
 # environment: its share SHARD_ENV=1 or 2 of the test modules (tests/conftest.py's
 # FIRST_SHARE and the rest, so that the lanes end
@@ -113,7 +116,7 @@ class Part:
 
 
 def leg_parts(leg: Leg, jobs: int) -> list[Part]:
-    if jobs == 1:
+    if jobs == 1 or leg.tests:
         return [Part()]
     parts: list[Part] = []
     shared: tuple[tuple[str, str], ...] = ()
@@ -143,7 +146,20 @@ LEGS = (
         (("DSCH_PG_PREPARED", "1"),),
         wheel=True,
     ),
+    # The worker through a real PgBouncer in transaction mode (what most PostgreSQL deployments
+    # put in front): wake-ups, drains by several processes and crash recovery. The test database
+    # is created and dropped beside the pooler (see pooler_database), so pytest reuses it.
+    Leg(
+        "pgbouncer",
+        "default",
+        "postgres",
+        f"postgres://postgres@127.0.0.1:{devenv.PGBOUNCER_PORT}/dschpool",
+        (("DSCH_POOLER", "pgbouncer"), (RESTART_ENV, "skip")),
+        tests=("--reuse-db", "tests/test_pooler.py", "tests/test_crash.py", "tests/test_concurrency.py"),
+        pooler=True,
+    ),
 )
+POOLER_TEST_DATABASE = "test_dschpool"
 
 
 @dataclass
@@ -228,6 +244,18 @@ def probe(python: Path, script: str) -> str | None:
     # The exception line of the traceback: the last one that is not indented (psycopg adds a hint below).
     lines = [line for line in (proc.stderr or proc.stdout).splitlines() if line[:1].strip()]
     return lines[-1] if lines else f"exit {proc.returncode}"
+
+
+def drop_pooler_database(python: Path) -> str | None:
+    """Drop the pgbouncer leg's test database on PostgreSQL itself (not through the pooler,
+    whose idle server connections would keep it open): before the leg, so that it starts
+    afresh, and after the pooler has stopped. None when done, else why not."""
+    script = (
+        "import psycopg; psycopg.connect(host='127.0.0.1', port=5432, user='postgres', dbname='postgres',"
+        " connect_timeout=5, autocommit=True)"
+        f".execute('DROP DATABASE IF EXISTS {POOLER_TEST_DATABASE} WITH (FORCE)')"
+    )
+    return probe(python, script)
 
 
 def run_pytest(
@@ -459,6 +487,28 @@ def main(argv: list[str]) -> int:
                 continue
         runnable.append((leg, result, venv))
 
+    stack = contextlib.ExitStack()
+    pooled = [(leg, result, venv) for leg, result, venv in runnable if leg.pooler]
+    if pooled:
+        if args.install_system_deps:
+            devenv.install_pgbouncer()
+        why = drop_pooler_database(pooled[0][2].python) or stack.enter_context(devenv.pgbouncer())
+        if why:
+            for item in pooled:
+                item[1].why = f"no PgBouncer: {why}"
+                print(f"[run.py] skipping leg {item[0].name}: {item[1].why}", flush=True)
+                runnable.remove(item)
+        else:
+            stack.callback(drop_pooler_database, pooled[0][2].python)
+    with stack:
+        run_legs(args, runnable, pytest_args, started)
+    return summarize(args, results, checks, started)
+
+
+def run_legs(
+    args: argparse.Namespace, runnable: list[tuple[Leg, Result, Any]], pytest_args: list[str], started: float
+) -> None:
+    """Run the legs' parts, ``args.jobs`` at a time."""
     jobs = max(1, min(args.jobs, len(runnable)))
     parts = [(leg, result, venv, part) for leg, result, venv in runnable for part in leg_parts(leg, jobs)]
     if jobs > 1:
@@ -516,7 +566,7 @@ def main(argv: list[str]) -> int:
                 code, closing, output = run_pytest(
                     venv.python,
                     {**leg_env(leg.url), **dict(leg.env), **dict(part.env)},
-                    pytest_args,
+                    [*pytest_args, *leg.tests],
                     args.leg_timeout * 60,
                     echo=jobs == 1,
                     cwd=devenv.WHEEL_STAGE if leg.wheel else ROOT,
@@ -545,6 +595,8 @@ def main(argv: list[str]) -> int:
             stop_group(proc)
         raise
 
+
+def summarize(args: argparse.Namespace, results: list[Result], checks: list[Result], started: float) -> int:
     for result in results:
         if result.status == "passed" and not any(result.counts.get(k) for k in RAN):
             result.status = "failed"

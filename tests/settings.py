@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import Any
 
 import environ
 
@@ -50,24 +51,31 @@ TEMPLATES = [
 
 # A file, not :memory:, so that subprocess workers in the tests share the test database.
 _default_sqlite = f"sqlite:///{BASE_DIR / '.test-db.sqlite3'}"
+
+
+def database(url: str) -> dict[str, Any]:
+    """A DATABASES entry for ``url``, with the options the README asks for on its backend."""
+    db: dict[str, Any] = env.db_url_config(url)
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        # One writer at a time: take the write lock at BEGIN so no transaction ever has to
+        # upgrade a read lock (which SQLite refuses instead of waiting); WAL lets readers go on.
+        db.setdefault("OPTIONS", {}).update(
+            {"transaction_mode": "IMMEDIATE", "timeout": 30, "init_command": "PRAGMA journal_mode=WAL;"}
+        )
+        # One file per test run (pid), so parallel runs on one machine never share it.
+        db["TEST"] = {"NAME": str(BASE_DIR / f".test-db-{os.getpid()}.sqlite3")}
+    elif db["ENGINE"] == "django.db.backends.postgresql" and os.environ.get("DSCH_PG_PREPARED"):
+        # What the README suggests for PostgreSQL without a transaction-mode pooler: parameters
+        # bound by the server and statements prepared after a few runs.
+        db.setdefault("OPTIONS", {}).update({"server_side_binding": True, "prepare_threshold": 5})
+    elif db["ENGINE"] == "django.db.backends.mysql":
+        db.setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
+        db["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"}
+    return db
+
+
 # An empty DATABASE_URL counts as unset.
-DATABASES = {"default": env.db_url_config(os.environ.get("DATABASE_URL") or _default_sqlite)}
-_db = DATABASES["default"]
-if _db["ENGINE"] == "django.db.backends.sqlite3":
-    # One writer at a time: take the write lock at BEGIN so no transaction ever has to
-    # upgrade a read lock (which SQLite refuses instead of waiting); WAL lets readers go on.
-    _db.setdefault("OPTIONS", {}).update(
-        {"transaction_mode": "IMMEDIATE", "timeout": 30, "init_command": "PRAGMA journal_mode=WAL;"}
-    )
-    # One file per test run (pid), so parallel runs on one machine never share it.
-    _db["TEST"] = {"NAME": str(BASE_DIR / f".test-db-{os.getpid()}.sqlite3")}
-elif _db["ENGINE"] == "django.db.backends.postgresql" and os.environ.get("DSCH_PG_PREPARED"):
-    # What the README suggests for PostgreSQL without a transaction-mode pooler: parameters
-    # bound by the server and statements prepared after a few runs.
-    _db.setdefault("OPTIONS", {}).update({"server_side_binding": True, "prepare_threshold": 5})
-elif _db["ENGINE"] == "django.db.backends.mysql":
-    _db.setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
-    _db["TEST"] = {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"}
+DATABASES = {"default": database(os.environ.get("DATABASE_URL") or _default_sqlite)}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Test users' passwords need no strength: the default hasher (PBKDF2, over a million
@@ -77,6 +85,10 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if os.environ.get("DSCH_CLOCK_T0"):
     DURABLE_SCHEDULER_CLOCK = "tests.procs.clock.dilated"
 DURABLE_SCHEDULER_TIME_SOURCE = os.environ.get("DSCH_TIME_SOURCE", "host")
+DURABLE_SCHEDULER_LISTEN = os.environ.get("DSCH_LISTEN", "1") == "1"
+if os.environ.get("DSCH_POOLER"):
+    # What Django asks for behind a transaction-mode pooler: no server-side cursors.
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 STATIC_URL = "/static/"
 LOGGING = {
     "version": 1,

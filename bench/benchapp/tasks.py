@@ -34,6 +34,11 @@ def ours_noop(ctx):
     return None
 
 
+@scheduler.handler("bench.sleep")
+def ours_sleep(ctx):
+    time.sleep(0.02)  # the scale workload's "real" handler: 20 ms of waiting on something else
+
+
 @scheduler.handler("bench.stamp")
 def ours_stamp(ctx):
     _stamp(ctx.payload["token"])

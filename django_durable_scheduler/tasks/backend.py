@@ -19,10 +19,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DEFAULT_DB_ALIAS, transaction
+from django.db import transaction
 from django.utils.module_loading import import_string
 
 from .. import conf, kernel
+from ..dialect import alias_for
 from ..events import OCCURRENCE_CLAIMED, OCCURRENCE_RECLAIMED
 from ..exceptions import (
     Conflict,
@@ -84,7 +85,8 @@ class DurableBackend(BaseTaskBackend):
     ``OPTIONS``: ``max_attempts`` (default 3), ``retry_base_delay`` and ``retry_max_delay``
     (seconds; default the app's settings), ``principal`` (``{"type", "id"}``; default the
     app's default principal) for every task of this backend, ``@durable`` overriding them per
-    task; ``database``: the database alias (default ``"default"``).
+    task; ``database``: the database alias (default: where the routers write this app's
+    models).
     """
 
     supports_defer = True
@@ -111,13 +113,18 @@ class DurableBackend(BaseTaskBackend):
         except InvalidArgument as exc:
             raise ImproperlyConfigured(str(exc)) from None
         options = dict(self.options or {})
-        self.using: str = options.pop("database", DEFAULT_DB_ALIAS)
-        if not isinstance(self.using, str):
+        self.database: str | None = options.pop("database", None)
+        if self.database is not None and not isinstance(self.database, str):
             raise ImproperlyConfigured(f"{setting}['OPTIONS']['database'] must be a database alias")
         try:
             self.defaults = parse_options(options, f"{setting}['OPTIONS']")
         except InvalidArgument as exc:
             raise ImproperlyConfigured(str(exc)) from None
+
+    def using_alias(self) -> str:
+        """``OPTIONS["database"]``, else the database the routers write this app's models to
+        (asked on each use: routers may depend on settings)."""
+        return alias_for(self.database)
 
     # ------------------------------------------------------------------ enqueue
 
@@ -140,7 +147,7 @@ class DurableBackend(BaseTaskBackend):
             # The job this process confirmed is gone (deleted in the admin, a flushed
             # database): make it again, once.
             with _confirmed_lock:
-                _confirmed.pop((self.using, self._job_id(task)), None)
+                _confirmed.pop((self.using_alias(), self._job_id(task)), None)
             occurrence = self._enqueue(task, payload)
         result = self._new_result(task, occurrence.pk, TaskResultStatus.READY, args, kwargs)
         set_field(result, "enqueued_at", occurrence.created_at)
@@ -156,7 +163,7 @@ class DurableBackend(BaseTaskBackend):
             available_at=task.run_after,
             payload=payload,
             priority=task.priority,
-            using=self.using,
+            using=self.using_alias(),
         )
         return occurrence
 
@@ -209,26 +216,26 @@ class DurableBackend(BaseTaskBackend):
         job_id = self._job_id(task)
         wanted, authority = self.job_settings(task)
         signature = (canonical_json(wanted), canonical_json(authority))
-        key = (self.using, job_id)
+        key = (self.using_alias(), job_id)
         if _confirmed.get(key) == signature:
             return job_id
-        with transaction.atomic(using=self.using):
+        with transaction.atomic(using=self.using_alias()):
             self._sync_job(job_id, wanted, authority)
 
         def confirm() -> None:
             with _confirmed_lock:
                 _confirmed[key] = signature
 
-        transaction.on_commit(confirm, using=self.using)
+        transaction.on_commit(confirm, using=self.using_alias())
         return job_id
 
     def _sync_job(self, job_id: str, wanted: dict[str, Any], authority: dict[str, Any] | None) -> None:
         for _ in range(3):  # a racing enqueue may create or update the job meanwhile
             try:
-                job = kernel.get_job(job_id, using=self.using)
+                job = kernel.get_job(job_id, using=self.using_alias())
             except NotFound:
                 try:
-                    with transaction.atomic(using=self.using):
+                    with transaction.atomic(using=self.using_alias()):
                         kernel.create_job(
                             job_id,
                             wanted["kind"],
@@ -236,7 +243,7 @@ class DurableBackend(BaseTaskBackend):
                             max_attempts=wanted["max_attempts"],
                             retry_base_delay=timedelta(milliseconds=wanted["retry_base_delay_ms"]),
                             retry_max_delay=timedelta(milliseconds=wanted["retry_max_delay_ms"]),
-                            using=self.using,
+                            using=self.using_alias(),
                         )
                     return
                 except Conflict:
@@ -245,8 +252,10 @@ class DurableBackend(BaseTaskBackend):
             if not changes:
                 return
             try:
-                with transaction.atomic(using=self.using):
-                    kernel.update_job(job_id, expected_revision=job.revision, using=self.using, **changes)
+                with transaction.atomic(using=self.using_alias()):
+                    kernel.update_job(
+                        job_id, expected_revision=job.revision, using=self.using_alias(), **changes
+                    )
                 return
             except RevisionConflict:
                 continue
@@ -285,7 +294,9 @@ class DurableBackend(BaseTaskBackend):
         """The task's current state, read from its occurrence and its claim events."""
         if not isinstance(result_id, str) or not result_id.startswith("occ_") or len(result_id) > 68:
             raise TaskResultDoesNotExist(result_id)
-        occurrence = Occurrence.objects.using(self.using).select_related("job").filter(pk=result_id).first()
+        occurrence = (
+            Occurrence.objects.using(self.using_alias()).select_related("job").filter(pk=result_id).first()
+        )
         payload = occurrence.payload if occurrence is not None else None
         if (
             occurrence is None
@@ -296,7 +307,7 @@ class DurableBackend(BaseTaskBackend):
         ):
             raise TaskResultDoesNotExist(result_id)
         claims = list(
-            Event.objects.using(self.using)
+            Event.objects.using(self.using_alias())
             .filter(occurrence_id=result_id, event_type__in=(OCCURRENCE_CLAIMED, OCCURRENCE_RECLAIMED))
             .order_by("event_id")
             .values_list("occurred_at", "owner_id")
@@ -405,7 +416,7 @@ class DurableBackend(BaseTaskBackend):
         text = "".join(traceback.format_exception(exc))[-MAX_TRACEBACK:]
         error = TaskError(exception_class_path=_path(type(exc)), traceback=text)
         stored = (
-            Occurrence.objects.using(self.using)
+            Occurrence.objects.using(self.using_alias())
             .filter(pk=ctx.occurrence_id)
             .values_list("metadata", flat=True)
         )

@@ -56,7 +56,7 @@ class Workers:
         self.directory = directory
         self.started: list[Worker] = []
 
-    def start(self, *args: str, verbosity: int = 1) -> Worker:
+    def start(self, *args: str, verbosity: int = 1, **env: str) -> Worker:
         log = self.directory / f"worker-{len(self.started)}.log"
         handle = log.open("wb")
         proc = subprocess.Popen(
@@ -72,7 +72,7 @@ class Workers:
                 *args,
             ],
             cwd=ROOT,
-            env=subprocess_env(),
+            env=subprocess_env(**env),
             stdout=handle,
             stderr=subprocess.STDOUT,
         )

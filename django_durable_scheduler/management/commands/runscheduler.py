@@ -7,13 +7,16 @@ import logging
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db import DatabaseError, connections
 
 from ... import checks, declared, registry
+from ...dialect import alias_for
 from ...exceptions import SchedulerError
+from ...models import Occurrence
 from ...tasks.handlers import durable_queues
 from ...tasks.options import queue_kind
 from ...worker import Worker, default_worker_id
+from . import DATABASE_HELP, database_alias
 
 
 def _positive_int(text: str) -> int:
@@ -73,6 +76,7 @@ class Command(BaseCommand):
             "--max-occurrences", type=_positive_int, default=None, help="exit after this many"
         )
         parser.add_argument("--grace", type=_seconds(0, 86400), default=30.0, help="shutdown grace seconds")
+        parser.add_argument("--database", type=database_alias, default=None, help=DATABASE_HELP)
 
     def handle(self, *args: Any, **options: Any) -> None:
         level = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}[
@@ -87,9 +91,10 @@ class Command(BaseCommand):
             raise SystemExit(2)
         registry.autodiscover()
         kinds = self.selected_kinds(options["kinds"], options["queues"])
-        self.check_migrated()
+        using = alias_for(options["database"])
+        self.check_migrated(using)
         try:
-            declared.sync_declared_jobs()  # create/update the jobs declared in code
+            declared.sync_declared_jobs(using=using)  # create/update the jobs declared in code
         except (SchedulerError, DatabaseError) as exc:
             raise CommandError(f"runscheduler: could not sync declared jobs: {exc}") from exc
         worker = Worker(
@@ -102,6 +107,7 @@ class Command(BaseCommand):
             burst=options["burst"],
             max_occurrences=options["max_occurrences"],
             grace=options["grace"],
+            using=using,
         )
         worker.install_signal_handlers()
         code = worker.run()
@@ -123,15 +129,23 @@ class Command(BaseCommand):
             )
         return [*(kinds or []), *(queue_kind(queue) for queue in queues)]
 
-    def check_migrated(self) -> None:
-        """Refuse to start, in one line, on a database that lacks this app's migrations."""
+    def check_migrated(self, using: str) -> None:
+        """Refuse to start, in one line, on a database that lacks this app's migrations, or
+        its tables (``migrate`` records migrations a router kept out of a database as applied)."""
+        connection = connections[using]
         try:
-            missing = checks.unapplied_migrations(connections[DEFAULT_DB_ALIAS])
+            missing = checks.unapplied_migrations(connection)
+            tables = set(connection.introspection.table_names())
         except DatabaseError as exc:
             message = " ".join(str(exc).split())
             raise CommandError(f"runscheduler: could not read the database's migrations: {message}") from exc
         if missing:
             raise CommandError(
-                f"runscheduler: the database lacks migrations {', '.join(missing)}: "
-                "run `manage.py migrate` first"
+                f"runscheduler: database '{using}' lacks migrations {', '.join(missing)}: "
+                f"run `manage.py migrate --database {using}` first"
+            )
+        if Occurrence._meta.db_table not in tables:
+            raise CommandError(
+                f"runscheduler: database '{using}' has no table {Occurrence._meta.db_table}: run "
+                f"`manage.py migrate --database {using}`, with routers whose allow_migrate lets this app in"
             )

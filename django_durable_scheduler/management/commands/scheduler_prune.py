@@ -7,9 +7,10 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS, DatabaseError
+from django.db import DatabaseError
 
 from ... import ops
+from . import DATABASE_HELP, database_alias
 
 
 def _batch_size(text: str) -> int:
@@ -49,7 +50,7 @@ class Command(BaseCommand):
             "older than the age",
         )
         parser.add_argument("--json", action="store_true", help="print the counts as JSON")
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="database alias")
+        parser.add_argument("--database", type=database_alias, default=None, help=DATABASE_HELP)
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:

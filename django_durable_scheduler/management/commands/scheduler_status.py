@@ -6,9 +6,10 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import DEFAULT_DB_ALIAS, DatabaseError
+from django.db import DatabaseError
 
 from ... import ops
+from . import DATABASE_HELP, database_alias
 
 
 class Command(BaseCommand):
@@ -33,7 +34,7 @@ class Command(BaseCommand):
             default=ops.DEFAULT_MAX_LAG,
             help="unhealthy when due work has waited longer (default 300 s)",
         )
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="database alias")
+        parser.add_argument("--database", type=database_alias, default=None, help=DATABASE_HELP)
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:

@@ -6,10 +6,11 @@ import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS, DatabaseError
+from django.db import DatabaseError
 
 from ... import declared, ops, registry
 from ...exceptions import SchedulerError
+from . import DATABASE_HELP, database_alias
 
 
 class Command(BaseCommand):
@@ -21,7 +22,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--json", action="store_true", help="print the result as JSON")
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS, help="database alias")
+        parser.add_argument("--database", type=database_alias, default=None, help=DATABASE_HELP)
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:

@@ -1,0 +1,167 @@
+"""The scale workload (PostgreSQL, ours only): 1, 2, 4 and 8 ``runscheduler --burst`` processes
+draining the same backlog on one database, with no-op handlers and with handlers that sleep
+20 ms, against pgbench's single-row UPDATE rate at as many clients in the same run.
+
+Per run: throughput; commits and rollbacks per occurrence and deadlocks (``pg_stat_database``
+deltas: with SKIP LOCKED a claimer that meets rows another holds skips them, so contention
+shows as more claim transactions per occurrence, not as waits); lock waits, sampled every
+50 ms from ``pg_locks`` (mean and peak of ungranted locks in this database); and the
+exactly-once check. Writes a PNG plot when matplotlib is installed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.suite import DRAIN_TIMEOUT, Procs, Results, run_pgbench, say, wait_done
+from bench.systems import MANAGE, WorkerSpec
+
+PROCESSES = (1, 2, 4, 8)
+HANDLERS = (("no-op", "bench-noop"), ("sleep 20 ms", "bench-sleep"))
+
+
+def _counters() -> dict[str, int]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT xact_commit, xact_rollback, deadlocks FROM pg_stat_database"
+            " WHERE datname = current_database()"
+        )
+        row = cursor.fetchone()
+    return dict(zip(("commits", "rollbacks", "deadlocks"), row, strict=True))
+
+
+class LockSampler:
+    """Counts ungranted locks in this database every 50 ms, on a connection of its own."""
+
+    def __init__(self) -> None:
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> LockSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        from django.db import connection
+
+        try:
+            with connection.cursor() as cursor:
+                while not self._stop.wait(0.05):
+                    cursor.execute(
+                        "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
+                        " WHERE NOT l.granted AND d.datname = current_database()"
+                    )
+                    self.samples.append(int(cursor.fetchone()[0]))
+        finally:
+            connection.close()
+
+
+def _enqueue(job_id: str, n: int, run: str) -> None:
+    from django_durable_scheduler import kernel
+
+    now = datetime.now(UTC)
+    for start in range(0, n, 5000):
+        items = [
+            {"scheduled_for": now, "trigger_key": f"s:{run}:{i}"} for i in range(start, min(n, start + 5000))
+        ]
+        kernel.enqueue_many(job_id, items)
+
+
+def run_scale(res: Results, ours: Any, sizes: dict[str, Any], url: str, plot: str | None) -> None:
+    n = sizes["scale"]
+    points: dict[str, list[tuple[int, float]]] = {}
+    for label, job_id in HANDLERS:
+        for processes in PROCESSES:
+            ours.clear()
+            _enqueue(job_id, n, f"{label}-{processes}")
+            spec = WorkerSpec([([*MANAGE, "runscheduler", "--burst"], {})] * processes, True)
+            before = _counters()
+            start = time.perf_counter()
+            with LockSampler() as locks:
+                procs = Procs(spec, f"scale-{processes}")
+                try:
+                    end, done = wait_done(ours, n, procs, DRAIN_TIMEOUT)
+                    if end is not None:
+                        procs.wait(60)
+                finally:
+                    procs.stop()
+            after = _counters()
+            workload = f"scale: {label}, {processes} process(es)"
+            config = f"{processes} x runscheduler --burst (concurrency 8), {n} occurrences"
+            if end is None:
+                say(f"{workload}: NOT finished ({done}/{n})\n{procs.tail()}")
+                res.add(workload, "ours", None, unit="ops/s", better="higher", config=config)
+                continue
+            rate = n / (end - start)
+            once = ours.exactly_once(n)
+            detail = {
+                **{f"{k} per occurrence": (after[k] - before[k]) / n for k in ("commits", "rollbacks")},
+                "deadlocks": after["deadlocks"] - before["deadlocks"],
+                "lock waits mean": statistics.fmean(locks.samples) if locks.samples else 0.0,
+                "lock waits peak": max(locks.samples, default=0),
+                "exactly_once": once,
+            }
+            res.add(workload, "ours", rate, unit="ops/s", better="higher", config=config, detail=detail)
+            if not once:
+                res.notes.append(f"{workload}: NOT exactly once")
+            points.setdefault(label, []).append((processes, rate))
+            say(
+                f"{workload}: {rate:,.0f}/s; commits/occ {detail['commits per occurrence']:.2f}, "
+                f"rollbacks/occ {detail['rollbacks per occurrence']:.3f}, deadlocks {detail['deadlocks']}, "
+                f"lock waits mean {detail['lock waits mean']:.2f} peak {detail['lock waits peak']}; "
+                f"exactly once: {'yes' if once else 'NO'}"
+            )
+    ours.clear()
+    run_pgbench(res, url, sizes, 1, PROCESSES)
+    reference = {
+        clients: row["samples"][-1]
+        for clients in PROCESSES
+        for row in res.rows
+        if row["workload"] == f"pgbench single-row UPDATE, {clients} client(s)"
+    }
+    res.extra["scale"] = {"points": points, "pgbench": reference, "n": n}
+    if plot:
+        _plot(points, reference, n, Path(plot))
+
+
+def _plot(
+    points: dict[str, list[tuple[int, float]]], reference: dict[int, float], n: int, path: Path
+) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        say("matplotlib is not installed: no plot")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for label, series in points.items():
+        ax.plot([p for p, _ in series], [r for _, r in series], marker="o", label=f"drain, {label} handlers")
+    if reference:
+        clients = sorted(reference)
+        ax.plot(
+            clients, [reference[c] for c in clients], linestyle="--", color="grey", label="pgbench UPDATE tps"
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(PROCESSES), [str(p) for p in PROCESSES])
+    ax.set_xlabel("worker processes (pgbench: clients)")
+    ax.set_ylabel("occurrences per second")
+    ax.set_title(f"{n:,} occurrences on one PostgreSQL, 8 handler threads per process")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    say(f"plot written to {path}")
