@@ -482,7 +482,7 @@ def test_a_task_whose_worker_crashed_is_reclaimed_by_another(workers, tmp_path):
 @pytest.mark.django_db(transaction=True)
 def test_racing_workers_run_each_task_exactly_once(workers, tmp_path):
     with transaction.atomic():
-        results = [djtasks.mark.enqueue(str(tmp_path)) for _ in range(40)]
+        results = [djtasks.mark.enqueue(str(tmp_path)) for _ in range(24)]
     racers = [workers.start("--worker-id", f"racer-{n}", "--concurrency", "4") for n in range(2)]
     assert wait_for(lambda: _finished(*results), timeout=30, interval=0.1), (
         racers[0].output() + racers[1].output()
