@@ -25,11 +25,11 @@ if not (importlib.util.find_spec("django.tasks") or importlib.util.find_spec("dj
     )
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import declared, kernel
+from django_durable_scheduler import declared, kernel, registry
 from django_durable_scheduler.context import ExecutionContext
 from django_durable_scheduler.identity import to_ms
 from django_durable_scheduler.models import Job, Occurrence, OccurrenceStatus
-from django_durable_scheduler.tasks import DurableBackend, framework, schedule
+from django_durable_scheduler.tasks import DurableBackend, durable, framework, schedule
 from django_durable_scheduler.tasks.framework import (
     InvalidTask,
     TaskResultDoesNotExist,
@@ -39,6 +39,7 @@ from django_durable_scheduler.tasks.framework import (
     task_finished,
     task_started,
 )
+from django_durable_scheduler.tasks.handlers import durable_queues, run_task
 from tests.testapp import djtasks
 
 from .procs.runner import Workers, wait_for
@@ -186,6 +187,47 @@ def test_a_queue_the_backend_does_not_list_is_refused(db):
 def test_bad_backend_settings_are_refused_naming_the_setting(params, message):
     with pytest.raises(ImproperlyConfigured, match=message.replace("[", r"\[").replace("]", r"\]")):
         DurableBackend("broken", params)
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"max_attempts": 0}, "durable.max_attempts"),
+        ({"max_attempts": 33}, "durable.max_attempts"),
+        ({"retry_base_delay": -1}, "durable.retry_base_delay"),
+        ({"retry_base_delay": 5, "retry_max_delay": 1}, "durable.retry_max_delay"),
+        ({"principal": {"type": "team", "id": "x", "extra": 1}}, "durable.principal"),
+    ],
+)
+def test_bad_task_options_are_refused_where_they_are_written(options, field):
+    with pytest.raises(scheduler.InvalidArgument) as caught:
+        durable(**options)
+    assert caught.value.details["field"].startswith(field)
+
+
+def test_the_worker_registers_one_handler_per_configured_queue():
+    assert registry.get_handler(DEFAULT_KIND).func is run_task
+    assert registry.get_handler(HIGH_KIND).func is run_task
+    tasks = {
+        "durable": {"BACKEND": "django_durable_scheduler.tasks.DurableBackend", "QUEUES": ["a", "b"]},
+        "immediate": {"BACKEND": f"{framework.FRAMEWORK}.backends.immediate.ImmediateBackend"},
+        "missing": {"BACKEND": "nowhere.Backend"},
+    }
+    with override_settings(TASKS=tasks):
+        assert durable_queues() == {"durable": ["a", "b"]}
+    bad = {"durable": {"BACKEND": "django_durable_scheduler.tasks.DurableBackend", "QUEUES": ["a", ""]}}
+    with override_settings(TASKS=bad), pytest.raises(ImproperlyConfigured, match=r"QUEUES'\]\[1\]"):
+        durable_queues()
+
+
+def test_a_task_of_an_unknown_backend_fails_for_good(db):
+    result = djtasks.add.enqueue(1, 1)
+    occurrence = claim()
+    ctx = context_of(occurrence)
+    ctx.payload = {**ctx.payload, "backend": "gone"}
+    with pytest.raises(scheduler.PermanentFailure, match="'gone' is not configured"):
+        run_task(ctx)
+    assert result.id == occurrence.pk
 
 
 def test_get_result_of_an_unknown_or_foreign_id_does_not_exist(db, job):
