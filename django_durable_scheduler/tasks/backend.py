@@ -216,26 +216,30 @@ class DurableBackend(BaseTaskBackend):
         job_id = self._job_id(task)
         wanted, authority = self.job_settings(task)
         signature = (canonical_json(wanted), canonical_json(authority))
-        key = (self.using_alias(), job_id)
+        alias = self.using_alias()
+        key = (alias, job_id)
         if _confirmed.get(key) == signature:
             return job_id
-        with transaction.atomic(using=self.using_alias()):
-            self._sync_job(job_id, wanted, authority)
+        with transaction.atomic(using=alias):
+            self._sync_job(job_id, wanted, authority, alias)
 
         def confirm() -> None:
             with _confirmed_lock:
                 _confirmed[key] = signature
 
-        transaction.on_commit(confirm, using=self.using_alias())
+        # Only once it is committed: a job made in a transaction that rolls back is gone.
+        transaction.on_commit(confirm, using=alias)
         return job_id
 
-    def _sync_job(self, job_id: str, wanted: dict[str, Any], authority: dict[str, Any] | None) -> None:
+    def _sync_job(
+        self, job_id: str, wanted: dict[str, Any], authority: dict[str, Any] | None, alias: str
+    ) -> None:
         for _ in range(3):  # a racing enqueue may create or update the job meanwhile
             try:
-                job = kernel.get_job(job_id, using=self.using_alias())
+                job = kernel.get_job(job_id, using=alias)
             except NotFound:
                 try:
-                    with transaction.atomic(using=self.using_alias()):
+                    with transaction.atomic(using=alias):
                         kernel.create_job(
                             job_id,
                             wanted["kind"],
@@ -243,7 +247,7 @@ class DurableBackend(BaseTaskBackend):
                             max_attempts=wanted["max_attempts"],
                             retry_base_delay=timedelta(milliseconds=wanted["retry_base_delay_ms"]),
                             retry_max_delay=timedelta(milliseconds=wanted["retry_max_delay_ms"]),
-                            using=self.using_alias(),
+                            using=alias,
                         )
                     return
                 except Conflict:
@@ -252,10 +256,8 @@ class DurableBackend(BaseTaskBackend):
             if not changes:
                 return
             try:
-                with transaction.atomic(using=self.using_alias()):
-                    kernel.update_job(
-                        job_id, expected_revision=job.revision, using=self.using_alias(), **changes
-                    )
+                with transaction.atomic(using=alias):
+                    kernel.update_job(job_id, expected_revision=job.revision, using=alias, **changes)
                 return
             except RevisionConflict:
                 continue
