@@ -230,6 +230,16 @@ def test_a_task_of_an_unknown_backend_fails_for_good(db):
     assert result.id == occurrence.pk
 
 
+def test_a_disabled_task_job_pauses_the_task(db):
+    first = djtasks.add.enqueue(1, 1)
+    job = Occurrence.objects.get(pk=first.id).job
+    scheduler.update_job(job.job_id, expected_revision=job.revision, enabled=False)
+    with pytest.raises(scheduler.JobDisabled):
+        djtasks.add.enqueue(2, 2)
+    assert kernel.claim(owner="w", lease=30, kinds=[DEFAULT_KIND]) is None  # it waits
+    assert djtasks.add.get_result(first.id).status == TaskResultStatus.READY
+
+
 def test_get_result_of_an_unknown_or_foreign_id_does_not_exist(db, job):
     other, _ = scheduler.enqueue("job-a", scheduled_for=1_700_000_000_000, trigger_key="t")
     for result_id in ("nope", "occ_" + "0" * 64, other.pk, 42):
