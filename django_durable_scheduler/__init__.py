@@ -21,6 +21,7 @@ _EXPORTS = {
     "enqueue_once_per_trigger": "kernel",
     "enqueue_many": "kernel",
     "cancel": "kernel",
+    "run_now": "kernel",
     "claim": "kernel",
     "claim_batch": "kernel",
     "renew": "kernel",

@@ -12,12 +12,15 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.forms import BaseForm, ModelForm
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.utils.html import format_html_join
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
 from . import conf, dashboard, kernel, policies
 from .exceptions import SchedulerError
@@ -316,16 +319,60 @@ class JobAdmin(ApiFormAdmin):
         "updated_at",
     ]
 
+    RECENT_SHOWN = 20
+
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
             return [(None, {"fields": ["job_id", *self._EDIT]})]
+        recent = ("Recent occurrences", {"fields": ["recent_occurrences"]})
         if not self.has_change_permission(request, obj):
             view = ["kind", "trigger", "payload", "authority", "enabled", "max_attempts"]
-            return [(None, {"fields": ["job_id", *view]}), ("Schedule", {"fields": self._INFO})]
-        return [(None, {"fields": ["job_id", *self._EDIT]}), ("Schedule", {"fields": self._INFO})]
+            return [(None, {"fields": ["job_id", *view]}), ("Schedule", {"fields": self._INFO}), recent]
+        return [(None, {"fields": ["job_id", *self._EDIT]}), ("Schedule", {"fields": self._INFO}), recent]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return () if obj is None else ["job_id", *self._INFO]
+        return () if obj is None else ["job_id", *self._INFO, "recent_occurrences"]
+
+    @admin.display(description="latest")
+    def recent_occurrences(self, obj: Job) -> str:
+        """The job's newest occurrences with their outcomes, each linked to its page."""
+        rows = list(
+            Occurrence.objects.using(obj._state.db)
+            .filter(job=obj)
+            .order_by("-created_at", "-occurrence_id")
+            .only(
+                "occurrence_id",
+                "status",
+                "attempt",
+                "max_attempts",
+                "scheduled_for",
+                "settled_at",
+                "last_error",
+            )[: self.RECENT_SHOWN]
+        )
+        if not rows:
+            return "none yet"
+        cells = format_html_join(
+            "",
+            '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}/{}</td>'
+            '<td style="white-space: nowrap">{}</td><td style="overflow-wrap: anywhere">{}</td></tr>',
+            (
+                (
+                    reverse("admin:durable_scheduler_occurrence_change", args=[row.pk]),
+                    row.pk[:12] + "…",
+                    OccurrenceStatus(row.status).label,
+                    row.attempt,
+                    row.max_attempts,
+                    f"{row.scheduled_for:%Y-%m-%d %H:%M:%S}",
+                    dashboard.error_text(row)[:100] if row.last_error else "",
+                )
+                for row in rows
+            ),
+        )
+        head = mark_safe(  # a constant
+            "<tr><th>occurrence</th><th>status</th><th>attempt</th><th>scheduled for</th><th>error</th></tr>"
+        )
+        return format_html('<table class="dsch-recent" style="width: 100%">{}{}</table>', head, cells)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         latest = Occurrence.objects.filter(job=OuterRef("pk")).order_by("-created_at", "-occurrence_id")
@@ -408,8 +455,9 @@ class OccurrenceAdmin(ReadOnlyAdmin):
         ("job", admin.RelatedOnlyFieldListFilter),
     ]
     list_select_related = ["job"]
-    search_fields = ["=occurrence_id", "=job__job_id", "trigger_key"]
-    actions = ["cancel_occurrences", "retry_dead_lettered"]
+    # Ids and kinds exactly (index lookups); trigger keys and error messages by substring.
+    search_fields = ["=occurrence_id", "=job__job_id", "=job__kind", "trigger_key", "last_error__message"]
+    actions = ["run_now", "cancel_occurrences", "retry_dead_lettered"]
     show_full_result_count = False
 
     @admin.display(description="job", ordering="job_id")
@@ -475,12 +523,64 @@ class OccurrenceAdmin(ReadOnlyAdmin):
         opts = self.opts
         return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
 
+    def _confirmed(
+        self, request: HttpRequest, queryset: QuerySet[Occurrence], verb: str, applies: tuple[str, ...]
+    ) -> TemplateResponse | None:
+        """None once the user has confirmed; before that, the page that says how many
+        occurrences the action applies to and how many it will skip. It posts the same
+        selection back: the checked rows, or (``select_across``) everything the list's
+        filters match, re-read when confirmed."""
+        if request.POST.get("post") == "yes":
+            return None
+        total = queryset.count()
+        applicable = queryset.filter(status__in=applies).count()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Are you sure?",
+            "opts": self.opts,
+            "verb": verb,
+            "statuses": " or ".join(str(status) for status in applies),
+            "total": total,
+            "applicable": applicable,
+            "skipped": total - applicable,
+            "action": request.POST.get("action", ""),
+            "select_across": request.POST.get("select_across") == "1",
+            "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/durable_scheduler/occurrence/confirm_action.html", context)
+
+    @admin.action(description="Run selected occurrences now (queued or retry_wait)", permissions=["manage"])
+    def run_now(self, request: HttpRequest, queryset: QuerySet[Occurrence]) -> TemplateResponse | None:
+        if (page := self._confirmed(request, queryset, "run now", PENDING_STATUSES)) is not None:
+            return page
+        done = skipped = 0
+        failures: list[str] = []
+        reason = f"run now in the admin by {request.user.get_username()}"
+        for occurrence_id, status in queryset.values_list("occurrence_id", "status").iterator():
+            if status not in PENDING_STATUSES:
+                skipped += 1
+                continue
+            try:
+                kernel.run_now(occurrence_id, reason=reason)
+                done += 1
+            except SchedulerError as exc:
+                failures.append(f"{occurrence_id}: {exc}")
+        _report(
+            self, request, done, "Made due now:", "occurrence", skipped, "not queued or retry_wait", failures
+        )
+        return None
+
     @admin.action(description="Cancel selected occurrences (queued or retry_wait)", permissions=["manage"])
-    def cancel_occurrences(self, request: HttpRequest, queryset: QuerySet[Occurrence]) -> None:
+    def cancel_occurrences(
+        self, request: HttpRequest, queryset: QuerySet[Occurrence]
+    ) -> TemplateResponse | None:
+        if (page := self._confirmed(request, queryset, "cancel", PENDING_STATUSES)) is not None:
+            return page
         done = skipped = 0
         failures: list[str] = []
         reason = f"cancelled in the admin by {request.user.get_username()}"
-        for occurrence_id, status in queryset.values_list("occurrence_id", "status"):
+        for occurrence_id, status in queryset.values_list("occurrence_id", "status").iterator():
             if status not in PENDING_STATUSES:
                 skipped += 1
                 continue
@@ -490,17 +590,23 @@ class OccurrenceAdmin(ReadOnlyAdmin):
             except SchedulerError as exc:
                 failures.append(f"{occurrence_id}: {exc}")
         _report(self, request, done, "Cancelled", "occurrence", skipped, "not queued or retry_wait", failures)
+        return None
 
     @admin.action(description="Retry selected dead-lettered occurrences", permissions=["manage"])
-    def retry_dead_lettered(self, request: HttpRequest, queryset: QuerySet[Occurrence]) -> None:
+    def retry_dead_lettered(
+        self, request: HttpRequest, queryset: QuerySet[Occurrence]
+    ) -> TemplateResponse | None:
         """A new occurrence of the same job with the same payload (trigger key
         ``retry:<original id>``): the dead letter stays as history. Retrying the same dead
         letter again, before the job changes, finds the same new occurrence."""
+        dead = (OccurrenceStatus.DEAD_LETTER,)
+        if (page := self._confirmed(request, queryset, "retry", dead)) is not None:
+            return page
         now = conf.now()
         done = skipped = again = 0
         failures: list[str] = []
         rows = queryset.values_list("occurrence_id", "job_id", "status", "scheduled_for", "payload")
-        for occurrence_id, job_id, status, scheduled_for, payload in rows:
+        for occurrence_id, job_id, status, scheduled_for, payload in rows.iterator():
             if status != OccurrenceStatus.DEAD_LETTER:
                 skipped += 1
                 continue
@@ -533,6 +639,7 @@ class OccurrenceAdmin(ReadOnlyAdmin):
             self.message_user(
                 request, f"{again} had already been retried (the existing retry was kept).", messages.INFO
             )
+        return None
 
 
 # --------------------------------------------------------------------------- read-only history and state

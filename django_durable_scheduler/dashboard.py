@@ -2,8 +2,9 @@
 the workers and what each runs, budget use per principal, and the last day's dead letters.
 
 Every query is an indexed aggregate or a bounded list, so the page stays fast on a large
-occurrences table: settled outcomes are read through the ``(status, settled_at)`` index, running
-ones through the claim index, budget use from the current window's usage rows.
+occurrences table: settled outcomes come from the hourly counts of ``rollups`` (and the
+``(status, settled_at)`` index for the hour in progress), running ones through the claim index,
+budget use from the current window's usage rows.
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db.models import Count
-
-from . import ops
+from . import ops, rollups
 from .dialect import alias_for
-from .models import TERMINAL_STATUSES, Occurrence, OccurrenceStatus
+from .models import Occurrence, OccurrenceStatus
 
 WINDOWS = (("last hour", timedelta(hours=1)), ("last day", timedelta(days=1)))
 DEAD_LETTERS_SHOWN = 25
@@ -118,17 +117,10 @@ class Dashboard:
         return rows
 
 
-def outcomes_since(since: datetime, alias: str) -> list[KindOutcomes]:
+def outcomes_since(since: datetime, now: datetime, alias: str) -> list[KindOutcomes]:
     """Settled occurrences per kind and outcome since ``since``, kinds with the most first."""
     by_kind: dict[str, dict[str, int]] = defaultdict(dict)
-    rows = (
-        Occurrence.objects.using(alias)
-        .filter(status__in=TERMINAL_STATUSES, settled_at__gte=since)
-        .values_list("job__kind", "status")
-        .annotate(n=Count("pk"))
-        .order_by()
-    )
-    for kind, status, n in rows:
+    for (kind, status), n in rollups.outcomes(since, now, alias=alias).items():
         by_kind[kind][status] = n
     found = [KindOutcomes(kind, counts) for kind, counts in by_kind.items()]
     return sorted(found, key=lambda k: (-k.total, k.kind))
@@ -138,7 +130,7 @@ def collect(*, using: str | None = None) -> Dashboard:
     alias = alias_for(using)
     status = ops.collect_status(using=alias)
     now = status.now
-    outcomes = {title: outcomes_since(now - span, alias) for title, span in WINDOWS}
+    outcomes = {title: outcomes_since(now - span, now, alias) for title, span in WINDOWS}
     running: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for pk, owner, kind in (
         Occurrence.objects.using(alias)

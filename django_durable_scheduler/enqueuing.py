@@ -19,7 +19,7 @@ from django.db import IntegrityError, connections, transaction
 from . import conf, dialect
 from .authority import principal_key
 from .budgets import settle_cancelled
-from .events import OCCURRENCE_CANCELLED, OCCURRENCE_ENQUEUED, new_event
+from .events import OCCURRENCE_CANCELLED, OCCURRENCE_ENQUEUED, OCCURRENCE_MADE_DUE, new_event
 from .exceptions import (
     DataCorrupt,
     IdempotencyPayloadMismatch,
@@ -34,6 +34,7 @@ from .identity import (
     canonical_json,
     from_ms,
     identity_digester,
+    iso_ms,
     key_label,
     normalize_identifier,
     normalize_int,
@@ -422,29 +423,65 @@ def enqueue_once_per_trigger(
 # --------------------------------------------------------------------------- schedules
 
 
-def cancel(occurrence_id: str, *, reason: str | None = None, using: str | None = None) -> Occurrence:
-    """Cancel a queued or retry_wait occurrence. Running ones cannot be cancelled."""
+def run_now(occurrence_id: str, *, reason: str | None = None, using: str | None = None) -> Occurrence:
+    """Make a queued or retry_wait occurrence due now (its ``available_at`` moves to now, if
+    it was later), so that the next claim may take it; a running or settled one raises
+    ``InvalidState``. Workers are woken as by an enqueue."""
     occurrence_id = normalize_identifier(occurrence_id, "occurrence_id")
+    reason = _reason(reason)
+    now = conf.now()
+    with dialect.write_transaction(using) as alias:
+        occurrence = _locked_pending(occurrence_id, "made due", alias)
+        previous = occurrence.available_at
+        if previous > now:
+            occurrence.available_at = now
+            occurrence.updated_at = now
+            occurrence.save(using=alias, update_fields=["available_at", "updated_at"])
+            new_event(
+                occurrence.job_id,
+                OCCURRENCE_MADE_DUE,
+                now,
+                occurrence_id=occurrence_id,
+                data={"reason": reason, "previousAvailableAt": iso_ms(previous), "status": occurrence.status},
+            ).save(using=alias)
+            notify_new_work(alias)
+    return occurrence
+
+
+def _reason(reason: str | None) -> str | None:
     if reason is not None:
         if not isinstance(reason, str):
             raise InvalidArgument("reason", "must be a string or None")
         reason = normalize_json(reason, "reason")
         if len(reason.encode("utf-8")) > MAX_CANCEL_REASON:
             raise InvalidArgument("reason", f"must be at most {MAX_CANCEL_REASON} bytes")
+    return reason
+
+
+def _locked_pending(occurrence_id: str, verb: str, alias: str) -> Occurrence:
+    """The occurrence, locked, if it is queued or retry_wait: only those can be ``verb``."""
+    try:
+        occurrence = Occurrence.objects.using(alias).select_for_update().get(pk=occurrence_id)
+    except Occurrence.DoesNotExist:
+        raise NotFound(
+            f"occurrence {occurrence_id!r} does not exist", {"occurrence_id": occurrence_id}
+        ) from None
+    if occurrence.status not in PENDING_STATUSES:
+        raise InvalidState(
+            f"occurrence {occurrence_id!r} is {occurrence.status}; "
+            f"only queued or retry_wait occurrences can be {verb}",
+            {"occurrence_id": occurrence_id, "status": occurrence.status},
+        )
+    return occurrence
+
+
+def cancel(occurrence_id: str, *, reason: str | None = None, using: str | None = None) -> Occurrence:
+    """Cancel a queued or retry_wait occurrence. Running ones cannot be cancelled."""
+    occurrence_id = normalize_identifier(occurrence_id, "occurrence_id")
+    reason = _reason(reason)
     now = conf.now()
     with dialect.write_transaction(using) as alias:
-        try:
-            occurrence = Occurrence.objects.using(alias).select_for_update().get(pk=occurrence_id)
-        except Occurrence.DoesNotExist:
-            raise NotFound(
-                f"occurrence {occurrence_id!r} does not exist", {"occurrence_id": occurrence_id}
-            ) from None
-        if occurrence.status not in PENDING_STATUSES:
-            raise InvalidState(
-                f"occurrence {occurrence_id!r} is {occurrence.status}; "
-                "only queued or retry_wait occurrences can be cancelled",
-                {"occurrence_id": occurrence_id, "status": occurrence.status},
-            )
+        occurrence = _locked_pending(occurrence_id, "cancelled", alias)
         previous = occurrence.status
         occurrence.status = OccurrenceStatus.CANCELLED
         occurrence.settled_at = now

@@ -16,7 +16,7 @@ exist exactly when the caller commits.
 
 from __future__ import annotations
 
-from .enqueuing import JOB_PAYLOAD, cancel, enqueue, enqueue_many, enqueue_once_per_trigger
+from .enqueuing import JOB_PAYLOAD, cancel, enqueue, enqueue_many, enqueue_once_per_trigger, run_now
 from .events import history
 from .jobs import (
     MAX_ATTEMPTS_LIMIT,
@@ -72,6 +72,7 @@ __all__ = [
     "record_execution",
     "release",
     "renew",
+    "run_now",
     "set_declared_in",
     "settle",
     "settle_many",

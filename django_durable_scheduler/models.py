@@ -388,6 +388,28 @@ class WorkerHeartbeat(models.Model):
         return self.worker_id
 
 
+class OutcomeCount(models.Model):
+    """Settled occurrences per hour, kind and outcome, for hours that are over (rollups.py):
+    what the dashboard and the status command read instead of aggregating the occurrences
+    table. Filled on first read of an hour and never changed after, since nothing settles in
+    an hour that is over; a row with an empty kind and status marks an hour as counted, so
+    that an hour without runs is not counted again."""
+
+    hour = models.DateTimeField()
+    kind = models.CharField(max_length=128, blank=True)
+    status = models.CharField(max_length=16, blank=True)
+    count = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        db_table = "durable_scheduler_outcome_counts"
+        constraints = [
+            models.UniqueConstraint(fields=["hour", "kind", "status"], name="dsch_outcome_counts_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H:00} {self.kind} {self.status}: {self.count}"
+
+
 class SchedulerDashboard(Occurrence):
     """No table of its own: the admin's dashboard page, listed on the admin index under this
     app (a proxy, so that it has its place and its view permission there)."""

@@ -14,7 +14,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models import Case, Count, F, Min, Q, When
 
-from . import conf, dialect
+from . import conf, dialect, rollups
 from .identity import from_ms, iso_ms, to_ms
 from .models import (
     PENDING_STATUSES,
@@ -31,6 +31,8 @@ from .models import (
 from .policies import jobs_without_policy
 
 DEFAULT_STALE_AFTER = timedelta(seconds=60)
+# The status counts settled occurrences (succeeded, dead_letter, cancelled) of this last span.
+SETTLED_COUNTED = timedelta(days=1)
 DEFAULT_MAX_LAG = timedelta(seconds=300)
 # A policy is "near its budget" when the current window used this share of runs or units.
 NEAR_BUDGET_PERCENT = 80
@@ -278,25 +280,41 @@ def collect_status(
     now = conf.now()
     occurrences = Occurrence.objects.using(alias)
     counts = {status.value: 0 for status in OccurrenceStatus}
-    for status_name, n in occurrences.values_list("status").annotate(n=Count("pk")).order_by():
+    active = occurrences.filter(status__in=[*PENDING_STATUSES, OccurrenceStatus.RUNNING])
+    for status_name, n in active.values_list("status").annotate(n=Count("pk")).order_by():
         counts[status_name] = n
-    due_by_kind: dict[str, int] = {}
-    oldest: datetime | None = None
-    for kind, n, kind_oldest in (
-        occurrences.filter(_due(now), job__enabled=True)
-        .values_list("job__kind")
+    # Settled ones over the last day only: a count over all history would read the whole table.
+    for (_, status_name), n in rollups.outcomes(now - SETTLED_COUNTED, now, alias=alias).items():
+        counts[status_name] += n
+    # Grouped by job, with the jobs' kinds and enabled flags looked up once (not joined per row).
+    due = list(
+        occurrences.filter(_due(now))
+        .values_list("job_id")
         .annotate(n=Count("pk"), oldest=Min(_due_at()))
         .order_by()
-    ):
-        due_by_kind[kind] = n
-        oldest = kind_oldest if oldest is None else min(oldest, kind_oldest)
-    waiting_by_kind = dict(
-        occurrences.filter(status__in=PENDING_STATUSES, job__enabled=True)
-        .values_list("job__kind")
+    )
+    waiting = list(
+        occurrences.filter(status__in=PENDING_STATUSES)
+        .values_list("job_id")
         .annotate(n=Count("pk"))
         .order_by()
     )
-    disabled_waiting = occurrences.filter(status__in=PENDING_STATUSES, job__enabled=False).count()
+    jobs = rollups.job_kinds([job_id for job_id, *_ in due + waiting], alias)
+    due_by_kind: dict[str, int] = {}
+    oldest: datetime | None = None
+    for job_id, n, job_oldest in due:
+        kind, enabled = jobs[job_id]
+        if enabled:
+            due_by_kind[kind] = due_by_kind.get(kind, 0) + n
+            oldest = job_oldest if oldest is None else min(oldest, job_oldest)
+    waiting_by_kind: dict[str, int] = {}
+    disabled_waiting = 0
+    for job_id, n in waiting:
+        kind, enabled = jobs[job_id]
+        if enabled:
+            waiting_by_kind[kind] = waiting_by_kind.get(kind, 0) + n
+        else:
+            disabled_waiting += n
     live, stale, stopped = _workers(now, stale_after, alias)
     handled = {kind for worker in live for kind in worker.kinds}
     unhandled = [

@@ -187,6 +187,7 @@ def banner(text: str) -> None:
 def leg_env(url: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "VIRTUAL_ENV", "PYTHONHOME")}
     env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    env.setdefault("DSCH_ARTIFACTS", str(ROOT / ".ci" / "artifacts"))  # the browser tests' screenshots
     if url:
         env["DATABASE_URL"] = url
     return env

@@ -578,7 +578,10 @@ def test_view_only_user_cannot_change_a_job(client, job):
 
 
 def run_action(client, model: str, action: str, ids: list[str]):
-    response = client.post(url(model, "changelist"), {"action": action, "_selected_action": ids}, follow=True)
+    """The action on ``ids``, confirmed (the occurrence actions ask first; the confirmation
+    page is tested apart)."""
+    data = {"action": action, "_selected_action": ids, "post": "yes"}
+    response = client.post(url(model, "changelist"), data, follow=True)
     assert response.status_code == 200
     return page_messages(response)
 
@@ -700,6 +703,88 @@ def test_occurrence_actions_need_change_permission(client, job, clock):
     assert client.post(url("occurrence", "change", occurrence.pk), {}).status_code == 403
     run_action(client, "occurrence", "cancel_occurrences", [occurrence.pk])
     assert Occurrence.objects.get().status == OccurrenceStatus.CANCELLED
+
+
+def test_occurrence_actions_ask_first(admin_client, job, clock):
+    kernel.enqueue("job-a", scheduled_for=clock(), trigger_key="q")
+    kernel.enqueue("job-a", scheduled_for=clock(), trigger_key="r")
+    running = kernel.claim(owner="w", lease=30)
+    assert running is not None
+    queued = Occurrence.objects.get(status=OccurrenceStatus.QUEUED)
+    data = {"action": "cancel_occurrences", "_selected_action": [queued.pk, running.pk]}
+    page = admin_client.post(url("occurrence", "changelist"), data)
+    text = " ".join(page.content.decode().split())
+    assert page.status_code == 200 and page_messages(page) == []
+    assert "<strong>2</strong> occurrences selected" in text
+    assert "<strong>1</strong> will be cancelled" in text and "1 will be skipped" in text
+    assert Occurrence.objects.get(pk=queued.pk).status == OccurrenceStatus.QUEUED  # nothing yet
+    for pk in (queued.pk, running.pk):
+        assert f'name="_selected_action" value="{pk}"' in text
+    response = admin_client.post(
+        url("occurrence", "changelist"), {**data, "index": "0", "post": "yes"}, follow=True
+    )
+    assert page_messages(response) == ["Cancelled 1 occurrence. 1 skipped (not queued or retry_wait)."]
+    assert Occurrence.objects.get(pk=queued.pk).status == OccurrenceStatus.CANCELLED
+
+
+def test_an_action_on_everything_a_filter_matches(admin_client, job, clock):
+    for n in range(5):
+        kernel.enqueue("job-a", scheduled_for=clock(), trigger_key=f"q{n}")
+    running = kernel.claim(owner="w", lease=30)
+    assert running is not None
+    filtered = url("occurrence", "changelist") + "?status__exact=queued"
+    one = Occurrence.objects.filter(status="queued").values_list("pk", flat=True)[0]
+    data = {"action": "cancel_occurrences", "select_across": "1", "index": "0", "_selected_action": [one]}
+    text = " ".join(admin_client.post(filtered, data).content.decode().split())
+    assert "Every occurrence the list's filters match: <strong>4</strong> occurrences selected" in text
+    # The rows checked on the page go back too: Django wants some, even for all that match.
+    assert 'name="select_across" value="1"' in text and f'name="_selected_action" value="{one}"' in text
+    response = admin_client.post(filtered, {**data, "post": "yes"}, follow=True)
+    assert page_messages(response) == ["Cancelled 4 occurrences."]
+    assert Occurrence.objects.get(pk=running.pk).status == OccurrenceStatus.RUNNING
+    assert Occurrence.objects.filter(status="cancelled").count() == 4
+
+
+def test_run_now_action(admin_client, job, clock):
+    later, _ = kernel.enqueue(
+        "job-a", scheduled_for=clock(), trigger_key="later", available_at=clock() + timedelta(hours=1)
+    )
+    kernel.enqueue("job-a", scheduled_for=clock(), trigger_key="due")
+    running = kernel.claim(owner="w", lease=30)  # takes "due"
+    assert running is not None and running.pk != later.pk
+    clock.advance(5)
+    messages = run_action(admin_client, "occurrence", "run_now", [later.pk, running.pk])
+    assert messages == ["Made due now: 1 occurrence. 1 skipped (not queued or retry_wait)."]
+    later.refresh_from_db()
+    assert later.available_at == clock() and later.status == OccurrenceStatus.QUEUED
+    (event,) = Event.objects.filter(occurrence_id=later.pk, event_type="occurrence_made_due")
+    assert event.data["reason"] == "run now in the admin by admin"
+    assert kernel.claim(owner="w", lease=30).pk == later.pk
+
+
+def test_job_page_lists_recent_occurrences(admin_client, job, clock):
+    dead = dead_letter(clock, "d1")
+    clock.advance(1)
+    kernel.enqueue("job-a", scheduled_for=clock(), trigger_key="q")
+    text = admin_client.get(url("job", "change", "job-a")).content.decode()
+    assert "Recent occurrences" in text
+    assert url("occurrence", "change", dead.pk) in text
+    assert "Dead Letter" in text and "boom" in text and "Queued" in text
+
+
+def test_search_by_kind_and_error_text(admin_client, job, clock):
+    dead = dead_letter(clock, "d1")
+    kernel.create_job("job-b", "mail.send", authority=AUTHORITY)
+    other, _ = kernel.enqueue("job-b", scheduled_for=clock(), trigger_key="m")
+
+    def found(q: str) -> set[str]:
+        response = admin_client.get(url("occurrence", "changelist"), {"q": q})
+        return {o.pk for o in response.context["cl"].result_list}
+
+    assert found("mail.send") == {other.pk}
+    assert found("boo") == {dead.pk}  # error text, by substring
+    assert found(dead.pk) == {dead.pk}
+    assert found("job-b") == {other.pk}
 
 
 # --------------------------------------------------------------------------- no N+1

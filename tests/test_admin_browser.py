@@ -2,20 +2,33 @@
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from pathlib import Path
 
+import django
 import pytest
 from django.db import connection
 
 from django_durable_scheduler import kernel, policies
-from django_durable_scheduler.models import AuthorityPolicy
+from django_durable_scheduler.models import AuthorityPolicy, Occurrence
 
 from .browser import TIMEOUT_MS, skip_unless_browser
 from .conftest import authority_for
 
-SCREENSHOT = Path("/tmp/admin-policy.png")
-DASHBOARD_SCREENSHOT = Path("/tmp/admin-dashboard.png")
+# Screenshots for people to look at: CI keeps .ci/artifacts (tests/run.py sets DSCH_ARTIFACTS).
+ARTIFACTS = Path(
+    os.environ.get("DSCH_ARTIFACTS") or Path(__file__).resolve().parent.parent / ".ci" / "artifacts"
+)
+
+
+def screenshot(page, name: str) -> Path:
+    """Save a full-page screenshot as ``dj<major>-<name>.png`` (a leg per Django version)."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"dj{django.VERSION[0]}-{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
 
 pytestmark = [
     skip_unless_browser(),
@@ -124,7 +137,7 @@ def test_staff_edits_a_policy(new_context, live_server, policy, admin_user):
     assert "reports.archive" in history and "reports.read" in history
     assert "max runs: 10 → 500" in history
     assert "window: 1 hour → 2 days" in history
-    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    screenshot(page, "admin-policy")
 
 
 def test_concurrent_edit_shows_a_conflict(new_context, live_server, policy, admin_user):
@@ -235,4 +248,41 @@ def test_the_dashboard(new_context, live_server, admin_user, clock):
     assert page.locator("#dsch-outcomes-1 rect.dsch-succeeded").count() == 1
     assert page.locator("#dsch-outcomes-1 rect.dsch-dead_letter").count() == 1
     assert "the printer is on fire" in page.inner_text("#dsch-dead-letters")
-    page.screenshot(path=str(DASHBOARD_SCREENSHOT), full_page=True)
+    screenshot(page, "admin-dashboard")
+
+
+def test_operations_on_everything_a_filter_matches(new_context, live_server, admin_user, clock):
+    """Queued occurrences filtered, all of them selected across pages, cancelled after the
+    confirmation page; then a job's page with its recent occurrences."""
+    from .test_dashboard import run
+
+    kernel.create_job("mail", "mail.send")
+    run("mail", "succeeded", clock, n=2)
+    run("mail", "failed", clock, n=1)
+    for n in range(120):  # more than a list page (100)
+        kernel.enqueue("mail", scheduled_for=clock(), trigger_key=f"q{n}")
+    page = login(new_context(), live_server, "root")
+    page.goto(f"{live_server.url}/admin/durable_scheduler/occurrence/?status__exact=queued")
+    page.check("#action-toggle")
+    page.click("text=Select all 120")
+    page.select_option("select[name=action]", "cancel_occurrences")
+    page.click("button[name=index]")
+    page.wait_for_selector(".dsch-confirm-summary")
+    summary = " ".join(page.inner_text(".dsch-confirm-summary").split())
+    assert (
+        "Every occurrence the list's filters match: 120 occurrences selected. 120 will be cancelled"
+        in summary
+    )
+    screenshot(page, "admin-confirm-cancel")
+    page.click("input[type=submit][value^='Yes']")
+    page.wait_for_selector(".messagelist")
+    assert "Cancelled 120 occurrences." in page.inner_text(".messagelist")
+    screenshot(page, "admin-cancelled")
+    assert Occurrence.objects.filter(status="cancelled").count() == 120
+    assert Occurrence.objects.filter(status="succeeded").count() == 2
+
+    page.goto(f"{live_server.url}/admin/durable_scheduler/job/mail/change/")
+    recent = page.locator(".dsch-recent tr")
+    assert recent.count() == 1 + 20  # the header and the 20 newest: the cancelled ones
+    assert "cancelled in the admin by root" in recent.nth(1).inner_text()
+    screenshot(page, "admin-job-recent")

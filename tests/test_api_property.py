@@ -203,6 +203,7 @@ ARGUMENTS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     },
     "enqueue_many": {"job_id": arg("job-a"), "items": st.one_of(ENQUEUE_ITEMS, VALUES)},
     "cancel": {"occurrence_id": arg(QUEUED), "reason": arg(None)},
+    "run_now": {"occurrence_id": arg(QUEUED), "reason": arg(None)},
     "claim": {"owner": arg("w2"), "lease": arg(30), "kinds": arg(None, st.lists(VALUES, max_size=2))},
     "claim_batch": {
         "owner": arg("w2"),
@@ -281,6 +282,7 @@ REQUIRED: dict[str, set[str]] = {
     "enqueue_once_per_trigger": {"job_id", "scheduled_for", "trigger_key"},
     "enqueue_many": {"job_id", "items"},
     "cancel": {"occurrence_id"},
+    "run_now": {"occurrence_id"},
     "claim": {"owner", "lease"},
     "claim_batch": {"owner", "lease"},
     "renew": {"occurrence_id", "owner", "fence", "lease"},

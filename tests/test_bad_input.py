@@ -102,6 +102,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "enqueue": {"job_id": "job-a", "scheduled_for": NOW, "trigger_key": "new-key"},
     "enqueue_once_per_trigger": {"job_id": "job-a", "scheduled_for": NOW, "trigger_key": "new-key"},
     "cancel": {"occurrence_id": QUEUED},
+    "run_now": {"occurrence_id": QUEUED},
     "claim": {"owner": "w2", "lease": 30},
     "claim_batch": {"owner": "w2", "lease": 30, "limit": 2},
     "renew": {"occurrence_id": RUNNING, "owner": "w", "fence": 1, "lease": 30},
@@ -492,22 +493,18 @@ case(
 
 # --------------------------------------------------------------------------- cancel
 
-for label, value in bad_identifiers():
-    case("cancel", "occurrence_id", label, occurrence_id=value)
-for label, value in [
-    ("int", 5),
-    ("bytes", b"why"),
-    ("dict", {"why": "x"}),
-    ("1025-bytes", "r" * 1025),
-    ("1026-bytes-multibyte", "\u00e9" * 513),
-]:
-    case("cancel", "reason", label, reason=value)
-case(
-    "cancel",
-    "reason",
-    "lone-surrogate",
-    reason="why" + LONE_SURROGATE,
-)
+for fn in ("cancel", "run_now"):
+    for label, value in bad_identifiers():
+        case(fn, "occurrence_id", label, occurrence_id=value)
+    for label, value in [
+        ("int", 5),
+        ("bytes", b"why"),
+        ("dict", {"why": "x"}),
+        ("1025-bytes", "r" * 1025),
+        ("1026-bytes-multibyte", "\u00e9" * 513),
+    ]:
+        case(fn, "reason", label, reason=value)
+    case(fn, "reason", "lone-surrogate", reason="why" + LONE_SURROGATE)
 
 # --------------------------------------------------------------------------- claim, claim_batch
 

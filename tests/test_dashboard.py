@@ -107,6 +107,7 @@ def test_the_queries_do_not_grow_with_the_rows(admin_client, world, clock):
             assert admin_client.get(reverse(URL)).status_code == 200
         return len(queries)
 
+    count()  # the first view counts the hours that are over (rollups): later ones read them
     before = count()
     run("mail", "succeeded", clock, n=20)
     run("sync", "failed", clock, n=10)

@@ -149,6 +149,7 @@ for label, value in NUL_JSON:
 case("enqueue_once_per_trigger", "payload", "nul-existing-key", trigger_key="queued", payload="\x00")
 for label, value in [("in-text", "why\x00"), ("alone", "\x00")]:
     case("cancel", "reason", f"nul-{label}", reason=value)
+    case("run_now", "reason", f"nul-{label}", reason=value)
 # A handler's error: other keys than message and traceback are stored as given, so refused.
 case("settle", "error", "nul-in-code", outcome="failed", error={"message": "boom", "code": "E\x00"})
 case("settle", "error", "nul-in-key", outcome="failed", error={"message": "boom", "k\x00": 1})
@@ -234,6 +235,7 @@ for label, value in [("list-3000", DEEP), ("dict-3000", deep_dict(3000)), ("tupl
     case("set_policy", "capabilities", label, capabilities=value)
     case("claim", "kinds[0]", label, kinds=[value])
     case("cancel", "reason", label, reason=value)
+    case("run_now", "reason", label, reason=value)
 # A deep tuple as an unknown key: the field names a short preview of it.
 case("create_job", "authority.(", "deep-tuple-key", authority={**AUTHORITY, deep_tuple(3000): 1})
 case("create_job", "trigger", "deep-tuple-key", trigger={deep_tuple(3000): 1})

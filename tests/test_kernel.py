@@ -318,6 +318,37 @@ def test_cancel_only_queued_or_retry_wait(job, clock):
         scheduler.cancel("occ_missing")
 
 
+def test_run_now_makes_a_waiting_occurrence_due(job, clock):
+    later, _ = enqueue(clock, key="later", available_at=clock() + timedelta(hours=2))
+    assert scheduler.claim(owner="w", lease=10) is None  # not due yet
+    clock.advance(60)
+    made = scheduler.run_now(later.pk, reason="operator")
+    assert (made.status, made.available_at) == ("queued", clock())
+    (event,) = [e for e in scheduler.history(occurrence_id=later.pk) if e.event_type == "occurrence_made_due"]
+    assert event.data == {
+        "reason": "operator",
+        "previousAvailableAt": "2026-01-05T14:00:00.000Z",
+        "status": "queued",
+    }
+    # Already due: nothing to change, nothing recorded.
+    before = len(scheduler.history(occurrence_id=later.pk))
+    assert scheduler.run_now(later.pk).available_at == clock()
+    assert len(scheduler.history(occurrence_id=later.pk)) == before
+    running = scheduler.claim(owner="w", lease=10)
+    assert running.pk == later.pk
+    with pytest.raises(scheduler.InvalidState):
+        scheduler.run_now(running.pk)
+    # A retry waiting for its backoff runs at once, keeping its attempt count.
+    scheduler.settle(
+        running.pk, owner="w", fence=1, outcome="failed", error="x", retry_at=clock() + timedelta(hours=1)
+    )
+    made = scheduler.run_now(running.pk)
+    assert (made.status, made.attempt, made.available_at) == ("retry_wait", 1, clock())
+    assert scheduler.claim(owner="w", lease=10).pk == running.pk
+    with pytest.raises(scheduler.NotFound):
+        scheduler.run_now("occ_missing")
+
+
 def test_release_gives_lease_back(job, clock):
     enqueue(clock)
     occ = scheduler.claim(owner="w", lease=10)

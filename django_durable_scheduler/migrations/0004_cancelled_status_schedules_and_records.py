@@ -13,7 +13,7 @@
   the ``django.tasks`` backend, and the partial index of the waiting rows whose priority is
   not 0.
 - Execution records: ``Occurrence.metadata`` and ``receipt``, the policy history table and the
-  worker heartbeat table.
+  worker heartbeat table; the outcome counts per hour that the dashboard reads.
 - Fewer index writes on every enqueue and status change: the (status, settled_at) index holds
   settled rows only; the foreign keys occurrence.job, event.job and event.occurrence have no
   index of their own (each leads a composite index that serves it, and on MySQL/MariaDB carries
@@ -274,6 +274,27 @@ class Migration(migrations.Migration):
             options={
                 "db_table": "durable_scheduler_workers",
                 "ordering": ["-last_seen_at"],
+            },
+        ),
+        migrations.CreateModel(
+            name="OutcomeCount",
+            fields=[
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("hour", models.DateTimeField()),
+                ("kind", models.CharField(blank=True, max_length=128)),
+                ("status", models.CharField(blank=True, max_length=16)),
+                ("count", models.PositiveBigIntegerField(default=0)),
+            ],
+            options={
+                "db_table": "durable_scheduler_outcome_counts",
+                "constraints": [
+                    models.UniqueConstraint(fields=("hour", "kind", "status"), name="dsch_outcome_counts_key")
+                ],
             },
         ),
         # Data.

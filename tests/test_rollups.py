@@ -1,0 +1,97 @@
+"""Outcome counts per hour (rollups.py): the same figures as an aggregate over the occurrences,
+for any range, with hours that are over counted once and read back, the hour in progress and
+the last minutes of the hour before (a late clock may still settle there) counted live."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.db.models import Count
+from django.test.utils import CaptureQueriesContext
+
+import django_durable_scheduler as scheduler
+from django_durable_scheduler import kernel, rollups
+from django_durable_scheduler.models import TERMINAL_STATUSES, Occurrence, OutcomeCount
+
+pytestmark = pytest.mark.django_db
+
+
+def settle_some(clock, rng: random.Random, hours: int) -> None:
+    """Occurrences of two kinds settled at random moments over the last ``hours``: succeeded,
+    dead-lettered or cancelled."""
+    scheduler.create_job("mail", "mail.send")
+    scheduler.create_job("sync", "crm.sync")
+    end = clock()
+    clock.advance(hours=-hours)
+    n = 0
+    while clock() < end:
+        clock.advance(minutes=rng.uniform(1, 50))
+        n += 1
+        job_id = rng.choice(["mail", "sync"])
+        occurrence, _ = kernel.enqueue(job_id, scheduled_for=clock(), trigger_key=f"t{n}")
+        if rng.random() < 0.15:
+            kernel.cancel(occurrence.pk, reason="test")
+            continue
+        held = kernel.claim(owner="w", lease=60)
+        assert held is not None and held.pk == occurrence.pk
+        policy = scheduler.get_policy("app", "durable_scheduler")
+        scheduler.reserve_authority(held.pk, policy_revision=policy.revision)
+        if rng.random() < 0.8:
+            kernel.settle(held.pk, owner="w", fence=held.fence, outcome="succeeded")
+        else:
+            kernel.settle(held.pk, owner="w", fence=held.fence, outcome="failed", retryable=False)
+    clock.set(end)
+
+
+def direct(start, end) -> Counter:
+    rows = (
+        Occurrence.objects.filter(status__in=TERMINAL_STATUSES, settled_at__gte=start, settled_at__lt=end)
+        .values_list("job__kind", "status")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    return Counter({(kind, status): n for kind, status, n in rows})
+
+
+def test_the_counts_are_the_aggregate_of_any_range(clock):
+    rng = random.Random(7)
+    settle_some(clock, rng, hours=30)
+    now = clock()
+    ranges = [(now - timedelta(days=1), now), (now - timedelta(hours=1), now)]
+    for _ in range(12):
+        start = now - timedelta(minutes=rng.uniform(0, 30 * 60))
+        end = start + timedelta(minutes=rng.uniform(0, 20 * 60))
+        ranges.append((start, min(end, now)))
+    for start, end in ranges:
+        assert rollups.outcomes(start, end, alias="default") == direct(start, end), (start, end)
+    assert direct(now - timedelta(days=1), now), "the test settles nothing in the last day"
+
+
+def test_hours_that_are_over_are_counted_once(clock):
+    settle_some(clock, random.Random(11), hours=26)
+    now = clock()  # 12:00
+    first = rollups.outcomes(now - timedelta(days=1), now, alias="default")
+    marks = set(OutcomeCount.objects.filter(kind="").values_list("hour", flat=True))
+    # 24 hours from 12:00 yesterday; 11:00-12:00 ended less than SETTLE_MARGIN ago: still live.
+    assert len(marks) == 23 and max(marks) == now - timedelta(hours=2)
+    with CaptureQueriesContext(connection) as queries:
+        again = rollups.outcomes(now - timedelta(days=1), now, alias="default")
+    assert again == first
+    # The marks, the counted hours, the hour still open and its jobs' kinds: nothing is counted again.
+    assert len(queries) == 4, [q["sql"] for q in queries]
+    clock.advance(minutes=rollups.SETTLE_MARGIN.total_seconds() / 60)
+    rollups.outcomes(now - timedelta(days=1), now, alias="default")
+    marks = set(OutcomeCount.objects.filter(kind="").values_list("hour", flat=True))
+    assert max(marks) == now - timedelta(hours=1)
+
+
+def test_an_hour_without_runs_is_marked_counted(clock):
+    scheduler.create_job("mail", "mail.send")
+    now = clock()
+    assert rollups.outcomes(now - timedelta(hours=6), now, alias="default") == Counter()
+    assert OutcomeCount.objects.filter(kind="").count() == 5
+    assert not OutcomeCount.objects.exclude(kind="").exists()
