@@ -25,7 +25,7 @@ from django.utils.safestring import mark_safe
 from . import conf, dashboard, kernel, policies
 from .exceptions import SchedulerError
 from .forms import AuthorityPolicyForm, JobForm, describe_window
-from .identity import iso_ms
+from .identity import canonical_json, iso_ms
 from .models import (
     PENDING_STATUSES,
     AuthorityPolicy,
@@ -39,6 +39,7 @@ from .models import (
     SchedulerDashboard,
     WorkerHeartbeat,
 )
+from .tasks.display import TaskView, task_view
 from .triggers import describe_trigger
 
 if TYPE_CHECKING:
@@ -438,6 +439,7 @@ class OccurrenceAdmin(ReadOnlyAdmin):
         "job_id_display",
         "kind",
         "status",
+        "task_summary",
         "attempt_display",
         "scheduled_for",
         "available_at",
@@ -469,6 +471,51 @@ class OccurrenceAdmin(ReadOnlyAdmin):
     @admin.display(description="attempt")
     def attempt_display(self, obj: Occurrence) -> str:
         return f"{obj.attempt}/{obj.max_attempts}"
+
+    # A django.tasks task's occurrence also shows what Django calls it (tasks/display.py).
+    readonly_fields = ["task_path", "task_status", "task_args", "task_kwargs", "task_errors"]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = [f for f in super().get_fields(request, obj) if f not in self.readonly_fields]
+        if obj is not None and task_view(obj, obj.job.kind) is not None:
+            return [*self.readonly_fields, *fields]
+        return fields
+
+    @staticmethod
+    def _task(obj: Occurrence) -> TaskView:
+        view = task_view(obj, obj.job.kind)
+        assert view is not None  # get_fields shows these for tasks only
+        return view
+
+    @admin.display(description="task (Django's status)")
+    def task_summary(self, obj: Occurrence) -> str:
+        view = task_view(obj, obj.job.kind)
+        return "" if view is None else f"{view.path} ({view.status})"
+
+    @admin.display(description="task")
+    def task_path(self, obj: Occurrence) -> str:
+        return self._task(obj).path
+
+    @admin.display(description="task status")
+    def task_status(self, obj: Occurrence) -> str:
+        return self._task(obj).status
+
+    @admin.display(description="args")
+    def task_args(self, obj: Occurrence) -> str:
+        return canonical_json(self._task(obj).args)
+
+    @admin.display(description="kwargs")
+    def task_kwargs(self, obj: Occurrence) -> str:
+        return canonical_json(self._task(obj).kwargs)
+
+    @admin.display(description="errors")
+    def task_errors(self, obj: Occurrence) -> str:
+        errors = self._task(obj).errors
+        if not errors:
+            return "-"
+        return format_html_join(
+            "", "<p><strong>{}</strong></p><pre>{}</pre>", ((path, text) for path, text in errors)
+        )
 
     def has_manage_permission(self, request: HttpRequest) -> bool:
         """Cancelling and retrying change occurrences through the kernel: Django's change

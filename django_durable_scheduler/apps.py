@@ -11,3 +11,6 @@ class DurableSchedulerConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers system checks)
+        from .tasks.handlers import register_queue_handlers
+
+        register_queue_handlers()  # runscheduler runs the tasks of every DurableBackend

@@ -68,8 +68,8 @@ def column(connection: BaseDatabaseWrapper, model: type[Model], name: str) -> st
     return connection.ops.quote_name(str(model._meta.get_field(name).column))  # type: ignore[union-attr]
 
 
-# (occurrence_id, kind, principal_key, due_at, scheduled_for) of one candidate.
-Candidate = tuple[str, str, str, datetime, datetime]
+# (occurrence_id, kind, principal_key, due_at, scheduled_for, priority) of one candidate.
+Candidate = tuple[str, str, str, datetime, datetime, int]
 
 
 class _Arms:
@@ -92,7 +92,7 @@ class _Arms:
             self.tail_params += kinds
         select = (
             f"SELECT {o['occurrence_id']}, {j['kind']}, {o['principal_key']},"
-            f" {{due}}, {o['scheduled_for']}"
+            f" {{due}}, {o['scheduled_for']}, {o['priority']}"
             f" FROM {quote(Occurrence._meta.db_table)} o{{hint}}"
             f" INNER JOIN {quote(Job._meta.db_table)} j ON {j['job_id']} = {o['job']}"
         )
@@ -103,6 +103,23 @@ class _Arms:
             + f" WHERE {o['principal_key']} = %s AND {o['status']} = {status} AND {o['available_at']} <= %s"
             + tail
             + f" ORDER BY {o['available_at']}, {o['scheduled_for']}, {o['occurrence_id']} LIMIT %s"
+        )
+        # A principal's prioritized waiting rows (priority != 0), highest first, through the
+        # partial index that holds only them: together with the pending arms restricted to
+        # priority 0, each principal's first rows by (priority, due time) are in the pool.
+        waiting = f"({o['status']} = %s OR {o['status']} = %s)"
+        if self.literal:
+            waiting = waiting.replace("%s", "'{}'").format(*PENDING_STATUSES)
+        self.prioritized = (
+            select.format(due=o["available_at"], hint=_index_hint(connection, PRIORITY_INDEX))
+            + f" WHERE {o['principal_key']} = %s AND {waiting} AND NOT ({o['priority']} = 0)"
+            + f" AND {o['available_at']} <= %s"
+            + tail
+            + f" ORDER BY {o['priority']} DESC, {o['available_at']}, {o['scheduled_for']},"
+            + f" {o['occurrence_id']} LIMIT %s"
+        )
+        self.unprioritized = self.pending.replace(
+            f" AND {o['available_at']} <= %s", f" AND {o['priority']} = 0 AND {o['available_at']} <= %s", 1
         )
         self.reclaim = (
             select.format(due=o["lease_expires_at"], hint="")
@@ -115,14 +132,22 @@ class _Arms:
         self.parts: list[str] = []
         self.params: list[Any] = []
 
-    def add_pending(self, principal: str, status: str, limit: int) -> None:
+    def add_pending(self, principal: str, status: str, limit: int, *, zero_only: bool = False) -> None:
+        """The principal's due rows of ``status`` in due order; ``zero_only``: of priority 0
+        only (its prioritized rows come from :meth:`add_prioritized`)."""
+        sql = self.unprioritized if zero_only else self.pending
         if self.literal:  # one of our own status constants, never outside input
             assert status in PENDING_STATUSES
-            self.parts.append(self.pending.format(status=status))
+            self.parts.append(sql.format(status=status))
             self.params += [principal, self.now, *self.tail_params, limit]
         else:
-            self.parts.append(self.pending)
+            self.parts.append(sql)
             self.params += [principal, status, self.now, *self.tail_params, limit]
+
+    def add_prioritized(self, principal: str, limit: int) -> None:
+        self.parts.append(self.prioritized)
+        statuses = [] if self.literal else [s.value for s in PENDING_STATUSES]
+        self.params += [principal, *statuses, self.now, *self.tail_params, limit]
 
     def add_reclaims(self, limit: int) -> None:
         self.parts.append(self.reclaim)
@@ -134,7 +159,10 @@ class _Arms:
             cursor.execute(sql, self.params)
             rows = cursor.fetchall()
         self.parts, self.params = [], []
-        return [(pk, kind, key, _as_datetime(due), _as_datetime(at)) for pk, kind, key, due, at in rows]
+        return [
+            (pk, kind, key, _as_datetime(due), _as_datetime(at), int(priority))
+            for pk, kind, key, due, at, priority in rows
+        ]
 
 
 _OCCURRENCE_COLUMNS = (
@@ -147,6 +175,7 @@ _OCCURRENCE_COLUMNS = (
     "lease_expires_at",
     "attempt",
     "max_attempts",
+    "priority",
 )
 
 
@@ -166,6 +195,33 @@ def _as_datetime(value: Any) -> datetime:
 
 
 FAIR_INDEX = "dsch_occurrences_fair"
+PRIORITY_INDEX = "dsch_occurrences_priority"
+
+
+def _index_hint(connection: BaseDatabaseWrapper, index: str) -> str:
+    return f" INDEXED BY {index}" if connection.vendor == "sqlite" else ""
+
+
+def has_prioritized(alias: str) -> bool:
+    """Whether any waiting occurrence has a priority other than 0 (one probe of the partial
+    ``dsch_occurrences_priority`` index, which holds only those): a claim reads the
+    prioritized arms only then. False where the database has no partial indexes
+    (MySQL/MariaDB): there, without an index to read them by, priority orders each
+    principal's candidate rows, the first ones by due time (see ``claim_candidates``)."""
+    connection = connections[alias]
+    if not connection.features.supports_partial_indexes:
+        return False
+    quote = connection.ops.quote_name
+    status = column(connection, Occurrence, "status")
+    priority = column(connection, Occurrence, "priority")
+    queued, retry = (f"'{s.value}'" for s in PENDING_STATUSES)  # our own constants
+    sql = (
+        f"SELECT 1 FROM {quote(Occurrence._meta.db_table)}{_index_hint(connection, PRIORITY_INDEX)}"
+        f" WHERE ({status} = {queued} OR {status} = {retry}) AND NOT ({priority} = 0) LIMIT 1"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return cursor.fetchone() is not None
 
 
 def _fair_hint(connection: BaseDatabaseWrapper) -> tuple[str, bool]:
@@ -334,7 +390,8 @@ def claim_candidates(
         principals = principals[cut:] + principals[:cut]
         step = want
     arms = _Arms(alias, now, kinds)
-    by_principal: dict[str, list[Candidate]] = {}
+    prioritized = has_prioritized(alias)
+    by_principal: dict[str, dict[str, Candidate]] = {}
     # Rounds of ``step`` principals, in order, until the pool is full: principals whose
     # waiting work is all of kinds this claimer does not run (or of disabled jobs) give no
     # rows, and must not hide the principals after them.
@@ -346,18 +403,24 @@ def claim_candidates(
         per_principal = max(per_principal, quota)
         for key in chunk:
             for status in PENDING_STATUSES:
-                arms.add_pending(key, status, quota)
+                arms.add_pending(key, status, quota, zero_only=prioritized)
+            if prioritized:
+                arms.add_prioritized(key, quota)
         if start == 0:
             arms.add_reclaims(want)
         for row in arms.fetch():
-            by_principal.setdefault(row[2], []).append(row)
-            found += 1
+            rows_of = by_principal.setdefault(row[2], {})
+            if row[0] not in rows_of:  # a reclaim arm may list a row a pending arm has
+                rows_of[row[0]] = row
+                found += 1
         if found >= want:
             break
     order = {key: index for index, key in enumerate(principals)}
     ranked: list[tuple[int, int, Candidate]] = []
-    for key, rows in by_principal.items():
-        rows.sort(key=lambda row: (row[3], row[4], row[0]))
+    for key, by_id in by_principal.items():
+        # Higher priority first within a principal, then due time: ranks, and so the
+        # turns principals take, do not depend on priority.
+        rows = sorted(by_id.values(), key=lambda row: (-row[5], row[3], row[4], row[0]))
         position = order.get(key, len(order))
         ranked += [(rank, position, row) for rank, row in enumerate(rows[:per_principal])]
     if after_principal is None:

@@ -160,12 +160,14 @@ def declare_job(
     max_attempts: int = 3,
     retry_base_delay: float | timedelta | None = None,
     retry_max_delay: float | timedelta | None = None,
+    module: str | None = None,
 ) -> DeclaredJob:
     """Declare a job in code (created or updated by ``manage.py scheduler_sync``).
 
     The arguments are those of ``create_job``; the declaration is validated now, so a bad
     one fails where it is written. Returns the normalized declaration. The calling module's
-    app owns the job: once that app stops declaring it, a sync disables it.
+    app (or ``module``'s, for a helper that declares on its caller's behalf) owns the job:
+    once that app stops declaring it, a sync disables it.
     """
     declaration = _declaration(
         job_id,
@@ -181,7 +183,7 @@ def declare_job(
         },
         "",
     )
-    caller = sys._getframe(1).f_globals.get("__name__")  # the declaring module, for its app
+    caller = module or sys._getframe(1).f_globals.get("__name__")  # the declaring module, for its app
     declaration = replace(declaration, module=caller if isinstance(caller, str) else None)
     add_declaration(declaration)
     return declaration

@@ -37,6 +37,7 @@ from .identity import (
     iso_ms,
     key_label,
     normalize_identifier,
+    normalize_int,
     normalize_json,
     to_ms,
 )
@@ -45,6 +46,7 @@ from .models import PENDING_STATUSES, Event, Job, Occurrence, OccurrenceStatus
 from .wakeup import notify_new_work
 
 MAX_CANCEL_REASON = 1024
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
 _ITEM_KEYS = frozenset({"scheduled_for", "trigger_key", "available_at", "payload"})
 # The caller gave no payload: the occurrence takes its job's.
 JOB_PAYLOAD: Any = object()
@@ -74,7 +76,13 @@ class _Builder:
         self.principal_key = principal_key(job.authority)
 
     def occurrence(
-        self, scheduled_ms: int, trigger_key: str, available_ms: int, payload: Any, now: datetime
+        self,
+        scheduled_ms: int,
+        trigger_key: str,
+        available_ms: int,
+        payload: Any,
+        now: datetime,
+        priority: int = 0,
     ) -> Occurrence:
         job = self.job
         digest = self.digest_of(scheduled_ms, trigger_key)
@@ -93,6 +101,7 @@ class _Builder:
             authority=job.authority,
             payload=job.payload if payload is JOB_PAYLOAD else payload,
             principal_key=self.principal_key,
+            priority=priority,
             created_at=now,
             updated_at=now,
         )
@@ -142,6 +151,7 @@ def insert_occurrence(
     alias: str,
     guard: tuple[str, list[Any]] | None = None,
     builder: _Builder | None = None,
+    priority: int = 0,
 ) -> tuple[Occurrence, bool]:
     """Insert a queued occurrence of ``job`` with its event and wake workers, or find the one
     with its identity: ``(occurrence, deduplicated)``. Inside the caller's write
@@ -155,7 +165,7 @@ def insert_occurrence(
     if payload is not JOB_PAYLOAD:
         payload = normalize_json(payload, "payload")
     build = builder or _Builder(job)
-    occurrence = build.occurrence(scheduled_ms, trigger_key, available_ms, payload, now)
+    occurrence = build.occurrence(scheduled_ms, trigger_key, available_ms, payload, now, priority)
     event = build.event(occurrence)
     if guard is not None:
         created = dialect.insert_guarded(alias, occurrence, guard, then=[event], notify=True)
@@ -221,19 +231,22 @@ def enqueue(
     trigger_key: str,
     available_at: datetime | int | None = None,
     payload: Any = JOB_PAYLOAD,
+    priority: int = 0,
     using: str | None = None,
 ) -> tuple[Occurrence, bool]:
     """Insert an occurrence, or return the existing one with the same identity.
 
     Returns ``(occurrence, deduplicated)``. The identity is derived from the job's
     current revision, ``scheduled_for`` and ``trigger_key``; reusing it with another
-    payload raises ``SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH``.
+    payload raises ``SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH``. ``priority`` (-100..100):
+    higher first among its principal's due occurrences (not part of the identity).
 
     On PostgreSQL and SQLite, a job this process has enqueued before is not read again: the
     insert is guarded to happen only while the job row still holds what it copies (on
     PostgreSQL one statement, with its event and wake-up).
     """
     job_id, scheduled_ms, key, available_ms = _enqueue_args(job_id, scheduled_for, trigger_key, available_at)
+    priority = normalize_int(priority, "priority", minimum=MIN_PRIORITY, maximum=MAX_PRIORITY)
     now = conf.now()
     alias = dialect.alias_for(using)
     args: dict[str, Any] = {
@@ -243,6 +256,7 @@ def enqueue(
         "payload": payload,
         "now": now,
         "alias": alias,
+        "priority": priority,
     }
     remembered = _REMEMBERED.get((alias, job_id))
     if remembered is not None and remembered.job.enabled:

@@ -108,6 +108,8 @@ class Occurrence(models.Model):
     # Recorded by the handler while it runs (ctx.record_metadata / ctx.record_receipt).
     metadata = models.JSONField(null=True, blank=True, default=None)
     receipt = models.JSONField(null=True, blank=True, default=None)
+    # Higher first among one principal's due occurrences (django.tasks' priority, -100..100).
+    priority = models.SmallIntegerField(default=0)
 
     class Meta:
         db_table = "durable_scheduler_occurrences"
@@ -124,6 +126,14 @@ class Occurrence(models.Model):
                 fields=["principal_key", "status", "available_at", "scheduled_for", "occurrence_id"],
                 name="dsch_occurrences_fair",
                 condition=Q(status=OccurrenceStatus.QUEUED) | Q(status=OccurrenceStatus.RETRY_WAIT),
+            ),
+            # The waiting occurrences with a priority other than 0 (django.tasks' priority),
+            # highest first: empty unless tasks set one, so other work writes no entry.
+            models.Index(
+                fields=["principal_key", "-priority", "available_at", "scheduled_for", "occurrence_id"],
+                name="dsch_occurrences_priority",
+                condition=(Q(status=OccurrenceStatus.QUEUED) | Q(status=OccurrenceStatus.RETRY_WAIT))
+                & ~Q(priority=0),
             ),
             models.Index(fields=["job", "trigger_key"], name="dsch_occurrences_job_trigger"),
             # Settled rows only (pruning by age): a queued or running row has no entry, so an
@@ -162,6 +172,9 @@ class Occurrence(models.Model):
                 condition=Q(max_attempts__gte=1, max_attempts__lte=32), name="dsch_occ_max_attempts_range"
             ),
             models.CheckConstraint(condition=Q(job_revision__gte=1), name="dsch_occ_job_revision_min"),
+            models.CheckConstraint(
+                condition=Q(priority__gte=-100, priority__lte=100), name="dsch_occ_priority_range"
+            ),
         ]
 
     # Not a column: the job's kind, filled in by a claim (so the worker need not look it up).

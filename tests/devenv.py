@@ -247,11 +247,13 @@ EXAMPLE_REQUIREMENTS = ("django-environ>=0.11", "tzdata")
 
 
 def ensure_example_venv(database_url: str) -> Path:
-    """The example project's venv (``.venv-example``): the package, Django 5.2, django-environ
-    and the driver ``database_url`` needs, nothing else (no compiler needed for SQLite).
+    """The example project's venv (``.venv-example``): the package with its ``tasks`` extra,
+    Django 5.2, django-environ and the driver ``database_url`` needs, nothing else (no compiler
+    needed for SQLite).
     Quiet unless something fails; returns its Python."""
     scheme = database_url.split(":", 1)[0].lower()
-    extras = ("postgres",) if scheme.startswith("postgres") else ("mysql",) if scheme == "mysql" else ()
+    driver = ("postgres",) if scheme.startswith("postgres") else ("mysql",) if scheme == "mysql" else ()
+    extras = ("tasks", *driver)  # the demo's Django tasks: the django-tasks backport on Django 5.2
     spec = EXAMPLE_VENV
     base_python = Path(sys.executable)
     venv_dir = ROOT / spec.dirname

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -95,3 +96,14 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"django_durable_scheduler": {"handlers": ["console"], "level": "WARNING"}},
 }
+
+# The django.tasks backend, where a task framework is installed (Django 6, or the django-tasks
+# backport that the dev dependency group brings to Django 5.2); tests/test_tasks_backend.py
+# skips without one.
+if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_tasks"):
+    TASKS = {
+        "default": {
+            "BACKEND": "django_durable_scheduler.tasks.DurableBackend",
+            "QUEUES": ["default", "high"],
+        }
+    }

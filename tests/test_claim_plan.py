@@ -45,6 +45,7 @@ TABLE = "durable_scheduler_occurrences"
 CLAIM_INDEX = "dsch_occurrences_claim"
 STATUS_INDEX = "dsch_occurrences_settled"  # (status, settled_at)
 FAIR_INDEX = "dsch_occurrences_fair"  # (principal_key, status, available_at, ...)
+PRIORITY_INDEX = "dsch_occurrences_priority"  # waiting rows whose priority is not 0
 TERMINAL = 4000
 QUEUED = 40  # due now
 WAITING = 400  # queued or retry_wait, due later (future enqueues, retry back-off)
@@ -127,6 +128,8 @@ def _claim_statements(captured):
         upper = sql.upper()
         if head.startswith("UPDATE"):
             out.append(("update", sql))
+        elif head.startswith("SELECT 1 FROM") and "PRIORITY" in upper:
+            out.append(("prioritized", sql))  # claim_query.has_prioritized
         elif not head.startswith(("SELECT", "WITH", "(")):
             continue
         elif "DISTINCT" in upper or "RECURSIVE" in upper or "GROUP BY" in upper:
@@ -176,6 +179,11 @@ def test_claim_uses_the_claim_index(job, clock):
     for kind, sql in statements:
         plan = _explain(sql)
         report.append(f"[{kind}] {sql}\n{plan}")
+        if kind == "prioritized":
+            # Whether any waiting row has a priority: the first entry of the partial index
+            # that holds only those rows (a scan of it stops at its first row).
+            assert PRIORITY_INDEX in plan, f"the priority probe does not use {PRIORITY_INDEX}:\n{sql}\n{plan}"
+            continue
         assert not _scans_occurrences(plan), f"{kind} query scans {TABLE}:\n{sql}\n{plan}"
         if kind == "principals" and "RECURSIVE" in sql.upper():
             assert FAIR_INDEX in plan, f"the loose index scan does not use {FAIR_INDEX}:\n{sql}\n{plan}"
@@ -232,3 +240,32 @@ def test_claim_uses_the_fair_index_for_a_backlog_without_statistics(job, clock):
             assert not _scans_occurrences(plan), plan
             checked += 1
     assert checked == 2, [kind for kind, _ in statements]
+
+
+def test_claim_reads_prioritized_rows_through_the_priority_index(job, clock):
+    """A backlog of priority 0 and a few prioritized rows (django.tasks' priority): the pool
+    reads each principal's priority-0 rows through the fair index and its prioritized rows
+    through the partial priority index, highest first, without scanning the table."""
+    if connection.vendor not in ("postgresql", "sqlite"):
+        pytest.skip(f"plan assertions are for PostgreSQL and SQLite, not {connection.vendor}")
+    now = clock()
+    scheduler.enqueue_many(
+        job.job_id,
+        [{"scheduled_for": now - timedelta(seconds=i), "trigger_key": f"b:{i}"} for i in range(1500)]
+        + [{"scheduled_for": now + timedelta(minutes=5), "trigger_key": "future"}],
+    )
+    newest = list(Occurrence.objects.order_by("-scheduled_for").values_list("pk", flat=True)[:4])
+    future, *prioritized = newest  # the future one would win on priority if it were due
+    Occurrence.objects.filter(pk=future).update(priority=100)
+    for priority, pk in zip((5, 50, -5), prioritized, strict=True):
+        Occurrence.objects.filter(pk=pk).update(priority=priority)
+    with CaptureQueriesContext(connection) as ctx:
+        claimed = scheduler.claim_batch(owner="plan", lease=30, limit=3, sweep_expired=False)
+    assert [o.pk for o in claimed][:2] == [prioritized[1], prioritized[0]]
+    assert prioritized[2] not in [o.pk for o in claimed]  # -5: after the priority-0 backlog
+    pools = [sql for kind, sql in _claim_statements(ctx.captured_queries) if kind == "pool"]
+    assert pools
+    for sql in pools:
+        plan = _explain(sql)
+        assert not _scans_occurrences(plan), f"pool query scans {TABLE}:\n{sql}\n{plan}"
+        assert FAIR_INDEX in plan and PRIORITY_INDEX in plan, f"pool query:\n{sql}\n{plan}"

@@ -4,6 +4,7 @@ A browser logs in with what it printed and sees the demo jobs and their finished
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -117,6 +118,19 @@ def test_run_py_serves_the_admin_beside_the_scheduler(example, browser):
         time.sleep(0.2)
     # The scheduler runs the seeded work: the flaky job succeeds on its retry.
     example.wait_for(re.compile(r"succeeded job=demo-flaky kind=demo.flaky attempt=2/"))
+    # A view enqueues a Django task (docs/tasks.md); the scheduler runs it.
+    greet = url.removesuffix("admin/") + "greet/"
+    with urllib.request.urlopen(f"{greet}?name=Ada", timeout=10) as response:
+        assert response.status == 202
+        result_id = json.load(response)["id"]
+    deadline = time.monotonic() + 60
+    while True:
+        with urllib.request.urlopen(f"{greet}?id={result_id}", timeout=10) as response:
+            result = json.load(response)
+        if result["status"] == "SUCCESSFUL" or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert result == {"id": result_id, "status": "SUCCESSFUL", "return_value": {"greeted": "Ada"}}
 
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.set_default_timeout(TIMEOUT_MS)
@@ -129,7 +143,13 @@ def test_run_py_serves_the_admin_beside_the_scheduler(example, browser):
         page.wait_for_url(url)
         page.goto(f"{url}durable_scheduler/job/")
         jobs = page.locator("#result_list").inner_text()
-        for job_id in ("demo-hello", "demo-flaky", "demo-fanout", "demo-berlin-minutely"):
+        for job_id in (
+            "demo-hello",
+            "demo-flaky",
+            "demo-fanout",
+            "demo-berlin-minutely",
+            "task-schedule:default:demo.tasks.tidy_up",  # a Django task's cron schedule
+        ):
             assert job_id in jobs
         page.goto(f"{url}durable_scheduler/occurrence/?status__exact=succeeded")
         assert "demo-flaky" in page.locator("#result_list").inner_text()

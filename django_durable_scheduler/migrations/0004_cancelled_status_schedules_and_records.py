@@ -9,6 +9,9 @@
 - Retry backoff: ``Job.retry_base_delay_ms`` and ``retry_max_delay_ms``.
 - ``Job.declared_in``: the installed app whose code declares a job (a sync disables the jobs
   it stops declaring), and the admin dashboard's proxy model.
+- ``Occurrence.priority`` (-100..100, higher first among a principal's due occurrences), for
+  the ``django.tasks`` backend, and the partial index of the waiting rows whose priority is
+  not 0.
 - Execution records: ``Occurrence.metadata`` and ``receipt``, the policy history table and the
   worker heartbeat table; the outcome counts per hour that the dashboard reads.
 - Fewer index writes on every enqueue and status change: the (status, settled_at) index holds
@@ -197,6 +200,11 @@ class Migration(migrations.Migration):
             field=models.JSONField(blank=True, default=None, null=True),
         ),
         migrations.AddField(
+            model_name="occurrence",
+            name="priority",
+            field=models.SmallIntegerField(default=0),
+        ),
+        migrations.AddField(
             model_name="job",
             name="next_fire_at",
             field=models.DateTimeField(blank=True, null=True),
@@ -341,6 +349,13 @@ class Migration(migrations.Migration):
             ),
         ),
         migrations.AddConstraint(
+            model_name="occurrence",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("priority__gte", -100), ("priority__lte", 100)),
+                name="dsch_occ_priority_range",
+            ),
+        ),
+        migrations.AddConstraint(
             model_name="job",
             constraint=models.CheckConstraint(
                 condition=models.Q(
@@ -356,6 +371,17 @@ class Migration(migrations.Migration):
                 condition=models.Q(("status", "queued"), ("status", "retry_wait"), _connector="OR"),
                 fields=["principal_key", "status", "available_at", "scheduled_for", "occurrence_id"],
                 name="dsch_occurrences_fair",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="occurrence",
+            index=models.Index(
+                condition=models.Q(
+                    models.Q(("status", "queued"), ("status", "retry_wait"), _connector="OR"),
+                    models.Q(("priority", 0), _negated=True),
+                ),
+                fields=["principal_key", "-priority", "available_at", "scheduled_for", "occurrence_id"],
+                name="dsch_occurrences_priority",
             ),
         ),
         migrations.AddIndex(

@@ -5,8 +5,31 @@ from __future__ import annotations
 import logging
 
 import django_durable_scheduler as scheduler
+from django_durable_scheduler.tasks import schedule
+
+try:
+    from django.tasks import task  # Django 6
+except ImportError:
+    from django_tasks import task  # Django 5.2: the django-tasks backport
 
 logger = logging.getLogger(__name__)
+
+
+# Django tasks, run by runscheduler like the handlers below (TASKS in settings.py).
+@task
+def greet(name):
+    """Enqueued by the /greet/ view."""
+    logger.info("greetings, %s (a Django task)", name)
+    return {"greeted": name}
+
+
+@task
+def tidy_up():
+    """Scheduled below: a task with a cron schedule, on Berlin wall-clock time."""
+    return {"tidied": True}
+
+
+schedule(tidy_up, cron="*/5 * * * *", timezone="Europe/Berlin")
 
 
 @scheduler.handler("demo.hello")

@@ -63,6 +63,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.mysql":
     DATABASES["default"].setdefault("OPTIONS", {}).update({"charset": "utf8mb4"})
 
+# Django's task framework runs on this app's scheduler (django.tasks on Django 6; on Django 5.2
+# the django-tasks backport, which run.py installs with the [tasks] extra).
+TASKS = {"default": {"BACKEND": "django_durable_scheduler.tasks.DurableBackend"}}
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"

@@ -13,6 +13,8 @@ from ... import checks, declared, registry
 from ...dialect import alias_for
 from ...exceptions import SchedulerError
 from ...models import Occurrence
+from ...tasks.handlers import durable_queues
+from ...tasks.options import queue_kind
 from ...worker import Worker, default_worker_id
 from . import DATABASE_HELP, database_alias
 
@@ -62,6 +64,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--kinds", type=_kinds, default=None, help="only claim these kinds (comma-separated)"
         )
+        parser.add_argument(
+            "--queues",
+            type=_kinds,
+            default=None,
+            help="only run the django.tasks tasks of these queues (comma-separated; with --kinds: both)",
+        )
         parser.add_argument("--once", action="store_true", help="one pass, then exit")
         parser.add_argument("--burst", action="store_true", help="run until nothing is due, then exit")
         parser.add_argument(
@@ -82,6 +90,7 @@ class Command(BaseCommand):
             self.stderr.write("runscheduler: --once and --burst cannot be combined")
             raise SystemExit(2)
         registry.autodiscover()
+        kinds = self.selected_kinds(options["kinds"], options["queues"])
         using = alias_for(options["database"])
         self.check_migrated(using)
         try:
@@ -93,7 +102,7 @@ class Command(BaseCommand):
             concurrency=options["concurrency"],
             lease=options["lease"],
             poll_interval=options["poll_interval"],
-            kinds=options["kinds"],
+            kinds=kinds,
             once=options["once"],
             burst=options["burst"],
             max_occurrences=options["max_occurrences"],
@@ -104,6 +113,21 @@ class Command(BaseCommand):
         code = worker.run()
         if code:
             raise SystemExit(code)
+
+    def selected_kinds(self, kinds: list[str] | None, queues: list[str] | None) -> list[str] | None:
+        """The kinds to claim: ``--kinds``, plus the task kinds of ``--queues`` (each one a
+        queue of a DurableBackend in ``settings.TASKS``)."""
+        if queues is None:
+            return kinds
+        configured = {queue for names in durable_queues().values() for queue in names}
+        unknown = [queue for queue in queues if queue not in configured]
+        if unknown:
+            known = ", ".join(sorted(configured)) or "none"
+            raise CommandError(
+                f"runscheduler: --queues: {', '.join(unknown)} is not a queue of a DurableBackend "
+                f"in settings.TASKS (configured: {known})"
+            )
+        return [*(kinds or []), *(queue_kind(queue) for queue in queues)]
 
     def check_migrated(self, using: str) -> None:
         """Refuse to start, in one line, on a database that lacks this app's migrations, or

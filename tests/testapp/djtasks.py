@@ -1,0 +1,94 @@
+"""Tasks for tests/test_tasks_backend.py (module level, so a worker process imports them)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from django_durable_scheduler import PermanentFailure, Retry
+from django_durable_scheduler.tasks import durable
+from django_durable_scheduler.tasks.framework import task
+
+
+@task
+def add(a, b):
+    return a + b
+
+
+@task(queue_name="high", priority=5)
+def shout(word):
+    return word.upper()
+
+
+@task
+async def async_add(a, b):
+    return a + b
+
+
+@task(takes_context=True)
+def attempts_seen(context, marker):
+    return {"attempt": context.attempt, "id": context.task_result.id, "marker": marker}
+
+
+@task
+@durable(max_attempts=3, retry_base_delay=0.05, retry_max_delay=0.05)
+def flaky(marker_dir, note=None):
+    """Fails until it has run twice (the attempts are counted in files)."""
+    marks = Path(marker_dir)
+    runs = len(list(marks.glob("run-*")))
+    (marks / f"run-{runs}").touch()
+    if runs < 2:
+        raise RuntimeError(f"flaky run {runs}")
+    return runs
+
+
+@task
+@durable(max_attempts=2)
+def doomed():
+    raise PermanentFailure("no use trying again", code="E_DOOMED")
+
+
+@task
+def not_json():
+    return object()
+
+
+@task
+@durable(max_attempts=2, retry_base_delay=0.05, retry_max_delay=0.05)
+def die_once(marker_dir):
+    """Kills its worker on the first attempt (a crash), returns on the second."""
+    marks = Path(marker_dir)
+    if not (marks / "died").exists():
+        (marks / "died").touch()
+        os._exit(9)
+    return "survived"
+
+
+@task
+def sleep_for(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+@task
+@durable(principal={"type": "team", "id": "other"})
+def as_other():
+    return "other"
+
+
+@task
+def retry_once(marker_dir):
+    """Asks for a retry (scheduler.Retry) on its first run."""
+    marks = Path(marker_dir)
+    if not (marks / "retried").exists():
+        (marks / "retried").touch()
+        raise Retry("not yet", delay=0.05)
+    return "retried"
+
+
+@task(takes_context=True)
+def mark(context, marker_dir):
+    """Appends a line to a file named after its result id: one line per run."""
+    with (Path(marker_dir) / context.task_result.id).open("a") as f:
+        f.write(f"{context.task_result.worker_ids[-1]}\n")
