@@ -83,6 +83,7 @@ _EXPORTS = {
     "AuthoritySettlementConflict": "exceptions",
     "Retry": "exceptions",
     "PermanentFailure": "exceptions",
+    "HandlerTimeout": "exceptions",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -34,6 +34,9 @@ _DEFAULTS: dict[str, Any] = {
     "DEFAULT_PRINCIPAL": {"type": "app", "id": "durable_scheduler"},
     # "host" or "database": whose clock says what time it is (see DatabaseClock).
     "TIME_SOURCE": "host",
+    # How long a run may take when neither its job nor its handler says (seconds or a
+    # timedelta; None: no timeout). Checked by durable_scheduler.E003.
+    "HANDLER_TIMEOUT": None,
 }
 
 
@@ -81,6 +84,14 @@ class Settings:
     @property
     def TIME_SOURCE(self) -> str:  # noqa: N802
         return str(self._get("TIME_SOURCE"))
+
+    @property
+    def HANDLER_TIMEOUT(self) -> float | None:  # noqa: N802
+        """Seconds, or None; a timedelta setting is converted."""
+        value = self._get("HANDLER_TIMEOUT")
+        if value is None:
+            return None
+        return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
 settings = Settings()

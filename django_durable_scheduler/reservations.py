@@ -76,7 +76,8 @@ MAX_POLICY_REVISION = column_max(AuthorityReservation, "policy_revision")
 @dataclass(frozen=True)
 class Authorization:
     """One occurrence's verdict; for ``"denied"``, the error stored on the occurrence
-    (``reason``, ``code``, ``details``, ``message``)."""
+    (``reason``, ``code``, ``details``, ``message``); for ``"deferred"``, why it waits
+    (``reason``, ``message``, ``details`` with ``windowEndsAt``), for the log."""
 
     verdict: str
     error: dict[str, Any] | None = None
@@ -367,7 +368,8 @@ def _authorize_locked(
         if isinstance(why, AuthorityBudgetExhausted):
             until = to_ms(datetime.fromisoformat(why.details["windowEndsAt"]), "until")
             leases.defer(held.pk, owner=owner, fence=fence, until=until, details=why.details, using=alias)
-            verdicts[index] = Authorization(DEFERRED)
+            deferral = {"reason": "budget_exhausted", "message": why.message, "details": why.details}
+            verdicts[index] = Authorization(DEFERRED, deferral)
         else:
             denied = leases.deny(
                 held.pk,
