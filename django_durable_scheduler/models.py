@@ -171,6 +171,8 @@ class Occurrence(models.Model):
     claimed_kind: str | None = None
     # Not a column either: the job's ``timeout_ms``, read by the same claim.
     claimed_timeout_ms: int | None = None
+    # Nor this: the units the claim charged to the principal's budget (0: a reused reservation).
+    charged_units: int = 0
 
     def __str__(self) -> str:
         return self.occurrence_id

@@ -522,10 +522,11 @@ def claim_authorized(
         verdicts = _authorize_locked(items, plan.owner, conf.now(), alias) if items else []
     runnable: list[Occurrence] = []
     refused: list[tuple[Occurrence, Authorization]] = []
-    for (occurrence, _), verdict in zip(items, verdicts, strict=True):
+    for (occurrence, units), verdict in zip(items, verdicts, strict=True):
         if isinstance(verdict, LeaseLost):  # a lease shorter than the transaction
             refused.append((occurrence, Authorization(LEASE_LOST)))
         elif verdict.verdict in (RESERVED, REUSED):
+            occurrence.charged_units = units if verdict.verdict == RESERVED else 0
             runnable.append(occurrence)
         else:
             refused.append((occurrence, verdict))

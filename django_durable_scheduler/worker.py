@@ -45,7 +45,8 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, close_old_connections, connections
 
-from . import conf, kernel, registry, reservations, signals, wakeup
+from . import conf, kernel, metrics, registry, reservations, signals, wakeup
+from .authority import principal_label
 from .context import ExecutionContext
 from .exceptions import HandlerTimeout, InvalidArgument, LeaseLost, PermanentFailure, Retry, SchedulerError
 from .identity import to_duration_ms, to_ms
@@ -96,14 +97,6 @@ def _timeout_of(occurrence: Occurrence, default: float | None) -> float | None:
     return default if ms is None else ms / 1000
 
 
-def _principal(authority: Any) -> str:
-    """``type:id`` of an authority snapshot's principal ("" if it has none)."""
-    principal = authority.get("principal") if isinstance(authority, dict) else None
-    if not isinstance(principal, dict):
-        return ""
-    return f"{principal.get('type')}:{principal.get('id')}"
-
-
 def log_fields(occurrence: Occurrence, kind: str, **more: Any) -> dict[str, Any]:
     """The ``extra`` of this worker's log records about ``occurrence``: ``scheduler_*``
     attributes on the LogRecord (a prefix no LogRecord attribute has), for logging
@@ -114,7 +107,7 @@ def log_fields(occurrence: Occurrence, kind: str, **more: Any) -> dict[str, Any]
         "scheduler_kind": kind,
         "scheduler_attempt": occurrence.attempt,
         "scheduler_max_attempts": occurrence.max_attempts,
-        "scheduler_principal": _principal(occurrence.authority),
+        "scheduler_principal": principal_label(occurrence.authority),
         **{f"scheduler_{key}": value for key, value in more.items()},
     }
 
@@ -156,6 +149,8 @@ class _Running:
         # Both under the worker's lock: the handler's outcome or the timeout, whichever is first.
         self.returned = False
         self.timed_out = False
+        self.ran = 0.0  # seconds the handler ran (its timeout, if it timed out)
+        self.labels: dict[str, str] = {}  # metric attributes, with the [otel] extra
 
 
 def _one_line(error: BaseException | None) -> str:
@@ -232,6 +227,7 @@ class Worker:
         self._stuck: set[_Running] = set()
         self._sleep_until = 0.0  # when the loop's current sleep ends (see _sleep, _execute)
         self._exit_code = 0
+        self._metrics = metrics.get()  # None without the [otel] extra: nothing is measured
 
     # ------------------------------------------------------------------ control
 
@@ -408,6 +404,7 @@ class Worker:
         stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
         error = {"type": "HandlerTimeout", "message": message, "timeout": timeout, "traceback": stack}
         ctx._lease_lost.set()  # a handler that looks at ctx.lease_lost stops
+        running.ran = timeout
         self._learn(timeout)
         logger.warning(
             "%s: %s; failing it. Its thread stays busy until the handler returns (%d of %d stuck)",
@@ -638,12 +635,26 @@ class Worker:
             error = {"type": "InvalidUnits", "message": str(exc)}
             self._finish(running, {"status": "failed", "error": error, "retryable": False, "exception": exc})
         runnable = self._hold(batch.runnable)
+        if self._metrics is not None:
+            self._measure_claims(self._metrics, runnable)
         if signals.occurrence_claimed.has_listeners(Worker):
             for running in runnable:
                 self._send(signals.occurrence_claimed, running.occurrence, running.context.kind)
         for running in runnable:
             self._queue.put(running)
         return batch.claimed
+
+    @staticmethod
+    def _measure_claims(instruments: metrics.Instruments, runnable: list[_Running]) -> None:
+        now = conf.now()
+        for running in runnable:
+            occurrence = running.occurrence
+            labels = running.labels = metrics.labels(running.context.kind, occurrence.authority)
+            instruments.claimed.add(1, labels)
+            instruments.due_lag.record(max(0.0, (now - occurrence.available_at).total_seconds()), labels)
+            if occurrence.charged_units:
+                instruments.budget_runs.add(1, labels)
+                instruments.budget_units.add(occurrence.charged_units, labels)
 
     def _send(self, signal: Any, occurrence: Occurrence, kind: str, **kwargs: Any) -> None:
         """Send one of :mod:`.signals` (the caller checked that it has receivers)."""
@@ -670,11 +681,16 @@ class Worker:
             result.verdict,
             occurrence.job_id,
             kind,
-            _principal(occurrence.authority),
+            principal_label(occurrence.authority),
             reason,
             error.get("message", "by authority"),
             extra=log_fields(occurrence, kind, status=result.verdict, reason=reason),
         )
+        if self._metrics is not None:
+            counter = self._metrics.denied if denied else self._metrics.deferred
+            counter.add(1, metrics.labels(kind, occurrence.authority))
+            if denied:
+                self._metrics.dead_lettered.add(1, metrics.labels(kind, occurrence.authority))
         if denied:
             if signals.authority_denied.has_listeners(Worker):
                 self._send(signals.authority_denied, occurrence, kind, reason=reason, error=error)
@@ -709,7 +725,14 @@ class Worker:
             if wake:
                 self._wake.set()
         try:
-            outcome = self._call_handler(running.context)
+            if self._metrics is None:
+                outcome = self._call_handler(running.context)
+            else:
+                outcome = self._metrics.run(
+                    self._span_attributes(running),
+                    f"scheduler.run {running.context.kind}",
+                    lambda: self._call_handler(running.context),
+                )
         except Exception as exc:  # _call_handler catches the handler's; this is ours
             logger.exception("unexpected error running %s", running.occurrence.pk)
             outcome = {"status": "failed", "error": exc, "exception": exc}
@@ -729,8 +752,20 @@ class Worker:
             )
             self._wake.set()  # a thread is free again
             return
-        self._learn(time.monotonic() - started)
+        running.ran = time.monotonic() - started
+        self._learn(running.ran)
         self._finish(running, outcome)
+
+    @staticmethod
+    def _span_attributes(running: _Running) -> dict[str, Any]:
+        ctx = running.context
+        return {
+            **running.labels,
+            "scheduler.occurrence_id": ctx.occurrence_id,
+            "scheduler.job_id": ctx.job_id,
+            "scheduler.attempt": ctx.attempt,
+            "scheduler.fence": ctx.fence,
+        }
 
     def _learn(self, seconds: float) -> None:
         """Fold one handler run time into the average that sizes the claim-ahead: the mean
@@ -792,6 +827,8 @@ class Worker:
             elif settled is not None:
                 self._log_outcome(running, settled.status)
                 self._signal_outcome(running, settled.status)
+                if self._metrics is not None:
+                    self._measure_outcome(self._metrics, running, settled.status)
             self._forget(running)
 
     @staticmethod
@@ -835,6 +872,18 @@ class Worker:
             exc_info=exception if isinstance(exception, BaseException) and level > logging.INFO else None,
             extra=fields,
         )
+
+    @staticmethod
+    def _measure_outcome(instruments: metrics.Instruments, running: _Running, status: str) -> None:
+        labels = running.labels or metrics.labels(running.context.kind, running.occurrence.authority)
+        if status == OccurrenceStatus.SUCCEEDED:
+            instruments.succeeded.add(1, labels)
+        elif status == OccurrenceStatus.RETRY_WAIT:
+            instruments.failed.add(1, labels)
+        else:
+            instruments.dead_lettered.add(1, labels)
+        if running.ran:
+            instruments.run_duration.record(running.ran, labels)
 
     def _signal_outcome(self, running: _Running, status: str) -> None:
         finished = signals.occurrence_finished.has_listeners(Worker)

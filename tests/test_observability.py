@@ -252,3 +252,24 @@ def test_a_receiver_that_raises_never_breaks_a_run(caplog):
     assert len(errors) == 9
     assert {r.levelno for r in errors} == {logging.ERROR}
     assert all(isinstance(r.exc_info[1], ValueError) for r in errors)
+
+
+# --------------------------------------------------------------------------- without [otel]
+
+
+def test_without_the_otel_extra_nothing_is_measured_and_runs_go_on(monkeypatch):
+    import sys
+
+    from django_durable_scheduler import metrics
+
+    # As if opentelemetry-api were not installed: importing it fails.
+    monkeypatch.setitem(sys.modules, "opentelemetry.metrics", None)
+    monkeypatch.setitem(sys.modules, "opentelemetry.trace", None)
+    monkeypatch.setattr(metrics, "_loaded", False)
+    monkeypatch.setattr(metrics, "_instruments", None)
+    (occ,) = make("ok", "test.ok")
+    assert metrics.get() is None
+    worker = Worker(worker_id="w-obs", burst=True, concurrency=2, poll_interval=0.05)
+    assert worker._metrics is None
+    assert worker.run() == 0
+    assert Occurrence.objects.get(pk=occ.pk).status == "succeeded"
