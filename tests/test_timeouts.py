@@ -46,10 +46,15 @@ def test_a_hung_handler_is_retried_then_dead_lettered_and_its_late_result_droppe
     fast_retry = {"retry_base_delay": 0.05, "retry_max_delay": 0.05}
     # The handler's own timeout (0.3 s): it never returns.
     (hung,) = make("hung", "test.hang", max_attempts=2, **fast_retry)
-    # A job's timeout overrides the handler's (none here): it returns after 1.5 s, too late.
-    (late,) = make("late", "test.sleep", payload={"seconds": 1.5}, max_attempts=1, timeout=0.3)
+    # A job's timeout overrides the handler's (none here): it returns after 0.8 s, too late.
+    (late,) = make("late", "test.sleep", payload={"seconds": 0.8}, max_attempts=1, timeout=0.3)
     worker = workers.start("--concurrency", "4", "--worker-id", "w-timeout", "--grace", "1")
-    assert wait_for(lambda: "is dropped" in worker.output(), timeout=60), worker.output()
+
+    def settled() -> bool:
+        dead = Occurrence.objects.filter(pk=hung.pk, status="dead_letter").exists()
+        return dead and "is dropped" in worker.output()
+
+    assert wait_for(settled, timeout=60), worker.output()
     hung.refresh_from_db()
     late.refresh_from_db()
 
