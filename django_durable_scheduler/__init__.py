@@ -84,6 +84,7 @@ _EXPORTS = {
     "AuthoritySettlementConflict": "exceptions",
     "Retry": "exceptions",
     "PermanentFailure": "exceptions",
+    "HandlerTimeout": "exceptions",
 }
 
 __all__ = sorted(_EXPORTS)

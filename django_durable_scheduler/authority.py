@@ -171,6 +171,14 @@ def principal_key(authority: dict[str, Any]) -> str:
     return canonical_json([principal["type"], principal["id"]])
 
 
+def principal_label(authority: Any) -> str:
+    """``type:id`` of an envelope's principal, for logs and metrics ("" if it has none)."""
+    principal = authority.get("principal") if isinstance(authority, dict) else None
+    if not isinstance(principal, dict):
+        return ""
+    return f"{principal.get('type')}:{principal.get('id')}"
+
+
 def missing_capabilities(capabilities: list[str], authority: dict[str, Any]) -> list[str]:
     """The capabilities ``authority`` requests that ``capabilities`` (a policy's) do not grant."""
     granted = set(capabilities)

@@ -214,6 +214,22 @@ def _settings_problems() -> list[tuple[str, str, str]]:
                 "False makes workers poll only (behind a transaction-mode pooler such as PgBouncer).",
             )
         )
+    timeout = _setting("HANDLER_TIMEOUT", None)
+    if timeout is not None:
+        from .registry import MAX_TIMEOUT_MS, timeout_ms
+
+        try:
+            timeout_ms(timeout, "DURABLE_SCHEDULER_HANDLER_TIMEOUT")
+        except InvalidArgument:
+            problems.append(
+                (
+                    "HANDLER_TIMEOUT",
+                    f"must be None, or seconds or a timedelta in [0.001, {MAX_TIMEOUT_MS // 1000}] "
+                    f"seconds, not {timeout!r}",
+                    "It is how long a run may take when neither its job nor its handler gives a "
+                    "timeout; the default None means no timeout.",
+                )
+            )
     try:
         normalize_principal(conf.settings.DEFAULT_PRINCIPAL, "principal")
     except InvalidArgument as exc:

@@ -68,8 +68,9 @@ def column(connection: BaseDatabaseWrapper, model: type[Model], name: str) -> st
     return connection.ops.quote_name(str(model._meta.get_field(name).column))  # type: ignore[union-attr]
 
 
-# (occurrence_id, kind, principal_key, due_at, scheduled_for, priority) of one candidate.
-Candidate = tuple[str, str, str, datetime, datetime, int]
+# (occurrence_id, kind, principal_key, due_at, scheduled_for, priority, job timeout_ms) of one
+# candidate.
+Candidate = tuple[str, str, str, datetime, datetime, int, int | None]
 
 
 class _Arms:
@@ -83,7 +84,7 @@ class _Arms:
         connection = connections[alias]
         quote = connection.ops.quote_name
         o = {name: "o." + column(connection, Occurrence, name) for name in _OCCURRENCE_COLUMNS}
-        j = {name: "j." + column(connection, Job, name) for name in ("job_id", "kind", "enabled")}
+        j = {name: "j." + column(connection, Job, name) for name in _JOB_COLUMNS}
         self.now = connection.ops.adapt_datetimefield_value(now)
         tail = f" AND {j['enabled']} = %s"
         self.tail_params: list[Any] = [True]
@@ -92,7 +93,7 @@ class _Arms:
             self.tail_params += kinds
         select = (
             f"SELECT {o['occurrence_id']}, {j['kind']}, {o['principal_key']},"
-            f" {{due}}, {o['scheduled_for']}, {o['priority']}"
+            f" {{due}}, {o['scheduled_for']}, {o['priority']}, {j['timeout_ms']}"
             f" FROM {quote(Occurrence._meta.db_table)} o{{hint}}"
             f" INNER JOIN {quote(Job._meta.db_table)} j ON {j['job_id']} = {o['job']}"
         )
@@ -160,11 +161,20 @@ class _Arms:
             rows = cursor.fetchall()
         self.parts, self.params = [], []
         return [
-            (pk, kind, key, _as_datetime(due), _as_datetime(at), int(priority))
-            for pk, kind, key, due, at, priority in rows
+            (
+                pk,
+                kind,
+                key,
+                _as_datetime(due),
+                _as_datetime(at),
+                int(priority),
+                None if timeout is None else int(timeout),
+            )
+            for pk, kind, key, due, at, priority, timeout in rows
         ]
 
 
+_JOB_COLUMNS = ("job_id", "kind", "enabled", "timeout_ms")
 _OCCURRENCE_COLUMNS = (
     "occurrence_id",
     "job",
@@ -429,6 +439,7 @@ def claim_candidates(
         ranked.sort(key=lambda item: (item[0], item[1], item[2][3], item[2][4], item[2][0]))
     pool = [row for _, _, row in ranked[:want]]
     kind_of = {row[0]: row[1] for row in pool}
+    timeout_of = {row[0]: row[6] for row in pool}
     if before_lock is not None and pool:
         before_lock(sorted({row[2] for row in pool}))
     rank = {row[0]: index for index, row in enumerate(pool)}
@@ -445,6 +456,7 @@ def claim_candidates(
     got.sort(key=lambda row: rank[row.pk])
     for occurrence in got:
         occurrence.claimed_kind = kind_of[occurrence.pk]
+        occurrence.claimed_timeout_ms = timeout_of[occurrence.pk]
     return got
 
 

@@ -37,6 +37,9 @@ _DEFAULTS: dict[str, Any] = {
     # Workers listen for wake-ups (PostgreSQL LISTEN, SQLite's sockets); False: poll only, as
     # behind a transaction-mode pooler such as PgBouncer, which does not deliver LISTEN.
     "LISTEN": True,
+    # How long a run may take when neither its job nor its handler says (seconds or a
+    # timedelta; None: no timeout). Checked by durable_scheduler.E003.
+    "HANDLER_TIMEOUT": None,
 }
 
 
@@ -88,6 +91,14 @@ class Settings:
     @property
     def LISTEN(self) -> bool:  # noqa: N802
         return bool(self._get("LISTEN"))
+
+    @property
+    def HANDLER_TIMEOUT(self) -> float | None:  # noqa: N802
+        """Seconds, or None; a timedelta setting is converted."""
+        value = self._get("HANDLER_TIMEOUT")
+        if value is None:
+            return None
+        return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
 settings = Settings()

@@ -42,6 +42,7 @@ from .identity import (
     to_ms,
 )
 from .jobs import get_job
+from .metrics import count_enqueued
 from .models import PENDING_STATUSES, Event, Job, Occurrence, OccurrenceStatus
 from .wakeup import notify_new_work
 
@@ -187,6 +188,7 @@ def insert_occurrence(
             notify_new_work(alias)
     if not created:
         return _found(job, occurrence, alias)
+    count_enqueued(job.kind, job.authority)
     return occurrence, False
 
 
@@ -327,6 +329,7 @@ def enqueue_many(
         dialect.insert_rows(alias, [build.event(row) for row in new])
         if new:
             notify_new_work(alias)
+            count_enqueued(job.kind, job.authority, len(new))
     return results
 
 

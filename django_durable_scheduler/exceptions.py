@@ -202,3 +202,13 @@ class PermanentFailure(Exception):
     def __init__(self, message: str = "permanent failure", *, code: str | None = None) -> None:
         self.code = code
         super().__init__(message)
+
+
+class HandlerTimeout(Exception):
+    """A handler ran past its timeout: the worker failed the run (retried under the job's
+    policy) without waiting for it. Never raised inside the handler (Python cannot stop a
+    thread); the worker records it, logs it and sends it with its signals."""
+
+    def __init__(self, message: str, *, timeout: float) -> None:
+        self.timeout = timeout
+        super().__init__(message)

@@ -31,6 +31,7 @@ from .identity import (
 from .leases import MAX_LEASE_MS
 from .models import PENDING_STATUSES, Job, Occurrence, OccurrenceStatus
 from .policies import bind_to_current_policy, get_policy, grant_default
+from .registry import timeout_ms
 from .schedules import MISFIRE_GRACE, catchup_window, expired_one_off, initial_fire_time
 from .triggers import validate_trigger
 
@@ -61,6 +62,8 @@ def _job_fields(changes: dict[str, Any], *, creating: bool) -> dict[str, Any]:
             out["max_attempts"] = normalize_int(value, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
         elif key == "retry_base_delay":
             out["retry_base_delay_ms"] = to_duration_ms(value, "retry_base_delay", maximum_ms=MAX_LEASE_MS)
+        elif key == "timeout":
+            out["timeout_ms"] = timeout_ms(value, "timeout")
         elif key == "retry_max_delay":
             out["retry_max_delay_ms"] = to_duration_ms(value, "retry_max_delay", maximum_ms=31 * MAX_LEASE_MS)
         else:
@@ -140,9 +143,13 @@ def create_job(
     max_attempts: int = 3,
     retry_base_delay: float | timedelta | None = None,
     retry_max_delay: float | timedelta | None = None,
+    timeout: float | timedelta | None = None,
     using: str | None = None,
 ) -> Job:
     """Create a job at revision 1. ``SCHEDULER_CONFLICT`` if the id is taken.
+
+    ``timeout`` (seconds or a timedelta; None: the handler's) is how long one run may take;
+    it overrides the handler's and the ``DURABLE_SCHEDULER_HANDLER_TIMEOUT`` default.
 
     Without ``authority`` the job runs as the app's default principal, requesting its kind,
     which that principal's policy is made to grant (:func:`policies.grant_default`)."""
@@ -159,6 +166,7 @@ def create_job(
             if retry_base_delay is None
             else retry_base_delay,
             "retry_max_delay": conf.settings.RETRY_MAX_DELAY if retry_max_delay is None else retry_max_delay,
+            "timeout": timeout,
         },
         creating=True,
     )

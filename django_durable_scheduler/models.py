@@ -49,6 +49,9 @@ class Job(models.Model):
     # Retry backoff when the handler gives no time: base * 2**(attempt-1), capped at max.
     retry_base_delay_ms = models.PositiveBigIntegerField(default=10_000)
     retry_max_delay_ms = models.PositiveBigIntegerField(default=3_600_000)
+    # How long one run may take before the worker fails it (None: the handler's timeout,
+    # else DURABLE_SCHEDULER_HANDLER_TIMEOUT, else none).
+    timeout_ms = models.PositiveBigIntegerField(null=True, blank=True)
     # The next slot to materialize (None: no schedule, or it has ended), and the latest slot
     # ever materialized: no slot at or before it fires again, whatever edits or pruning do.
     next_fire_at = models.DateTimeField(null=True, blank=True)
@@ -179,6 +182,10 @@ class Occurrence(models.Model):
 
     # Not a column: the job's kind, filled in by a claim (so the worker need not look it up).
     claimed_kind: str | None = None
+    # Not a column either: the job's ``timeout_ms``, read by the same claim.
+    claimed_timeout_ms: int | None = None
+    # Nor this: the units the claim charged to the principal's budget (0: a reused reservation).
+    charged_units: int = 0
 
     def __str__(self) -> str:
         return self.occurrence_id

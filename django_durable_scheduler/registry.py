@@ -5,12 +5,22 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any
 
 from .exceptions import InvalidArgument
-from .identity import normalize_identifier, normalize_int
+from .identity import normalize_identifier, normalize_int, to_duration_ms
 
 HandlerFunc = Callable[[Any], Any]
+# The longest timeout a handler, a job or the default setting may give: 31 days.
+MAX_TIMEOUT_MS = 31 * 24 * 60 * 60 * 1000
+
+
+def timeout_ms(value: float | timedelta | None, field: str) -> int | None:
+    """A run's timeout in milliseconds (None: no timeout), from seconds or a timedelta."""
+    if value is None:
+        return None
+    return to_duration_ms(value, field, minimum_ms=1, maximum_ms=MAX_TIMEOUT_MS)
 
 
 @dataclass(frozen=True)
@@ -18,6 +28,7 @@ class Handler:
     kind: str
     func: HandlerFunc
     units: int | Callable[[Any], int] = 1
+    timeout_ms: int | None = None
 
 
 _handlers: dict[str, Handler] = {}
@@ -28,12 +39,16 @@ def handler(
     kind: str,
     *,
     units: int | Callable[[Any], int] = 1,
+    timeout: float | timedelta | None = None,
     job: dict[str, Any] | None = None,
 ) -> Callable[[HandlerFunc], HandlerFunc]:
     """Register the decorated function as the handler of ``kind``.
 
     ``units``: what one run costs against its principal's unit budget (an int in
-    1..1,000,000, or a callable taking the claimed Occurrence). ``job``: optionally declare a job for
+    1..1,000,000, or a callable taking the claimed Occurrence). ``timeout``: how long one run
+    may take (seconds or a timedelta; a job's own ``timeout`` overrides it, and without
+    either ``DURABLE_SCHEDULER_HANDLER_TIMEOUT`` applies): past it the worker fails the run
+    as ``HandlerTimeout`` (retried under the job's policy). ``job``: optionally declare a job for
     this handler in code, created or updated by ``manage.py scheduler_sync``::
 
         @scheduler.handler("reports.send-daily", job={
@@ -49,6 +64,7 @@ def handler(
     kind = normalize_identifier(kind, "kind", max_length=128)
     if not callable(units):
         normalize_int(units, "units", minimum=1, maximum=1_000_000)
+    limit_ms = timeout_ms(timeout, "timeout")
     declaration = None
     if job is not None:
         from .declared import declaration_from_handler
@@ -69,7 +85,7 @@ def handler(
 
                 # Before the handler: a conflict leaves neither. The handler's app owns the job.
                 add_declaration(replace(declaration, module=getattr(func, "__module__", None)))
-            _handlers[kind] = Handler(kind, func, units)
+            _handlers[kind] = Handler(kind, func, units, limit_ms)
         return func
 
     return register

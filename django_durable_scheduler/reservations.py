@@ -76,7 +76,8 @@ MAX_POLICY_REVISION = column_max(AuthorityReservation, "policy_revision")
 @dataclass(frozen=True)
 class Authorization:
     """One occurrence's verdict; for ``"denied"``, the error stored on the occurrence
-    (``reason``, ``code``, ``details``, ``message``)."""
+    (``reason``, ``code``, ``details``, ``message``); for ``"deferred"``, why it waits
+    (``reason``, ``message``, ``details`` with ``windowEndsAt``), for the log."""
 
     verdict: str
     error: dict[str, Any] | None = None
@@ -376,7 +377,8 @@ def _authorize_locked(
         if isinstance(why, AuthorityBudgetExhausted):
             until = to_ms(datetime.fromisoformat(why.details["windowEndsAt"]), "until")
             leases.defer(held.pk, owner=owner, fence=fence, until=until, details=why.details, using=alias)
-            verdicts[index] = Authorization(DEFERRED)
+            deferral = {"reason": "budget_exhausted", "message": why.message, "details": why.details}
+            verdicts[index] = Authorization(DEFERRED, deferral)
         else:
             denied = leases.deny(
                 held.pk,
@@ -532,10 +534,11 @@ def claim_authorized(
         verdicts = _authorize_locked(items, plan.owner, conf.now(), alias, already=already) if items else []
     runnable: list[Occurrence] = []
     refused: list[tuple[Occurrence, Authorization]] = []
-    for (occurrence, _), verdict in zip(items, verdicts, strict=True):
+    for (occurrence, units), verdict in zip(items, verdicts, strict=True):
         if isinstance(verdict, LeaseLost):  # a lease shorter than the transaction
             refused.append((occurrence, Authorization(LEASE_LOST)))
         elif verdict.verdict in (RESERVED, REUSED):
+            occurrence.charged_units = units if verdict.verdict == RESERVED else 0
             runnable.append(occurrence)
         else:
             refused.append((occurrence, verdict))

@@ -11,16 +11,31 @@ Between turns the loop sleeps until the next due slot, a finished handler, a wak
 poll interval. A wake-up (NOTIFY, or a datagram on SQLite: see :mod:`.wakeup`) is latched
 until the next claim starts, so one that comes in while the loop is busy (settling,
 claiming, materializing, or with no free slot) is acted on by the next turn that can claim.
+
+A run that passes its timeout (the job's, else the handler's, else
+``DURABLE_SCHEDULER_HANDLER_TIMEOUT``) is failed by the loop as ``HandlerTimeout`` and
+settled like any failure, so its lease is no longer renewed; Python cannot stop the thread,
+so it stays counted against ``concurrency`` until the handler returns, and its late
+outcome is dropped. When every handler thread is stuck so, the worker stops and
+``run()`` returns EXIT_STUCK for its supervisor to restart it.
+
+Logging (the ``django_durable_scheduler`` logger): a success at INFO, a retry at WARNING (a
+``Retry`` the handler raised at INFO), a dead letter at ERROR, the failures with the
+exception (``exc_info``) and every one with ``scheduler_*`` fields in ``extra``
+(:func:`log_fields`). Signals: :mod:`.signals`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import logging
 import os
 import queue
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -30,12 +45,13 @@ from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
 
-from . import conf, kernel, registry, reservations, wakeup
+from . import conf, kernel, metrics, registry, reservations, signals, wakeup
+from .authority import principal_label
 from .context import ExecutionContext
 from .dialect import alias_for
-from .exceptions import InvalidArgument, LeaseLost, PermanentFailure, Retry, SchedulerError
+from .exceptions import HandlerTimeout, InvalidArgument, LeaseLost, PermanentFailure, Retry, SchedulerError
 from .identity import to_duration_ms, to_ms
-from .models import Occurrence, WorkerHeartbeat
+from .models import Occurrence, OccurrenceStatus, WorkerHeartbeat
 
 logger = logging.getLogger("django_durable_scheduler")
 
@@ -62,12 +78,39 @@ GATHER = 0.01
 # cannot yet take them: the loop looks again after this, doubling up to the poll interval,
 # rather than idling a whole poll interval with nothing running (nothing would wake it).
 LOCKED_RETRY = 0.02
+# run()'s exit code when every handler thread is stuck in a handler past its timeout: the
+# process can do no more work, and only a restart frees the threads.
+EXIT_STUCK = 3
 
 
 def _handler_units(occurrence: Occurrence) -> reservations.Units:
     """The units of the occurrence's handler registration (1 without a handler)."""
     handler = registry.get_handler(occurrence.claimed_kind or "")
     return handler.units if handler is not None else 1
+
+
+def _timeout_of(occurrence: Occurrence, default: float | None) -> float | None:
+    """The run's timeout in seconds: the job's, else its handler's, else ``default``."""
+    ms = occurrence.claimed_timeout_ms
+    if ms is None:
+        handler = registry.get_handler(occurrence.claimed_kind or "")
+        ms = handler.timeout_ms if handler is not None else None
+    return default if ms is None else ms / 1000
+
+
+def log_fields(occurrence: Occurrence, kind: str, **more: Any) -> dict[str, Any]:
+    """The ``extra`` of this worker's log records about ``occurrence``: ``scheduler_*``
+    attributes on the LogRecord (a prefix no LogRecord attribute has), for logging
+    integrations that index them."""
+    return {
+        "scheduler_occurrence_id": occurrence.pk,
+        "scheduler_job_id": occurrence.job_id,
+        "scheduler_kind": kind,
+        "scheduler_attempt": occurrence.attempt,
+        "scheduler_max_attempts": occurrence.max_attempts,
+        "scheduler_principal": principal_label(occurrence.authority),
+        **{f"scheduler_{key}": value for key, value in more.items()},
+    }
 
 
 def default_worker_id() -> str:
@@ -95,12 +138,20 @@ def claim_ahead(
 class _Running:
     """A claimed occurrence, from its claim until it is settled (or given up)."""
 
-    def __init__(self, occurrence: Occurrence, context: ExecutionContext) -> None:
+    def __init__(self, occurrence: Occurrence, context: ExecutionContext, timeout: float | None) -> None:
         self.occurrence = occurrence
         self.context = context
         self.started = time.monotonic()
         self.outcome: dict[str, Any] = {}
+        self.error: dict[str, Any] | None = None  # the error settled, for the log
         self.done = threading.Event()
+        self.timeout = timeout
+        self.thread_id: int | None = None  # of the handler thread, while it runs with a timeout
+        # Both under the worker's lock: the handler's outcome or the timeout, whichever is first.
+        self.returned = False
+        self.timed_out = False
+        self.ran = 0.0  # seconds the handler ran (its timeout, if it timed out)
+        self.labels: dict[str, str] = {}  # metric attributes, with the [otel] extra
 
 
 def _one_line(error: BaseException | None) -> str:
@@ -170,6 +221,14 @@ class Worker:
         self._retry_wait = 0.0  # the current back-off while due work is held elsewhere
         self._listener: wakeup.Listener | wakeup.SocketListener | None = None
         self._listener_thread: threading.Thread | None = None
+        # Runs with a timeout, by deadline (monotonic), and the runs past theirs whose
+        # handlers have not returned: their threads are lost to the pool until they do.
+        self._deadlines: list[tuple[float, int, _Running]] = []
+        self._deadline_order = itertools.count()
+        self._stuck: set[_Running] = set()
+        self._sleep_until = 0.0  # when the loop's current sleep ends (see _sleep, _execute)
+        self._exit_code = 0
+        self._metrics = metrics.get()  # None without the [otel] extra: nothing is measured
 
     # ------------------------------------------------------------------ control
 
@@ -259,6 +318,10 @@ class Worker:
             try:
                 turn_started = time.monotonic()
                 _tidy_connections()
+                self._expire()
+                if len(self._stuck) >= self.concurrency:
+                    self._give_up()
+                    break
                 self._flush()
                 free = self._free()
                 # Woken for new work: claim it first, and look after the schedules after.
@@ -311,7 +374,71 @@ class Worker:
             self._sleep(min(wait, self._retry_wait) if held_elsewhere else wait)
             self._gather()
         self._shutdown()
-        return 0
+        return self._exit_code
+
+    def _expire(self) -> None:
+        """Fail every run past its deadline whose handler has not returned: settled by the
+        next flush like any failure (so its lease is no longer renewed), while its thread
+        stays counted as busy (``_stuck``) until the handler returns (see _execute)."""
+        if not self._deadlines:
+            return
+        now = time.monotonic()
+        expired: list[_Running] = []
+        with self._lock:
+            while self._deadlines and self._deadlines[0][0] <= now:
+                running = heapq.heappop(self._deadlines)[2]
+                if not running.returned and not running.timed_out:
+                    running.timed_out = True
+                    self._stuck.add(running)
+                    expired.append(running)
+            if len(self._deadlines) > 64 and len(self._deadlines) > 2 * len(self._running):
+                # Runs that returned in time leave their entries behind: drop them now and then.
+                self._deadlines = [entry for entry in self._deadlines if not entry[2].returned]
+                heapq.heapify(self._deadlines)
+            stuck = len(self._stuck)
+        for running in expired:
+            self._time_out(running, stuck)
+
+    def _time_out(self, running: _Running, stuck: int) -> None:
+        timeout = running.timeout or 0.0
+        ctx = running.context
+        message = f"the handler of kind {ctx.kind!r} did not return within its timeout of {timeout:g} s"
+        # Where the thread is stuck is what the operator needs to see.
+        frame = sys._current_frames().get(running.thread_id or 0)
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
+        error = {"type": "HandlerTimeout", "message": message, "timeout": timeout, "traceback": stack}
+        ctx._lease_lost.set()  # a handler that looks at ctx.lease_lost stops
+        running.ran = timeout
+        self._learn(timeout)
+        logger.warning(
+            "%s: %s; failing it. Its thread stays busy until the handler returns (%d of %d stuck)",
+            ctx.occurrence_id,
+            message,
+            stuck,
+            self.concurrency,
+            extra=log_fields(running.occurrence, ctx.kind, timeout=timeout),
+        )
+        exception = HandlerTimeout(message, timeout=timeout)
+        self._finish(running, {"status": "failed", "error": error, "exception": exception})
+
+    def _give_up(self) -> None:
+        """Every handler thread is stuck: settle what finished (the timeouts among it), give
+        the other leases back, and stop with EXIT_STUCK so a supervisor restarts the process."""
+        with self._lock:
+            kinds = sorted({running.context.kind for running in self._stuck})
+        logger.error(
+            "all %d handler threads are stuck in handlers past their timeout (kinds %s): "
+            "stopping claims and exiting with code %d so that the process is restarted",
+            self.concurrency,
+            ", ".join(kinds),
+            EXIT_STUCK,
+        )
+        self._exit_code = EXIT_STUCK
+        self._stopping.set()
+
+    def _next_deadline(self) -> float | None:
+        with self._lock:
+            return self._deadlines[0][0] if self._deadlines else None
 
     def _maintain(self) -> None:
         """Materialize the jobs' due slots and dead-letter expired leases, each on its own
@@ -346,7 +473,13 @@ class Worker:
         the sleep, and whatever came before is seen in the state."""
         self._wake.clear()
         if not self._turn_due():
+            now = time.monotonic()
+            with self._lock:
+                if self._deadlines:  # a run's deadline ends the sleep
+                    timeout = max(0.0, min(timeout, self._deadlines[0][0] - now))
+                self._sleep_until = now + timeout
             self._wake.wait(timeout)
+            self._sleep_until = 0.0
 
     def _gather(self) -> None:
         """Once a handler has finished, wait up to GATHER seconds for others still running,
@@ -369,10 +502,11 @@ class Worker:
     def _capacity(self) -> int:
         """How many occurrences to hold at once (see claim_ahead); never more than
         --max-occurrences allows (_free checks)."""
-        if self.once:
-            return self.concurrency
+        threads = self.concurrency - len(self._stuck)
+        if self.once or threads <= 0:
+            return max(threads, 0)
         return claim_ahead(
-            concurrency=self.concurrency,
+            concurrency=threads,
             handler_seconds=self._handler_seconds,
             turn_seconds=self._turn_seconds,
             lease=self.lease,
@@ -399,6 +533,10 @@ class Worker:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self._wake.clear()  # before the state is read, as in _sleep
+            self._expire()
+            if len(self._stuck) >= self.concurrency and self._exit_code != EXIT_STUCK:
+                self._give_up()  # what is left to run never will: settle, give up the rest
+                deadline = time.monotonic()
             try:
                 self._flush()
             except DatabaseError:
@@ -411,10 +549,15 @@ class Worker:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 return
-            self._wake.wait(0.5 if remaining is None else min(0.5, remaining))
+            wait = 0.5 if remaining is None else min(0.5, remaining)
+            due = self._next_deadline()
+            if due is not None:
+                wait = max(0.0, min(wait, due - time.monotonic()))
+            self._wake.wait(wait)
 
     def _shutdown(self) -> None:
-        self._drain(self.grace)
+        # Stuck: no thread is left to finish anything; settle what has finished, no more.
+        self._drain(0 if self._exit_code == EXIT_STUCK else self.grace)
         # Past the grace period: what no handler thread has started yet must never start
         # (its lease is given back below, and another worker may run it).
         while True:
@@ -452,6 +595,7 @@ class Worker:
     def _hold(self, claimed: list[Occurrence]) -> list[_Running]:
         """Register claimed occurrences as held (the heartbeat renews their leases)."""
         held = []
+        default_timeout = conf.settings.HANDLER_TIMEOUT if claimed else None
         for occurrence in claimed:
             context = ExecutionContext(
                 occurrence_id=occurrence.pk,
@@ -466,7 +610,7 @@ class Worker:
                 owner=self.worker_id,
                 using=self.using,
             )
-            running = _Running(occurrence, context)
+            running = _Running(occurrence, context, _timeout_of(occurrence, default_timeout))
             with self._lock:
                 self._running[occurrence.pk] = running
             held.append(running)
@@ -498,37 +642,77 @@ class Worker:
             # Round-robin: the next claim starts after the last principal served.
             self._principal_cursor = batch.claimed[-1].principal_key
         for occurrence, result in batch.refused:
-            self._log_refusal(occurrence, result)
+            self._refused(occurrence, result)
         with self._lock:
             self.processed += len(batch.refused)
         unpriced = self._hold([occurrence for occurrence, _ in batch.unpriced])
         for running, (_, exc) in zip(unpriced, batch.unpriced, strict=True):
             error = {"type": "InvalidUnits", "message": str(exc)}
-            self._finish(running, {"status": "failed", "error": error, "retryable": False})
-        for running in self._hold(batch.runnable):
+            self._finish(running, {"status": "failed", "error": error, "retryable": False, "exception": exc})
+        runnable = self._hold(batch.runnable)
+        if self._metrics is not None:
+            self._measure_claims(self._metrics, runnable)
+        if signals.occurrence_claimed.has_listeners(Worker):
+            for running in runnable:
+                self._send(signals.occurrence_claimed, running.occurrence, running.context.kind)
+        for running in runnable:
             self._queue.put(running)
         return batch.claimed
 
     @staticmethod
-    def _log_refusal(occurrence: Occurrence, result: reservations.Authorization) -> None:
+    def _measure_claims(instruments: metrics.Instruments, runnable: list[_Running]) -> None:
+        now = conf.now()
+        for running in runnable:
+            occurrence = running.occurrence
+            labels = running.labels = metrics.labels(running.context.kind, occurrence.authority)
+            instruments.claimed.add(1, labels)
+            instruments.due_lag.record(max(0.0, (now - occurrence.available_at).total_seconds()), labels)
+            if occurrence.charged_units:
+                instruments.budget_runs.add(1, labels)
+                instruments.budget_units.add(occurrence.charged_units, labels)
+
+    def _send(self, signal: Any, occurrence: Occurrence, kind: str, **kwargs: Any) -> None:
+        """Send one of :mod:`.signals` (the caller checked that it has receivers)."""
+        signals.send(signal, Worker, worker_id=self.worker_id, occurrence=occurrence, kind=kind, **kwargs)
+
+    def _refused(self, occurrence: Occurrence, result: reservations.Authorization) -> None:
+        """Log (and signal) an occurrence its authority refused: a denial, dead-lettered,
+        at WARNING; a budget deferral, which only waits, at INFO."""
         kind = occurrence.claimed_kind or ""
         if result.verdict == reservations.LEASE_LOST:
-            logger.warning("%s: lease lost before authorization", occurrence.pk)
-        elif result.error is not None:
-            # The stored message names the reason and what was refused (the missing
-            # capabilities, the principal), so the log line alone tells the operator.
-            logger.info(
-                "%s %s job=%s kind=%s: %s",
-                occurrence.pk,
-                result.verdict,
-                occurrence.job_id,
-                kind,
-                result.error.get("message"),
+            logger.warning(
+                "%s: lease lost before authorization", occurrence.pk, extra=log_fields(occurrence, kind)
             )
-        else:
-            logger.info(
-                "%s %s job=%s kind=%s by authority", occurrence.pk, result.verdict, occurrence.job_id, kind
-            )
+            return
+        error = result.error or {}
+        reason = error.get("reason") or result.verdict
+        denied = result.verdict == reservations.DENIED
+        # The stored message names the reason and what was refused (the missing
+        # capabilities, the principal), so the log line alone tells the operator.
+        logger.log(
+            logging.WARNING if denied else logging.INFO,
+            "%s %s job=%s kind=%s principal=%s: %s: %s",
+            occurrence.pk,
+            result.verdict,
+            occurrence.job_id,
+            kind,
+            principal_label(occurrence.authority),
+            reason,
+            error.get("message", "by authority"),
+            extra=log_fields(occurrence, kind, status=result.verdict, reason=reason),
+        )
+        if self._metrics is not None:
+            counter = self._metrics.denied if denied else self._metrics.deferred
+            counter.add(1, metrics.labels(kind, occurrence.authority))
+            if denied:
+                self._metrics.dead_lettered.add(1, metrics.labels(kind, occurrence.authority))
+        if denied:
+            if signals.authority_denied.has_listeners(Worker):
+                self._send(signals.authority_denied, occurrence, kind, reason=reason, error=error)
+            if signals.occurrence_dead_lettered.has_listeners(Worker):
+                self._send(signals.occurrence_dead_lettered, occurrence, kind, error=error, exception=None)
+        elif signals.budget_deferred.has_listeners(Worker):
+            self._send(signals.budget_deferred, occurrence, kind, reason=reason)
 
     def _finish(self, running: _Running, outcome: dict[str, Any]) -> None:
         """Hand an outcome to the loop thread, which settles it with the others."""
@@ -538,14 +722,65 @@ class Worker:
         self._wake.set()
 
     def _execute(self, running: _Running) -> None:
+        if signals.occurrence_started.has_listeners(Worker):
+            self._send(
+                signals.occurrence_started,
+                running.occurrence,
+                running.context.kind,
+                attempt=running.context.attempt,
+                timeout=running.timeout,
+            )
         started = time.monotonic()
+        if running.timeout is not None:
+            running.thread_id = threading.get_ident()
+            deadline = started + running.timeout
+            with self._lock:
+                heapq.heappush(self._deadlines, (deadline, next(self._deadline_order), running))
+                wake = deadline < self._sleep_until  # the loop sleeps past it (see _sleep)
+            if wake:
+                self._wake.set()
         try:
-            outcome = self._call_handler(running.context)
+            if self._metrics is None:
+                outcome = self._call_handler(running.context)
+            else:
+                outcome = self._metrics.run(
+                    self._span_attributes(running),
+                    f"scheduler.run {running.context.kind}",
+                    lambda: self._call_handler(running.context),
+                )
         except Exception as exc:  # _call_handler catches the handler's; this is ours
             logger.exception("unexpected error running %s", running.occurrence.pk)
-            outcome = {"status": "failed", "error": exc}
-        self._learn(time.monotonic() - started)
+            outcome = {"status": "failed", "error": exc, "exception": exc}
+        with self._lock:
+            late = running.timed_out
+            running.returned = True
+            self._stuck.discard(running)
+        if late:
+            # Already failed and settled (or about to be) by the loop: never settled twice.
+            # The kernel's fence would refuse it anyway once the lease moved on.
+            logger.warning(
+                "%s: the handler returned %.1f s after its timeout; its outcome (%s) is dropped",
+                running.occurrence.pk,
+                time.monotonic() - started - (running.timeout or 0.0),
+                outcome["status"],
+                extra=log_fields(running.occurrence, running.context.kind),
+            )
+            self._wake.set()  # a thread is free again
+            return
+        running.ran = time.monotonic() - started
+        self._learn(running.ran)
         self._finish(running, outcome)
+
+    @staticmethod
+    def _span_attributes(running: _Running) -> dict[str, Any]:
+        ctx = running.context
+        return {
+            **running.labels,
+            "scheduler.occurrence_id": ctx.occurrence_id,
+            "scheduler.job_id": ctx.job_id,
+            "scheduler.attempt": ctx.attempt,
+            "scheduler.fence": ctx.fence,
+        }
 
     def _learn(self, seconds: float) -> None:
         """Fold one handler run time into the average that sizes the claim-ahead: the mean
@@ -575,6 +810,8 @@ class Worker:
         if not finished:
             return
         items = [self._settle_item(running) for running in finished]
+        for running, item in zip(finished, items, strict=True):
+            running.error = item.get("error")
         results: list[Occurrence | LeaseLost | None] = []
         try:
             results.extend(kernel.settle_many(items, owner=self.worker_id, using=self.using))
@@ -603,17 +840,88 @@ class Worker:
                 ctx._lease_lost.set()
                 logger.warning("%s: result not recorded: %s", ctx.occurrence_id, settled)
             elif settled is not None:
-                logger.info(
-                    "%s %s job=%s kind=%s attempt=%d/%d in %.0f ms",
-                    ctx.occurrence_id,
-                    settled.status,
-                    ctx.job_id,
-                    ctx.kind,
-                    ctx.attempt,
-                    ctx.max_attempts,
-                    (time.monotonic() - running.started) * 1000,
-                )
+                self._log_outcome(running, settled.status)
+                self._signal_outcome(running, settled.status)
+                if self._metrics is not None:
+                    self._measure_outcome(self._metrics, running, settled.status)
             self._forget(running)
+
+    @staticmethod
+    def _log_outcome(running: _Running, status: str) -> None:
+        """One line per settled run: success at INFO, a retry at WARNING (INFO when the
+        handler asked for it with ``Retry``), a dead letter at ERROR; failures carry the
+        exception and traceback (``exc_info``) where there is one."""
+        error = running.error
+        if status == OccurrenceStatus.SUCCEEDED:
+            level = logging.INFO
+        elif status == OccurrenceStatus.RETRY_WAIT:
+            level = logging.INFO if error is not None and error.get("type") == "Retry" else logging.WARNING
+        else:
+            level = logging.ERROR
+        if not logger.isEnabledFor(level):
+            return
+        ctx = running.context
+        seconds = time.monotonic() - running.started
+        args: tuple[Any, ...] = (
+            ctx.occurrence_id,
+            status,
+            ctx.job_id,
+            ctx.kind,
+            ctx.attempt,
+            ctx.max_attempts,
+            seconds * 1000,
+        )
+        fields = log_fields(running.occurrence, ctx.kind, status=status, duration_ms=round(seconds * 1000))
+        if error is None:
+            logger.log(level, "%s %s job=%s kind=%s attempt=%d/%d in %.0f ms", *args, extra=fields)
+            return
+        kind = error.get("type") or "Error"
+        fields["scheduler_error_type"] = kind
+        exception = running.outcome.get("exception")
+        logger.log(
+            level,
+            "%s %s job=%s kind=%s attempt=%d/%d in %.0f ms: %s: %s",
+            *args,
+            kind,
+            error.get("message", ""),
+            exc_info=exception if isinstance(exception, BaseException) and level > logging.INFO else None,
+            extra=fields,
+        )
+
+    @staticmethod
+    def _measure_outcome(instruments: metrics.Instruments, running: _Running, status: str) -> None:
+        labels = running.labels or metrics.labels(running.context.kind, running.occurrence.authority)
+        if status == OccurrenceStatus.SUCCEEDED:
+            instruments.succeeded.add(1, labels)
+        elif status == OccurrenceStatus.RETRY_WAIT:
+            instruments.failed.add(1, labels)
+        else:
+            instruments.dead_lettered.add(1, labels)
+        if running.ran:
+            instruments.run_duration.record(running.ran, labels)
+
+    def _signal_outcome(self, running: _Running, status: str) -> None:
+        finished = signals.occurrence_finished.has_listeners(Worker)
+        dead = status == OccurrenceStatus.DEAD_LETTER
+        dead = dead and signals.occurrence_dead_lettered.has_listeners(Worker)
+        if not (finished or dead):
+            return
+        occurrence, kind = running.occurrence, running.context.kind
+        exception = running.outcome.get("exception")
+        if finished:
+            self._send(
+                signals.occurrence_finished,
+                occurrence,
+                kind,
+                outcome=str(status),
+                result=running.outcome.get("result") if status == OccurrenceStatus.SUCCEEDED else None,
+                error=running.error,
+                exception=exception,
+                duration=time.monotonic() - running.started,
+            )
+        if dead:
+            error = running.error
+            self._send(signals.occurrence_dead_lettered, occurrence, kind, error=error, exception=exception)
 
     def _database_answers(self) -> bool:
         """Whether the database answers at all: tells an outage (everything waits for it to
@@ -718,13 +1026,14 @@ class Worker:
                 "status": "failed",
                 "error": {**kernel.storable_error(exc), "type": "Retry"},
                 "retry_at": retry_at,
+                "exception": exc,
             }
         except PermanentFailure as exc:
             error = {**kernel.storable_error(exc), "type": "PermanentFailure", "code": exc.code}
-            return {"status": "failed", "error": error, "retryable": False}
+            return {"status": "failed", "error": error, "retryable": False, "exception": exc}
         except Exception as exc:
             error = {**kernel.storable_error(exc), "traceback": traceback.format_exc()[-MAX_TRACEBACK:]}
-            return {"status": "failed", "error": error}
+            return {"status": "failed", "error": error, "exception": exc}
         return {"status": "succeeded", "result": result}
 
     # ------------------------------------------------------------------ heartbeat

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from datetime import timedelta
 from io import StringIO
 from types import SimpleNamespace
 
@@ -136,6 +137,11 @@ def test_e002_accepts_callable_and_boundary_units(monkeypatch):
         ("CLOCK", 42, "must be a callable (or a dotted path to one)"),
         ("CLOCK", "tests.no_such_module.clock", "cannot be imported"),
         ("CLOCK", "tests.conftest.AUTHORITY", "must be a callable"),
+        ("HANDLER_TIMEOUT", 0, "must be None, or seconds or a timedelta in [0.001, 2678400]"),
+        ("HANDLER_TIMEOUT", -5, "must be None, or seconds or a timedelta"),
+        ("HANDLER_TIMEOUT", "30", "not '30'"),
+        ("HANDLER_TIMEOUT", True, "must be None, or seconds or a timedelta"),
+        ("HANDLER_TIMEOUT", timedelta(days=32), "must be None, or seconds or a timedelta"),
     ],
 )
 def test_e003_settings_of_the_wrong_type_or_range(settings, name, value, problem):
@@ -157,6 +163,9 @@ def test_e003_valid_settings(settings, clock):
     assert checks.check_settings() == []  # the clock fixture's callable too
     settings.DURABLE_SCHEDULER_CLOCK = "tests.procs.clock.dilated"
     assert checks.check_settings() == []
+    for timeout in (None, 0.5, 60, timedelta(minutes=5)):
+        settings.DURABLE_SCHEDULER_HANDLER_TIMEOUT = timeout
+        assert checks.check_settings() == []
 
 
 def test_e003_reports_every_bad_setting(settings):

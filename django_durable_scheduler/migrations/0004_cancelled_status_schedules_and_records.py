@@ -6,7 +6,8 @@
   fair claim reads (waiting rows only).
 - Schedules: ``Job.next_fire_at`` (the next slot to materialize, given to each scheduled job
   here) and ``Job.last_slot_at``, with the index of due jobs.
-- Retry backoff: ``Job.retry_base_delay_ms`` and ``retry_max_delay_ms``.
+- Retry backoff: ``Job.retry_base_delay_ms`` and ``retry_max_delay_ms``; ``Job.timeout_ms``, how
+  long one run may take.
 - ``Job.declared_in``: the installed app whose code declares a job (a sync disables the jobs
   it stops declaring), and the admin dashboard's proxy model.
 - ``Occurrence.priority`` (-100..100, higher first among a principal's due occurrences), for
@@ -223,6 +224,11 @@ class Migration(migrations.Migration):
             model_name="job",
             name="retry_max_delay_ms",
             field=models.PositiveBigIntegerField(default=3600000),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="timeout_ms",
+            field=models.PositiveBigIntegerField(blank=True, null=True),
         ),
         migrations.AddField(
             model_name="job",

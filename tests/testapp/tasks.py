@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import django_durable_scheduler as scheduler
@@ -106,3 +107,10 @@ def stamp(ctx):
     started = time.time()
     time.sleep(float((ctx.payload or {}).get("seconds", 0)))
     return {"started": started}
+
+
+@scheduler.handler("test.hang", timeout=0.3)
+def hang(ctx):
+    """Blocks for ``payload["seconds"]`` (default: an hour), past its 0.3 s timeout."""
+    threading.Event().wait(float((ctx.payload or {}).get("seconds", 3600)))
+    return "late"

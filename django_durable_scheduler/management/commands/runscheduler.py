@@ -52,7 +52,11 @@ def _kinds(text: str) -> list[str]:
 
 
 class Command(BaseCommand):
-    help = "Run the durable scheduler: claim due occurrences, run their handlers, record outcomes."
+    help = (
+        "Run the durable scheduler: claim due occurrences, run their handlers, record outcomes. "
+        "Exits 0 when stopped, 1 on an error, 3 when every handler thread is stuck past its "
+        "timeout (restart it)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--worker-id", default=None, help="lease owner name (default host:pid)")
