@@ -197,6 +197,8 @@ def test_bad_backend_settings_are_refused_naming_the_setting(params, message):
         ({"retry_base_delay": -1}, "durable.retry_base_delay"),
         ({"retry_base_delay": 5, "retry_max_delay": 1}, "durable.retry_max_delay"),
         ({"principal": {"type": "team", "id": "x", "extra": 1}}, "durable.principal"),
+        ({"timeout": 0}, "durable.timeout"),
+        ({"timeout": "soon"}, "durable.timeout"),
     ],
 )
 def test_bad_task_options_are_refused_where_they_are_written(options, field):
@@ -355,14 +357,14 @@ def test_attempts_backoff_and_principal_come_from_the_task_or_the_backend(db):
         "default": {
             "BACKEND": "django_durable_scheduler.tasks.DurableBackend",
             "QUEUES": ["default", "high"],
-            "OPTIONS": {"max_attempts": 5, "principal": {"type": "team", "id": "ops"}},
+            "OPTIONS": {"max_attempts": 5, "timeout": 90, "principal": {"type": "team", "id": "ops"}},
         }
     }
     with override_settings(TASKS=tasks):
         djtasks.add.enqueue(1, 1)
         djtasks.flaky.enqueue("unused")
     add_job = Job.objects.get(job_id="task:default:default:tests.testapp.djtasks.add")
-    assert add_job.max_attempts == 5
+    assert add_job.max_attempts == 5 and add_job.timeout_ms == 90_000
     assert add_job.authority["principal"] == {"type": "team", "id": "ops"}
     assert add_job.authority["requestedCapabilities"] == [DEFAULT_KIND]
     job.refresh_from_db()
@@ -371,6 +373,7 @@ def test_attempts_backoff_and_principal_come_from_the_task_or_the_backend(db):
     djtasks.add.enqueue(1, 1)
     add_job.refresh_from_db()
     assert add_job.max_attempts == 3 and add_job.authority["principal"]["type"] == "app"
+    assert add_job.timeout_ms is None
 
 
 def test_priority_runs_higher_first_within_a_principal_and_principals_take_turns(db):

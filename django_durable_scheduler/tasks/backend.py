@@ -83,10 +83,10 @@ class DurableBackend(BaseTaskBackend):
     """Stores tasks as occurrences of this app, run by ``manage.py runscheduler``.
 
     ``OPTIONS``: ``max_attempts`` (default 3), ``retry_base_delay`` and ``retry_max_delay``
-    (seconds; default the app's settings), ``principal`` (``{"type", "id"}``; default the
-    app's default principal) for every task of this backend, ``@durable`` overriding them per
-    task; ``database``: the database alias (default: where the routers write this app's
-    models).
+    (seconds; default the app's settings), ``timeout`` (seconds; default the app's
+    ``HANDLER_TIMEOUT``), ``principal`` (``{"type", "id"}``; default the app's default
+    principal) for every task of this backend, ``@durable`` overriding them per task;
+    ``database``: the database alias (default: where the routers write this app's models).
     """
 
     supports_defer = True
@@ -205,6 +205,7 @@ class DurableBackend(BaseTaskBackend):
                 if opts.retry_max_delay_ms is not None
                 else round(conf.settings.RETRY_MAX_DELAY * 1000)
             ),
+            "timeout_ms": opts.timeout_ms,
         }
         authority = None
         if opts.principal is not None:
@@ -247,6 +248,7 @@ class DurableBackend(BaseTaskBackend):
                             max_attempts=wanted["max_attempts"],
                             retry_base_delay=timedelta(milliseconds=wanted["retry_base_delay_ms"]),
                             retry_max_delay=timedelta(milliseconds=wanted["retry_max_delay_ms"]),
+                            timeout=_timeout(wanted["timeout_ms"]),
                             using=alias,
                         )
                     return
@@ -278,6 +280,8 @@ class DurableBackend(BaseTaskBackend):
         ):
             changes["retry_base_delay"] = timedelta(milliseconds=wanted["retry_base_delay_ms"])
             changes["retry_max_delay"] = timedelta(milliseconds=wanted["retry_max_delay_ms"])
+        if job.timeout_ms != wanted["timeout_ms"]:
+            changes["timeout"] = _timeout(wanted["timeout_ms"])
         stored = {key: job.authority.get(key) for key in ("principal", "requestedCapabilities")}
         if authority is None:
             default = {
@@ -432,3 +436,7 @@ class DurableBackend(BaseTaskBackend):
         with contextlib.suppress(SchedulerError):  # a lost lease: the outcome will not be recorded either
             ctx.record_metadata(metadata)
         return error
+
+
+def _timeout(ms: int | None) -> timedelta | None:
+    return None if ms is None else timedelta(milliseconds=ms)

@@ -14,6 +14,7 @@ from ..exceptions import InvalidArgument
 from ..identity import key_label, normalize_identifier, normalize_int, to_duration_ms
 from ..jobs import MAX_ATTEMPTS_LIMIT
 from ..leases import MAX_LEASE_MS
+from ..registry import timeout_ms
 
 # Each queue of a DurableBackend is one handler kind: ``runscheduler --queues`` claims only
 # those kinds, and the kind is the capability that a task's principal must hold.
@@ -42,6 +43,7 @@ class TaskOptions:
     retry_base_delay_ms: int | None = None
     retry_max_delay_ms: int | None = None
     principal: dict[str, Any] | None = None
+    timeout_ms: int | None = None
 
     def merged_over(self, base: TaskOptions) -> TaskOptions:
         """These options, each one unset taken from ``base``."""
@@ -54,15 +56,17 @@ class TaskOptions:
                 self.retry_max_delay_ms if self.retry_max_delay_ms is not None else base.retry_max_delay_ms
             ),
             principal=self.principal if self.principal is not None else base.principal,
+            timeout_ms=self.timeout_ms if self.timeout_ms is not None else base.timeout_ms,
         )
 
 
-OPTION_KEYS = ("max_attempts", "retry_base_delay", "retry_max_delay", "principal")
+OPTION_KEYS = ("max_attempts", "retry_base_delay", "retry_max_delay", "principal", "timeout")
 
 
 def parse_options(values: dict[str, Any], field: str) -> TaskOptions:
-    """``TaskOptions`` from ``max_attempts``, ``retry_base_delay``, ``retry_max_delay``
-    (seconds or timedelta) and ``principal`` (``{"type", "id"}``); bad input names the field."""
+    """``TaskOptions`` from ``max_attempts``, ``retry_base_delay``, ``retry_max_delay`` and
+    ``timeout`` (seconds or timedelta) and ``principal`` (``{"type", "id"}``); bad input names
+    the field."""
     if not isinstance(values, dict):
         raise InvalidArgument(field, "must be a dict")
     unknown = sorted(key_label(key) for key in values if key not in OPTION_KEYS)
@@ -91,6 +95,7 @@ def parse_options(values: dict[str, Any], field: str) -> TaskOptions:
             else to_duration_ms(cap, f"{field}.retry_max_delay", maximum_ms=31 * MAX_LEASE_MS)
         ),
         principal=None if principal is None else normalize_principal(principal, f"{field}.principal"),
+        timeout_ms=timeout_ms(values.get("timeout"), f"{field}.timeout"),
     )
     if (
         options.retry_base_delay_ms is not None
@@ -121,6 +126,7 @@ def durable(
     retry_base_delay: float | timedelta | None = None,
     retry_max_delay: float | timedelta | None = None,
     principal: dict[str, Any] | None = None,
+    timeout: float | timedelta | None = None,
 ) -> Callable[[F], F]:
     """This app's options for one task, above or below ``@task``::
 
@@ -130,7 +136,8 @@ def durable(
 
     ``max_attempts`` (1..32) and the backoff (``retry_base_delay`` doubling up to
     ``retry_max_delay``, seconds or timedelta) are those of a job; ``principal`` is who the
-    task runs as (its policy must grant the queue's kind, ``django.tasks:<queue>``).
+    task runs as (its policy must grant the queue's kind, ``django.tasks:<queue>``);
+    ``timeout`` is how long a run may take (as a job's ``timeout``).
     """
     values = {
         key: value
@@ -138,6 +145,7 @@ def durable(
             ("max_attempts", max_attempts),
             ("retry_base_delay", retry_base_delay),
             ("retry_max_delay", retry_max_delay),
+            ("timeout", timeout),
             ("principal", principal),
         )
         if value is not None
