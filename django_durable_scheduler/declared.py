@@ -42,6 +42,7 @@ from .identity import (
     normalize_json,
 )
 from .identity import to_duration_ms as _duration_ms
+from .registry import timeout_ms
 from .triggers import validate_trigger
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ FIELDS = (
     "max_attempts",
     "retry_base_delay",
     "retry_max_delay",
+    "timeout",
 )
 
 
@@ -83,6 +85,7 @@ class DeclaredJob:
     max_attempts: int
     retry_base_delay_ms: int | None
     retry_max_delay_ms: int | None
+    timeout_ms: int | None = None  # None: the handler's (or the setting's)
     # The module that declares it; its app owns the job (a sync disables what it stops declaring).
     module: str | None = None
 
@@ -124,6 +127,7 @@ def _declaration(job_id: Any, kind: Any, fields: Mapping[str, Any], prefix: str)
         ),
         retry_base_delay_ms=base_ms,
         retry_max_delay_ms=max_ms,
+        timeout_ms=timeout_ms(fields.get("timeout"), f"{prefix}timeout"),
     )
 
 
@@ -160,6 +164,7 @@ def declare_job(
     max_attempts: int = 3,
     retry_base_delay: float | timedelta | None = None,
     retry_max_delay: float | timedelta | None = None,
+    timeout: float | timedelta | None = None,
     module: str | None = None,
 ) -> DeclaredJob:
     """Declare a job in code (created or updated by ``manage.py scheduler_sync``).
@@ -180,6 +185,7 @@ def declare_job(
             "max_attempts": max_attempts,
             "retry_base_delay": retry_base_delay,
             "retry_max_delay": retry_max_delay,
+            "timeout": timeout,
         },
         "",
     )
@@ -272,6 +278,10 @@ def changes_for(declaration: DeclaredJob, job: Job) -> dict[str, Any]:
     if job.retry_base_delay_ms != base_ms or job.retry_max_delay_ms != max_ms:
         changes["retry_base_delay"] = timedelta(milliseconds=base_ms)
         changes["retry_max_delay"] = timedelta(milliseconds=max_ms)
+    if job.timeout_ms != declaration.timeout_ms:
+        changes["timeout"] = (
+            None if declaration.timeout_ms is None else timedelta(milliseconds=declaration.timeout_ms)
+        )
     return changes
 
 
@@ -298,6 +308,9 @@ def _sync_one(declaration: DeclaredJob, using: str | None) -> str:
                     retry_max_delay=None
                     if declaration.retry_max_delay_ms is None
                     else timedelta(milliseconds=declaration.retry_max_delay_ms),
+                    timeout=None
+                    if declaration.timeout_ms is None
+                    else timedelta(milliseconds=declaration.timeout_ms),
                     using=using,
                 )
             except Conflict:

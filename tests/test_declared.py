@@ -106,6 +106,7 @@ def test_a_changed_declaration_updates_only_what_changed(isolated):
         ("payload", {"a": 1}, {"a": 2}),
         ("retry_base_delay", 10, 20),
         ("retry_max_delay", 3600, 7200),
+        ("timeout", 30, 60),
         ("authority", AUTHORITY, {**AUTHORITY, "tenantId": "acme"}),
     ],
 )
@@ -119,7 +120,11 @@ def test_each_field_is_compared(isolated, field, stored, declared_value):
     scheduler.declare_job("j", "k.any", **fields)
     assert sync()["updated"] == ["j"]
     update = Event.objects.get(event_type="job_updated")
-    expected = {"retry_base_delay": "retry_base_delay_ms", "retry_max_delay": "retry_max_delay_ms"}
+    expected = {
+        "retry_base_delay": "retry_base_delay_ms",
+        "retry_max_delay": "retry_max_delay_ms",
+        "timeout": "timeout_ms",
+    }
     assert expected.get(field, field) in update.data["changed"]
     assert sync()["unchanged"] == ["j"]
 
