@@ -280,41 +280,34 @@ def collect_status(
     now = conf.now()
     occurrences = Occurrence.objects.using(alias)
     counts = {status.value: 0 for status in OccurrenceStatus}
-    active = occurrences.filter(status__in=[*PENDING_STATUSES, OccurrenceStatus.RUNNING])
-    for status_name, n in active.values_list("status").annotate(n=Count("pk")).order_by():
-        counts[status_name] = n
+    # One pass over the occurrences not yet settled, grouped by job and status: the counts by
+    # status, what is due and waiting per job (the jobs' kinds and enabled flags looked up
+    # once, not joined per row).
+    active = list(
+        occurrences.filter(status__in=[*PENDING_STATUSES, OccurrenceStatus.RUNNING])
+        .values_list("job_id", "status")
+        .annotate(n=Count("pk"), due=Count("pk", filter=_due(now)), oldest=Min(_due_at(), filter=_due(now)))
+        .order_by()
+    )
+    jobs = rollups.job_kinds([job_id for job_id, *_ in active], alias)
+    due_by_kind: dict[str, int] = {}
+    waiting_by_kind: dict[str, int] = {}
+    disabled_waiting = 0
+    oldest: datetime | None = None
+    for job_id, status_name, n, due, job_oldest in active:
+        counts[status_name] += n
+        kind, enabled = jobs[job_id]
+        if not enabled:
+            disabled_waiting += n if status_name in PENDING_STATUSES else 0
+            continue
+        if status_name in PENDING_STATUSES:
+            waiting_by_kind[kind] = waiting_by_kind.get(kind, 0) + n
+        if due:
+            due_by_kind[kind] = due_by_kind.get(kind, 0) + due
+            oldest = job_oldest if oldest is None else min(oldest, job_oldest)
     # Settled ones over the last day only: a count over all history would read the whole table.
     for (_, status_name), n in rollups.outcomes(now - SETTLED_COUNTED, now, alias=alias).items():
         counts[status_name] += n
-    # Grouped by job, with the jobs' kinds and enabled flags looked up once (not joined per row).
-    due = list(
-        occurrences.filter(_due(now))
-        .values_list("job_id")
-        .annotate(n=Count("pk"), oldest=Min(_due_at()))
-        .order_by()
-    )
-    waiting = list(
-        occurrences.filter(status__in=PENDING_STATUSES)
-        .values_list("job_id")
-        .annotate(n=Count("pk"))
-        .order_by()
-    )
-    jobs = rollups.job_kinds([job_id for job_id, *_ in due + waiting], alias)
-    due_by_kind: dict[str, int] = {}
-    oldest: datetime | None = None
-    for job_id, n, job_oldest in due:
-        kind, enabled = jobs[job_id]
-        if enabled:
-            due_by_kind[kind] = due_by_kind.get(kind, 0) + n
-            oldest = job_oldest if oldest is None else min(oldest, job_oldest)
-    waiting_by_kind: dict[str, int] = {}
-    disabled_waiting = 0
-    for job_id, n in waiting:
-        kind, enabled = jobs[job_id]
-        if enabled:
-            waiting_by_kind[kind] = waiting_by_kind.get(kind, 0) + n
-        else:
-            disabled_waiting += n
     live, stale, stopped = _workers(now, stale_after, alias)
     handled = {kind for worker in live for kind in worker.kinds}
     unhandled = [
