@@ -550,25 +550,35 @@ class OccurrenceAdmin(ReadOnlyAdmin):
         }
         return TemplateResponse(request, "admin/durable_scheduler/occurrence/confirm_action.html", context)
 
-    @admin.action(description="Run selected occurrences now (queued or retry_wait)", permissions=["manage"])
-    def run_now(self, request: HttpRequest, queryset: QuerySet[Occurrence]) -> TemplateResponse | None:
-        if (page := self._confirmed(request, queryset, "run now", PENDING_STATUSES)) is not None:
-            return page
+    def _each_pending(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Occurrence],
+        apply: Any,
+        reason: str,
+        done_label: str,
+    ) -> None:
+        """``apply(occurrence_id, reason=...)`` on each queued or retry_wait occurrence of the
+        selection, through the kernel; the others are skipped, failures reported."""
         done = skipped = 0
         failures: list[str] = []
-        reason = f"run now in the admin by {request.user.get_username()}"
         for occurrence_id, status in queryset.values_list("occurrence_id", "status").iterator():
             if status not in PENDING_STATUSES:
                 skipped += 1
                 continue
             try:
-                kernel.run_now(occurrence_id, reason=reason)
+                apply(occurrence_id, reason=reason)
                 done += 1
             except SchedulerError as exc:
                 failures.append(f"{occurrence_id}: {exc}")
-        _report(
-            self, request, done, "Made due now:", "occurrence", skipped, "not queued or retry_wait", failures
-        )
+        _report(self, request, done, done_label, "occurrence", skipped, "not queued or retry_wait", failures)
+
+    @admin.action(description="Run selected occurrences now (queued or retry_wait)", permissions=["manage"])
+    def run_now(self, request: HttpRequest, queryset: QuerySet[Occurrence]) -> TemplateResponse | None:
+        if (page := self._confirmed(request, queryset, "run now", PENDING_STATUSES)) is not None:
+            return page
+        reason = f"run now in the admin by {request.user.get_username()}"
+        self._each_pending(request, queryset, kernel.run_now, reason, "Made due now:")
         return None
 
     @admin.action(description="Cancel selected occurrences (queued or retry_wait)", permissions=["manage"])
@@ -577,19 +587,8 @@ class OccurrenceAdmin(ReadOnlyAdmin):
     ) -> TemplateResponse | None:
         if (page := self._confirmed(request, queryset, "cancel", PENDING_STATUSES)) is not None:
             return page
-        done = skipped = 0
-        failures: list[str] = []
         reason = f"cancelled in the admin by {request.user.get_username()}"
-        for occurrence_id, status in queryset.values_list("occurrence_id", "status").iterator():
-            if status not in PENDING_STATUSES:
-                skipped += 1
-                continue
-            try:
-                kernel.cancel(occurrence_id, reason=reason)
-                done += 1
-            except SchedulerError as exc:
-                failures.append(f"{occurrence_id}: {exc}")
-        _report(self, request, done, "Cancelled", "occurrence", skipped, "not queued or retry_wait", failures)
+        self._each_pending(request, queryset, kernel.cancel, reason, "Cancelled")
         return None
 
     @admin.action(description="Retry selected dead-lettered occurrences", permissions=["manage"])
