@@ -42,7 +42,7 @@ EDITS = (
     (
         "    receipt = models.JSONField(null=True, blank=True, default=None)\n",
         "    receipt = models.JSONField(null=True, blank=True, default=None)\n"
-        "    priority = models.SmallIntegerField(default=0)\n"
+        "    urgency = models.SmallIntegerField(default=0)\n"
         '    lane = models.CharField(max_length=16, db_default="main")\n',
     ),
     (
@@ -59,7 +59,7 @@ EDITS = (
 OPERATIONS = {
     ("AddField", "job", "team"),
     ("AlterField", "job", "kind"),
-    ("AddField", "occurrence", "priority"),
+    ("AddField", "occurrence", "urgency"),
     ("AddField", "occurrence", "lane"),
     ("AddIndex", "occurrence", "dsch_occ_job_created"),
     ("AddField", "event", "source"),
@@ -172,7 +172,7 @@ def test_added_columns_widened_column_and_index_migrate_forward_and_back(tmp_pat
     assert seed["statuses"] == ["succeeded", "dead_letter", "running"]
     original_schema = seed["schema"]
     assert original_schema["kind_size"] == 128
-    for table, column in (("jobs", "team"), ("occurrences", "priority"), ("events", "source")):
+    for table, column in (("jobs", "team"), ("occurrences", "urgency"), ("events", "source")):
         assert column not in original_schema["columns"][f"durable_scheduler_{table}"]
     assert "dsch_occ_job_created" not in original_schema["indexes"]
 
@@ -191,7 +191,7 @@ def test_added_columns_widened_column_and_index_migrate_forward_and_back(tmp_pat
     schema = new["schema"]
     assert schema["kind_size"] == 200
     assert "team" in schema["columns"]["durable_scheduler_jobs"]
-    assert "priority" in schema["columns"]["durable_scheduler_occurrences"]
+    assert "urgency" in schema["columns"]["durable_scheduler_occurrences"]
     assert "lane" in schema["columns"]["durable_scheduler_occurrences"]
     assert "source" in schema["columns"]["durable_scheduler_events"]
     assert "dsch_occ_job_created" in schema["indexes"]
@@ -207,7 +207,7 @@ def test_added_columns_widened_column_and_index_migrate_forward_and_back(tmp_pat
     assert new["after"]["jobs"] == 2
     # The defaults: in the rows written by the new code, and in the rows from before.
     events = new["after"]["events"] - new["before"]["events"]
-    assert new["priority"] == {"new_rows": [0], "new_count": 52, "all_rows": [0]}
+    assert new["urgency"] == {"new_rows": [0], "new_count": 52, "all_rows": [0]}
     # A db_default column is left to the database by every insert.
     assert new["lane"] == {"new_rows": ["main"], "new_count": 52, "all_rows": ["main"]}
     assert new["team"] == {"new_rows": [""], "new_count": 1, "all_rows": [""]}
@@ -227,4 +227,4 @@ def test_added_columns_widened_column_and_index_migrate_forward_and_back(tmp_pat
         "queued": 85,
     }
     assert old["after"]["jobs"] == 3
-    assert not {"priority", "lane", "team", "source"} & set(old)
+    assert not {"urgency", "lane", "team", "source"} & set(old)

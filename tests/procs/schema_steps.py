@@ -144,7 +144,7 @@ def exercise(tag: str) -> dict:
     # The columns of the edited models, where they exist: their values in the rows written in
     # this phase and in all rows.
     for model, field, mine in (
-        (Occurrence, "priority", Occurrence.objects.filter(pk__in=inserted)),
+        (Occurrence, "urgency", Occurrence.objects.filter(pk__in=inserted)),
         (Occurrence, "lane", Occurrence.objects.filter(pk__in=inserted)),
         (Job, "team", Job.objects.filter(pk=f"job-{tag}")),
         (Event, "source", Event.objects.filter(event_id__gt=first_event)),
