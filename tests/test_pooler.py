@@ -60,7 +60,8 @@ def test_a_worker_tells_whether_listen_delivers(workers):
 
 def test_listen_off_polls_only(workers):
     worker = workers.start("--poll-interval", "0.1", DSCH_LISTEN="0")
-    assert wait_for(lambda: "wake-ups off" in worker.output(20000) or not worker.alive(), timeout=30)
+    if connection.vendor != "mysql":  # MySQL/MariaDB have no wake-ups to turn off
+        assert wait_for(lambda: "wake-ups off" in worker.output(20000) or not worker.alive(), timeout=30)
     ids = enqueue("polled", 20)
     assert wait_for(lambda: all_succeeded_once(ids), timeout=60), worker.output()
     log = worker.output(20000)
