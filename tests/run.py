@@ -267,7 +267,8 @@ def run_pytest(
     ``echo``: copy its output to ours as it comes (one leg at a time); otherwise keep it all and
     return it, for the caller to print whole when the leg is over (legs running side by side).
     """
-    cmd = [str(python), "-m", "pytest", "-p", "no:cacheprovider"]
+    # The slowest tests of each part are listed, to keep the suite's time in view.
+    cmd = [str(python), "-m", "pytest", "-p", "no:cacheprovider", "--durations=15"]
     if sys.stdout.isatty() and echo:
         cmd.append("--color=yes")
     cmd += args
