@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.utils import quote
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.forms import BaseForm, ModelForm
@@ -358,7 +359,7 @@ class JobAdmin(ApiFormAdmin):
             '<td style="white-space: nowrap">{}</td><td style="overflow-wrap: anywhere">{}</td></tr>',
             (
                 (
-                    reverse("admin:durable_scheduler_occurrence_change", args=[row.pk]),
+                    reverse("admin:durable_scheduler_occurrence_change", args=[quote(row.pk)]),
                     row.pk[:12] + "…",
                     OccurrenceStatus(row.status).label,
                     row.attempt,

@@ -9,12 +9,14 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
 from django_durable_scheduler import kernel, policies
 from django_durable_scheduler.admin import revision_diff
 from django_durable_scheduler.forms import describe_window, parse_capability_lines, split_window
+from django_durable_scheduler.identity import derive_occurrence_identity, to_ms
 from django_durable_scheduler.models import (
     AuthorityPolicy,
     AuthorityPolicyRevision,
@@ -35,7 +37,7 @@ ADMIN = "durable_scheduler"
 
 
 def url(model: str, view: str, *args: object) -> str:
-    return reverse(f"admin:{ADMIN}_{model}_{view}", args=args)
+    return reverse(f"admin:{ADMIN}_{model}_{view}", args=[quote(a) for a in args])
 
 
 @pytest.fixture
@@ -770,6 +772,25 @@ def test_job_page_lists_recent_occurrences(admin_client, job, clock):
     assert "Recent occurrences" in text
     assert url("occurrence", "change", dead.pk) in text
     assert "Dead Letter" in text and "boom" in text and "Queued" in text
+
+
+def test_links_to_an_occurrence_whose_id_the_admin_must_quote(admin_client, job, clock):
+    # An id with "_40" reads as "@" to the admin's unquote: unquoted links would lead nowhere.
+    revision = kernel.get_job("job-a").revision
+    at = to_ms(clock(), "at")
+    key = next(
+        f"k{i}"
+        for i in range(100_000)
+        if derive_occurrence_identity("job-a", revision, at, f"k{i}").occurrence_id.startswith("occ_40")
+    )
+    dead = dead_letter(clock, key)
+    assert dead.pk.startswith("occ_40")
+    pages = (url("job", "change", "job-a"), reverse("admin:durable_scheduler_schedulerdashboard_changelist"))
+    for page in pages:
+        text = admin_client.get(page).content.decode()
+        assert url("occurrence", "change", dead.pk) in text, page
+    response = admin_client.get(url("occurrence", "change", dead.pk))
+    assert response.status_code == 200 and dead.pk in response.content.decode()
 
 
 def test_search_by_kind_and_error_text(admin_client, job, clock):

@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.contrib.admin.utils import quote
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 from django.db import connections, transaction
@@ -337,12 +338,12 @@ def test_the_admin_shows_a_task_in_djangos_words(admin_client, tmp_path):
     )
     listing = admin_client.get(reverse("admin:durable_scheduler_occurrence_changelist")).content.decode()
     assert "tests.testapp.djtasks.flaky (READY)" in listing
-    page = admin_client.get(reverse("admin:durable_scheduler_occurrence_change", args=[result.id]))
+    page = admin_client.get(reverse("admin:durable_scheduler_occurrence_change", args=[quote(result.id)]))
     html = page.content.decode()
     assert "tests.testapp.djtasks.flaky" in html and "READY" in html
     assert escape('{"note":"<b>x</b>"}') in html and escape(f'["{tmp_path}"]') in html
     assert "builtins.RuntimeError" in html and "flaky run 0" in html and "<b>x</b>" not in html
-    other = admin_client.get(reverse("admin:durable_scheduler_occurrence_change", args=[plain.pk]))
+    other = admin_client.get(reverse("admin:durable_scheduler_occurrence_change", args=[quote(plain.pk)]))
     assert other.status_code == 200 and "task status" not in other.content.decode()
 
 
