@@ -399,19 +399,101 @@ class JobForm(_ApiForm):
         )
 
     def add_api_error(self, exc: SchedulerError) -> None:
-        if isinstance(exc, RevisionConflict):
-            actual = exc.details.get("actual_revision")
-            message = (
-                f"This job was changed by someone else (now revision {actual}) since you opened it; "
-                "reload to see their change."
-            )
-            self.add_error(None, ValidationError(message, code="conflict"))
-        elif isinstance(exc, Conflict):
-            self.add_error("job_id", ValidationError("A job with this id already exists.", code="conflict"))
-        elif isinstance(exc, InvalidArgument):
-            field = _form_field(str(exc.details.get("field", "")), self)
-            self.add_error(field, ValidationError(str(exc), code="invalid"))
-        elif isinstance(exc, NotFound):
-            self.add_error(None, ValidationError("This job no longer exists.", code="not_found"))
-        else:
-            self.add_error(None, ValidationError(str(exc), code=exc.code))
+        add_job_error(self, exc, "job_id", "job", "id")
+
+
+def add_job_error(form: forms.BaseForm, exc: SchedulerError, id_field: str, noun: str, id_word: str) -> None:
+    """A job API's error as the form's: on the field it names, else on the form."""
+    if isinstance(exc, RevisionConflict):
+        actual = exc.details.get("actual_revision")
+        message = (
+            f"This {noun} was changed by someone else (now revision {actual}) since you opened it; "
+            "reload to see their change."
+        )
+        form.add_error(None, ValidationError(message, code="conflict"))
+    elif isinstance(exc, Conflict):
+        form.add_error(
+            id_field, ValidationError(f"A {noun} with this {id_word} already exists.", code="conflict")
+        )
+    elif isinstance(exc, InvalidArgument):
+        field = _form_field(str(exc.details.get("field", "")), form, {"job_id": id_field})
+        form.add_error(field, ValidationError(str(exc), code="invalid"))
+    elif isinstance(exc, NotFound):
+        form.add_error(None, ValidationError(f"This {noun} no longer exists.", code="not_found"))
+    else:
+        form.add_error(None, ValidationError(str(exc), code=exc.code))
+
+
+class TaskScheduleForm(_ApiForm):
+    """A task's schedule as a person writes it: the task's path, a trigger, the args and
+    kwargs of each run. Saved as the job ``tasks.schedule`` would declare
+    (``schedules.schedule_settings``), with ``kernel.create_job``/``update_job``."""
+
+    name = forms.CharField(
+        max_length=200,
+        required=False,
+        help_text="Tells two schedules of one task apart; empty: the task's path.",
+    )
+    task = forms.CharField(
+        max_length=MAX_IDENTIFIER_LENGTH,
+        help_text="The task's import path, e.g. myapp.tasks.send_report (a @task on a DurableBackend).",
+    )
+    trigger = _JsonField(
+        label="Trigger",
+        help_text='{"cron": "0 9 * * 1-5", "timezone": "Europe/Berlin"}, {"every": 300} or '
+        '{"at": "2026-12-01T09:00:00+00:00"}, with misfire, catchup_window, overlap, start_at, end_at.',
+    )
+    args = _JsonField(label="Args", required=False, help_text="A JSON list given to each run.")
+    kwargs = _JsonField(label="Kwargs", required=False, help_text="A JSON object given to each run.")
+
+    class Meta:
+        model = Job
+        fields = ["enabled"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.adding:
+            self.initial.setdefault("args", [])
+            self.initial.setdefault("kwargs", {})
+            return
+        payload = self.instance.payload if isinstance(self.instance.payload, dict) else {}
+        self.initial.update(
+            task=payload.get("task", ""),
+            trigger=self.instance.trigger,
+            args=payload.get("args", []),
+            kwargs=payload.get("kwargs", {}),
+        )
+        del self.fields["name"]  # the job's id: fixed once made
+
+    def write(self) -> Job:
+        # Imported here: the task framework is needed only where tasks are used.
+        from .tasks.schedules import durable_backend_of, schedule_job_id, schedule_settings, task_at
+
+        data = self.cleaned_data
+        task = task_at(data["task"])
+        args = [] if data["args"] is None else data["args"]  # empty: none
+        kwargs = {} if data["kwargs"] is None else data["kwargs"]
+        try:
+            settings = schedule_settings(task, data["trigger"], args, kwargs)
+        except SchedulerError:
+            raise
+        except (TypeError, ValueError) as exc:  # the framework's own JSON refusals
+            raise InvalidArgument("args", str(exc)) from None
+        backend = durable_backend_of(task)
+        using = backend.using_alias()
+        if self.adding:
+            job_id = schedule_job_id(backend, data.get("name") or task.module_path)
+            return kernel.create_job(job_id, enabled=data["enabled"], using=using, **settings)
+        if not self.changed_data:
+            unchanged: Job = self.instance
+            return unchanged
+        return kernel.update_job(
+            self.instance.job_id,
+            expected_revision=data["loaded_revision"],
+            enabled=data["enabled"],
+            using=using,
+            **settings,
+        )
+
+    def add_api_error(self, exc: SchedulerError) -> None:
+        add_job_error(self, exc, "name", "task schedule", "name")

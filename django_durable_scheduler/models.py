@@ -9,6 +9,8 @@ state transitions of their own.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from django.db import models
 from django.db.models import F, Q
 
@@ -415,6 +417,26 @@ class OutcomeCount(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hour:%Y-%m-%d %H:00} {self.kind} {self.status}: {self.count}"
+
+
+# The jobs behind the schedules of django.tasks tasks (tasks.schedule, the admin).
+TASK_SCHEDULE_PREFIX = "task-schedule:"
+
+
+class TaskScheduleManager(models.Manager["TaskSchedule"]):
+    def get_queryset(self) -> models.QuerySet[TaskSchedule]:
+        return super().get_queryset().filter(job_id__startswith=TASK_SCHEDULE_PREFIX)
+
+
+class TaskSchedule(Job):
+    """The jobs that run a task on a schedule: a proxy, so that the admin lists them apart,
+    with a form in the task's terms (its path, args and kwargs)."""
+
+    objects: ClassVar[TaskScheduleManager] = TaskScheduleManager()
+
+    class Meta:
+        proxy = True
+        verbose_name = "task schedule"
 
 
 class SchedulerDashboard(Occurrence):

@@ -29,7 +29,7 @@ import django_durable_scheduler as scheduler
 from django_durable_scheduler import declared, kernel, registry
 from django_durable_scheduler.context import ExecutionContext
 from django_durable_scheduler.identity import to_ms
-from django_durable_scheduler.models import Job, Occurrence, OccurrenceStatus
+from django_durable_scheduler.models import Event, Job, Occurrence, OccurrenceStatus
 from django_durable_scheduler.tasks import DurableBackend, durable, framework, schedule
 from django_durable_scheduler.tasks.framework import (
     InvalidTask,
@@ -41,6 +41,7 @@ from django_durable_scheduler.tasks.framework import (
     task_started,
 )
 from django_durable_scheduler.tasks.handlers import durable_queues, run_task
+from django_durable_scheduler.triggers import describe_trigger
 from tests.testapp import djtasks
 
 from .procs.runner import Workers, wait_for
@@ -453,6 +454,127 @@ def test_runscheduler_refuses_a_queue_no_backend_lists():
         call_command("runscheduler", "--queues", "default,nowhere", "--once")
 
 
+# --------------------------------------------------------------------------- schedules in the admin
+
+SCHEDULES = "admin:durable_scheduler_taskschedule"
+
+
+def schedule_form(**fields):
+    """The admin's add form for a task schedule, filled in; ``fields`` override."""
+    data = {
+        "name": "",
+        "task": "tests.testapp.djtasks.add",
+        "trigger": '{"cron": "30 13 * * *", "timezone": "Europe/Berlin"}',
+        "args": "[1]",
+        "kwargs": '{"b": 2}',
+        "enabled": "on",
+        "loaded_revision": "0",
+    }
+    data.update(fields)
+    return {key: value for key, value in data.items() if value is not None}
+
+
+def test_a_schedule_made_in_the_admin_runs_the_task_once_per_slot(admin_client, clock):
+    response = admin_client.post(reverse(f"{SCHEDULES}_add"), schedule_form(name="berlin-lunch"))
+    assert response.status_code == 302, response.content.decode()
+    job = Job.objects.get()
+    assert job.job_id == "task-schedule:default:berlin-lunch" and job.kind == DEFAULT_KIND
+    assert job.payload == {
+        "task": "tests.testapp.djtasks.add",
+        "args": [1],
+        "kwargs": {"b": 2},
+        "backend": "default",
+    }
+    assert job.declared_in is None and job.trigger["timezone"] == "Europe/Berlin"
+    # What schedule() would declare for the task: its options, principal and queue.
+    assert job.max_attempts == 3 and job.authority["principal"] == {"type": "app", "id": "durable_scheduler"}
+    clock.advance(minutes=31)  # 12:30 UTC is 13:30 in Berlin
+    assert kernel.materialize_due() == 1 and kernel.materialize_due() == 0
+    occurrence = claim("w1")
+    assert task_backends["default"].run(context_of(occurrence)) == 3
+    listing = admin_client.get(reverse(f"{SCHEDULES}_changelist")).content.decode()
+    assert "berlin-lunch" in listing and "tests.testapp.djtasks.add" in listing
+    assert escape(describe_trigger(job.trigger)) in listing
+
+
+def test_editing_a_schedule_in_the_admin_makes_a_revision(admin_client, clock):
+    admin_client.post(reverse(f"{SCHEDULES}_add"), schedule_form())
+    job = Job.objects.get()
+    assert job.job_id == "task-schedule:default:tests.testapp.djtasks.add"  # no name: the task's path
+    url = reverse(f"{SCHEDULES}_change", args=[quote(job.pk)])
+    page = admin_client.get(url).content.decode()
+    assert "tests.testapp.djtasks.add" in page and "Recent occurrences" in page
+    edited = schedule_form(
+        name=None, task="tests.testapp.djtasks.shout", trigger='{"every": 60}', args='["hi"]', kwargs="{}"
+    )
+    edited["loaded_revision"] = str(job.revision)
+    assert admin_client.post(url, edited).status_code == 302
+    job.refresh_from_db()
+    assert job.revision == 2 and job.kind == HIGH_KIND and job.trigger["every"] == 60
+    assert job.payload["task"] == "tests.testapp.djtasks.shout" and job.payload["args"] == ["hi"]
+    # Someone else's change in between: refused, nothing written.
+    stale = admin_client.post(url, {**edited, "kwargs": '{"x": 1}'})
+    assert "changed by someone else" in stale.content.decode()
+    job.refresh_from_db()
+    assert job.revision == 2
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "message"),
+    [
+        ({"task": "tests.testapp.djtasks.nothing_here"}, "task", "nothing to import"),
+        ({"task": "no_such_module.task"}, "task", "nothing to import"),
+        ({"task": "tests.testapp.djtasks.Path"}, "task", "must be a task"),
+        ({"trigger": '{"cron": "61 * * * *"}'}, "trigger", "trigger.cron"),
+        ({"trigger": '{"cron": "0 9 * * *", "timezone": "Mars/Olympus"}'}, "trigger", "trigger.timezone"),
+        ({"trigger": "{not json"}, "trigger", "Enter a valid JSON"),
+        ({"args": '{"a": 1}'}, "args", "must be a list"),
+        ({"kwargs": "[1]"}, "kwargs", "must be a dict"),
+        ({"kwargs": "[]"}, "kwargs", "must be a dict"),
+        ({"args": "{}"}, "args", "must be a list"),
+        ({"task": ""}, "task", "required"),
+        ({"name": "x" * 300}, "name", "at most 200"),
+    ],
+)
+def test_a_bad_schedule_in_the_admin_names_the_field_and_writes_nothing(admin_client, fields, field, message):
+    response = admin_client.post(reverse(f"{SCHEDULES}_add"), schedule_form(**fields))
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert field in errors and message in " ".join(errors[field]), errors
+    assert not Job.objects.exists()
+
+
+def test_a_task_on_another_backend_cannot_be_scheduled_in_the_admin(admin_client, settings, monkeypatch):
+    settings.TASKS = {
+        **settings.TASKS,
+        "immediate": {"BACKEND": f"{framework.FRAMEWORK}.backends.immediate.ImmediateBackend"},
+    }
+    elsewhere = framework.task(backend="immediate")(djtasks.elsewhere)
+    monkeypatch.setattr(djtasks, "elsewhere_task", elsewhere, raising=False)
+    response = admin_client.post(
+        reverse(f"{SCHEDULES}_add"), schedule_form(task="tests.testapp.djtasks.elsewhere_task")
+    )
+    errors = response.context["adminform"].form.errors
+    assert "which is not a DurableBackend" in " ".join(errors["task"]), errors
+    assert not Job.objects.exists()
+
+
+def test_a_schedule_declared_in_code_is_shown_not_edited(admin_client, scheduled):
+    scheduled.append(djtasks.declare_a_schedule())
+    declared.sync_declared_jobs()
+    assert Job.objects.get().declared_in == "testapp"
+    scheduler.create_job("plain", "reports.send")  # not a task schedule: listed with the jobs only
+    listing = admin_client.get(reverse(f"{SCHEDULES}_changelist"))
+    assert [job.pk for job in listing.context["cl"].result_list] == [
+        "task-schedule:default:tests.testapp.djtasks.add"
+    ]
+    page = admin_client.get(
+        reverse(f"{SCHEDULES}_change", args=[quote("task-schedule:default:tests.testapp.djtasks.add")])
+    )
+    html = page.content.decode()
+    assert page.status_code == 200 and 'name="_save"' not in html and "tests.testapp.djtasks.add" in html
+
+
 # --------------------------------------------------------------------------- real workers
 
 
@@ -548,3 +670,31 @@ def test_a_task_whose_worker_crashed_is_reclaimed_by_another(workers, tmp_path):
     assert started[dead].wait(30) != 0  # the task killed it mid-run
     started[rescuer].proc.send_signal(signal.SIGTERM)
     assert started[rescuer].wait(30) == 0, started[rescuer].output()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_backlog_of_high_priority_tasks_does_not_starve_another_principals(workers):
+    # The default principal's backlog, all at the top priority, ahead in due time; then
+    # another principal's tasks at the bottom priority. Priority orders within a principal:
+    # a real worker still takes the principals in turn.
+    scheduler.set_policy(
+        "team", "other", capabilities=[DEFAULT_KIND], window=3600, max_runs=1000, max_units=1000
+    )
+    with transaction.atomic():
+        backlog = [djtasks.add.using(priority=100).enqueue(n, 0) for n in range(200)]
+    with transaction.atomic():
+        late = {djtasks.as_other.using(priority=-100).enqueue().id for _ in range(10)}
+    proc = workers.start(
+        "--worker-id", "fair", "--concurrency", "2", "--max-occurrences", "60", "--queues", "default"
+    )
+    assert proc.wait(120) == 0, proc.output()
+    claimed = list(
+        Event.objects.filter(event_type="occurrence_claimed")
+        .order_by("event_id")
+        .values_list("occurrence_id", flat=True)
+    )
+    positions = [i for i, pk in enumerate(claimed) if pk in late]
+    assert len(claimed) == 60 and len(positions) == 10, positions
+    assert max(positions) < 30, positions
+    assert Occurrence.objects.filter(pk__in=late, status="succeeded").count() == 10
+    assert {r.id for r in backlog} & set(claimed)  # and the backlog ran beside them

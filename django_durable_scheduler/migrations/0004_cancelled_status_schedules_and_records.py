@@ -316,6 +316,17 @@ class Migration(migrations.Migration):
             },
             bases=("durable_scheduler.occurrence",),
         ),
+        migrations.CreateModel(
+            name="TaskSchedule",
+            fields=[],
+            options={
+                "verbose_name": "task schedule",
+                "proxy": True,
+                "indexes": [],
+                "constraints": [],
+            },
+            bases=("durable_scheduler.job",),
+        ),
         migrations.RunPython(fill_principal_keys, migrations.RunPython.noop, elidable=False),
         migrations.RunPython(migrations.RunPython.noop, cancelled_to_dead_letter, elidable=False),
         migrations.RunPython(first_fire_times, migrations.RunPython.noop, elidable=False),

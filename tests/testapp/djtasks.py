@@ -92,3 +92,14 @@ def mark(context, marker_dir):
     """Appends a line to a file named after its result id: one line per run."""
     with (Path(marker_dir) / context.task_result.id).open("a") as f:
         f.write(f"{context.task_result.worker_ids[-1]}\n")
+
+
+def elsewhere():
+    """Made a task of another backend by a test that adds that backend."""
+
+
+def declare_a_schedule():
+    """A schedule declared by this app's code (the declaring module's app owns it)."""
+    from django_durable_scheduler.tasks import schedule
+
+    return schedule(add, every=60, args=(1, 2))
