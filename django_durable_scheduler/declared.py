@@ -34,14 +34,17 @@ from . import conf
 from .authority import default_authority, normalize_authority
 from .exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
 from .identity import (
+    MAX_ATTEMPTS_LIMIT,
     canonical_json,
     key_label,
     normalize_bool,
     normalize_identifier,
     normalize_int,
     normalize_json,
+    retry_base_delay_ms,
+    retry_delays_ms,
+    retry_max_delay_ms,
 )
-from .identity import to_duration_ms as _duration_ms
 from .registry import timeout_ms
 from .triggers import validate_trigger
 
@@ -50,12 +53,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_durable_scheduler")
 
-# The kernel's bounds (kernel.py), repeated here so that declaring a job at import time
-# does not import the models.
-_DAY_MS = 24 * 60 * 60 * 1000
-MAX_RETRY_BASE_DELAY_MS = _DAY_MS
-MAX_RETRY_MAX_DELAY_MS = 31 * _DAY_MS
-MAX_ATTEMPTS_LIMIT = 32
 # A concurrent sync (another worker starting) can create or update the job between our read
 # and our write; then we read again and compare with what it wrote.
 _SYNC_ATTEMPTS = 5
@@ -98,20 +95,7 @@ def _declaration(job_id: Any, kind: Any, fields: Mapping[str, Any], prefix: str)
     unknown = sorted(key_label(key) for key in fields if key not in FIELDS)
     if unknown:
         raise InvalidArgument(f"{prefix}{unknown[0]}", f"is not a job attribute (known: {', '.join(FIELDS)})")
-    base = fields.get("retry_base_delay")
-    maximum = fields.get("retry_max_delay")
-    base_ms = (
-        None
-        if base is None
-        else _duration_ms(base, f"{prefix}retry_base_delay", maximum_ms=MAX_RETRY_BASE_DELAY_MS)
-    )
-    max_ms = (
-        None
-        if maximum is None
-        else _duration_ms(maximum, f"{prefix}retry_max_delay", maximum_ms=MAX_RETRY_MAX_DELAY_MS)
-    )
-    if base_ms is not None and max_ms is not None and max_ms < base_ms:
-        raise InvalidArgument(f"{prefix}retry_max_delay", "must not be shorter than retry_base_delay")
+    base_ms, max_ms = retry_delays_ms(fields.get("retry_base_delay"), fields.get("retry_max_delay"), prefix)
     trigger = fields.get("trigger")
     return DeclaredJob(
         job_id=normalize_identifier(job_id, f"{prefix}job_id"),
@@ -217,11 +201,6 @@ def forget_kind(kind: str) -> None:
 # --------------------------------------------------------------------------- sync
 
 
-def _retry_ms(declared_ms: int | None, setting: float, field: str, maximum_ms: int) -> int:
-    # Omitted delays mean what create_job would store: the setting, as it reads it.
-    return declared_ms if declared_ms is not None else _duration_ms(setting, field, maximum_ms=maximum_ms)
-
-
 def _canonical_or_none(normalize: Callable[[Any], Any], value: Any) -> str | None:
     """The canonical JSON of a stored value after normalizing; None if it no longer validates
     (then it differs from any valid declaration)."""
@@ -262,18 +241,13 @@ def changes_for(declaration: DeclaredJob, job: Job) -> dict[str, Any]:
         changes["enabled"] = declaration.enabled
     if job.max_attempts != declaration.max_attempts:
         changes["max_attempts"] = declaration.max_attempts
-    base_ms = _retry_ms(
-        declaration.retry_base_delay_ms,
-        conf.settings.RETRY_BASE_DELAY,
-        "DURABLE_SCHEDULER_RETRY_BASE_DELAY",
-        MAX_RETRY_BASE_DELAY_MS,
-    )
-    max_ms = _retry_ms(
-        declaration.retry_max_delay_ms,
-        conf.settings.RETRY_MAX_DELAY,
-        "DURABLE_SCHEDULER_RETRY_MAX_DELAY",
-        MAX_RETRY_MAX_DELAY_MS,
-    )
+    # Omitted delays mean what create_job would store: the settings, as it reads them.
+    base_ms = declaration.retry_base_delay_ms
+    if base_ms is None:
+        base_ms = retry_base_delay_ms(conf.settings.RETRY_BASE_DELAY, "DURABLE_SCHEDULER_RETRY_BASE_DELAY")
+    max_ms = declaration.retry_max_delay_ms
+    if max_ms is None:
+        max_ms = retry_max_delay_ms(conf.settings.RETRY_MAX_DELAY, "DURABLE_SCHEDULER_RETRY_MAX_DELAY")
     # Both together when either changes: update_job checks max >= base on the pair.
     if job.retry_base_delay_ms != base_ms or job.retry_max_delay_ms != max_ms:
         changes["retry_base_delay"] = timedelta(milliseconds=base_ms)

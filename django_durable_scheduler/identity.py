@@ -367,6 +367,33 @@ def to_duration_ms(
     return ms
 
 
+# A job's bounds, checked the same wherever a job is made: create_job/update_job, a
+# declaration (declare_job, a handler's job=) and a task's @durable options.
+MAX_ATTEMPTS_LIMIT = 32
+MAX_RETRY_BASE_DELAY_MS = 24 * 60 * 60 * 1000
+MAX_RETRY_MAX_DELAY_MS = 31 * MAX_RETRY_BASE_DELAY_MS
+
+
+def retry_base_delay_ms(value: Any, field: str) -> int:
+    """The first retry delay of a job's backoff, in milliseconds."""
+    return to_duration_ms(value, field, maximum_ms=MAX_RETRY_BASE_DELAY_MS)
+
+
+def retry_max_delay_ms(value: Any, field: str) -> int:
+    """The longest retry delay of a job's backoff, in milliseconds."""
+    return to_duration_ms(value, field, maximum_ms=MAX_RETRY_MAX_DELAY_MS)
+
+
+def retry_delays_ms(base: Any, maximum: Any, prefix: str = "") -> tuple[int | None, int | None]:
+    """Both retry delays in milliseconds (None: not given), the longest no shorter than the
+    first; errors name ``<prefix>retry_base_delay`` or ``<prefix>retry_max_delay``."""
+    base_ms = None if base is None else retry_base_delay_ms(base, f"{prefix}retry_base_delay")
+    max_ms = None if maximum is None else retry_max_delay_ms(maximum, f"{prefix}retry_max_delay")
+    if base_ms is not None and max_ms is not None and max_ms < base_ms:
+        raise InvalidArgument(f"{prefix}retry_max_delay", "must not be shorter than retry_base_delay")
+    return base_ms, max_ms
+
+
 def iso_ms(value: datetime) -> str:
     """UTC ISO-8601 with milliseconds and a Z, as JavaScript's toISOString."""
     value = value.astimezone(UTC)

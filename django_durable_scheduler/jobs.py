@@ -19,6 +19,7 @@ from .dialect import alias_for, insert_rows, write_transaction
 from .events import JOB_CREATED, JOB_UPDATED, OCCURRENCE_CANCELLED, SLOT_SKIPPED, new_event
 from .exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
 from .identity import (
+    MAX_ATTEMPTS_LIMIT,
     canonical_json,
     column_max,
     key_label,
@@ -26,9 +27,9 @@ from .identity import (
     normalize_identifier,
     normalize_int,
     normalize_json,
-    to_duration_ms,
+    retry_base_delay_ms,
+    retry_max_delay_ms,
 )
-from .leases import MAX_LEASE_MS
 from .models import PENDING_STATUSES, Job, Occurrence, OccurrenceStatus
 from .policies import bind_to_current_policy, get_policy, grant_default
 from .registry import timeout_ms
@@ -37,7 +38,6 @@ from .triggers import validate_trigger
 
 logger = logging.getLogger("django_durable_scheduler")
 
-MAX_ATTEMPTS_LIMIT = 32
 MAX_REVISION = column_max(Job, "revision")
 SUPERSEDED = "superseded"
 MISFIRED = "misfired"
@@ -61,11 +61,11 @@ def _job_fields(changes: dict[str, Any], *, creating: bool) -> dict[str, Any]:
         elif key == "max_attempts":
             out["max_attempts"] = normalize_int(value, "max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
         elif key == "retry_base_delay":
-            out["retry_base_delay_ms"] = to_duration_ms(value, "retry_base_delay", maximum_ms=MAX_LEASE_MS)
+            out["retry_base_delay_ms"] = retry_base_delay_ms(value, "retry_base_delay")
         elif key == "timeout":
             out["timeout_ms"] = timeout_ms(value, "timeout")
         elif key == "retry_max_delay":
-            out["retry_max_delay_ms"] = to_duration_ms(value, "retry_max_delay", maximum_ms=31 * MAX_LEASE_MS)
+            out["retry_max_delay_ms"] = retry_max_delay_ms(value, "retry_max_delay")
         else:
             raise InvalidArgument(
                 key_label(key), "is not a job attribute that can be " + ("set" if creating else "changed")

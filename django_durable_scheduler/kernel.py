@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from .enqueuing import JOB_PAYLOAD, cancel, enqueue, enqueue_many, enqueue_once_per_trigger, run_now
 from .events import history
+from .identity import MAX_ATTEMPTS_LIMIT
 from .jobs import (
-    MAX_ATTEMPTS_LIMIT,
     create_job,
     declared_jobs_of,
     get_job,

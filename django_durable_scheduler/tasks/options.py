@@ -11,9 +11,7 @@ from typing import Any, TypeVar
 
 from ..authority import normalize_principal
 from ..exceptions import InvalidArgument
-from ..identity import key_label, normalize_identifier, normalize_int, to_duration_ms
-from ..jobs import MAX_ATTEMPTS_LIMIT
-from ..leases import MAX_LEASE_MS
+from ..identity import MAX_ATTEMPTS_LIMIT, key_label, normalize_identifier, normalize_int, retry_delays_ms
 from ..registry import timeout_ms
 
 # Each queue of a DurableBackend is one handler kind: ``runscheduler --queues`` claims only
@@ -75,34 +73,21 @@ def parse_options(values: dict[str, Any], field: str) -> TaskOptions:
             f"{field}.{unknown[0]}", f"is not a task option (known: {', '.join(OPTION_KEYS)})"
         )
     attempts = values.get("max_attempts")
-    base = values.get("retry_base_delay")
-    cap = values.get("retry_max_delay")
     principal = values.get("principal")
+    base_ms, max_ms = retry_delays_ms(
+        values.get("retry_base_delay"), values.get("retry_max_delay"), f"{field}."
+    )
     options = TaskOptions(
         max_attempts=(
             None
             if attempts is None
             else normalize_int(attempts, f"{field}.max_attempts", minimum=1, maximum=MAX_ATTEMPTS_LIMIT)
         ),
-        retry_base_delay_ms=(
-            None
-            if base is None
-            else to_duration_ms(base, f"{field}.retry_base_delay", maximum_ms=MAX_LEASE_MS)
-        ),
-        retry_max_delay_ms=(
-            None
-            if cap is None
-            else to_duration_ms(cap, f"{field}.retry_max_delay", maximum_ms=31 * MAX_LEASE_MS)
-        ),
+        retry_base_delay_ms=base_ms,
+        retry_max_delay_ms=max_ms,
         principal=None if principal is None else normalize_principal(principal, f"{field}.principal"),
         timeout_ms=timeout_ms(values.get("timeout"), f"{field}.timeout"),
     )
-    if (
-        options.retry_base_delay_ms is not None
-        and options.retry_max_delay_ms is not None
-        and options.retry_max_delay_ms < options.retry_base_delay_ms
-    ):
-        raise InvalidArgument(f"{field}.retry_max_delay", "must not be shorter than retry_base_delay")
     return options
 
 
