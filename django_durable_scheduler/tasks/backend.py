@@ -216,7 +216,7 @@ class DurableBackend(BaseTaskBackend):
         """The id of the task's job, created or brought up to date with its options first."""
         job_id = self._job_id(task)
         wanted, authority = self.job_settings(task)
-        signature = (canonical_json(wanted), canonical_json(authority))
+        signature = (wanted, authority)  # compared as values: no JSON encoding on every enqueue
         alias = self.using_alias()
         key = (alias, job_id)
         if _confirmed.get(key) == signature:
