@@ -126,7 +126,8 @@ def summarize(rows: list[dict]) -> list[dict]:
                 "max": max(values) if values else None,
             }
         )
-    # Ratio of ours to the best peer on the same database and workload (> 1: ours is better).
+    # Ratio of each "ours" row (either enqueue API) to the best peer on the same database and
+    # workload, and to django-tasks-db, the peer behind the same django.tasks API (> 1: ours is better).
     peers = ("django-tasks-db", "django-q2", "procrastinate")
     for row in out:
         if not row["system"].startswith("ours") or row["median"] is None:
@@ -143,26 +144,48 @@ def summarize(rows: list[dict]) -> list[dict]:
             continue
         if row["better"] == "higher":
             best = max(rivals, key=lambda r: r["median"])
-            row["ratio"] = row["median"] / best["median"]
         else:
             best = min(rivals, key=lambda r: r["median"])
-            row["ratio"] = best["median"] / row["median"] if row["median"] else None
+        row["ratio"] = _ratio(row, best)
         row["best_peer"] = best["system"]
+        tasks_db = next((r for r in rivals if r["system"] == "django-tasks-db"), None)
+        if tasks_db is not None:
+            row["ratio_vs_django_tasks_db"] = _ratio(row, tasks_db)
     return out
 
 
+def _ratio(row: dict, peer: dict) -> float | None:
+    """``row``'s median against ``peer``'s, above 1 when ``row`` is better."""
+    if row["better"] == "higher":
+        return row["median"] / peer["median"]
+    return peer["median"] / row["median"] if row["median"] else None
+
+
 def print_table(rows: list[dict]) -> None:
-    headers = ("db", "workload", "system", "unit", "median", "min-max", "n", "ours vs best peer")
+    headers = (
+        "db",
+        "workload",
+        "system",
+        "unit",
+        "median",
+        "min-max",
+        "n",
+        "ours vs best peer",
+        "vs django-tasks-db",
+    )
     if not rows:
         print("\n(no results)")
         return
     table = []
     for r in rows:
         ratio = f"{r['ratio']:.2f}x ({r['best_peer']})" if r.get("ratio") else ""
+        vs_dtdb = f"{r['ratio_vs_django_tasks_db']:.2f}x" if r.get("ratio_vs_django_tasks_db") else ""
         unit = r["unit"]
         spread = f"{_fmt(r['min'], unit)}-{_fmt(r['max'], unit)}" if r["median"] is not None else "-"
         n = f"{r['n']}" + (f" ({r['failed_runs']} failed)" if r["failed_runs"] else "")
-        table.append((r["db"], r["workload"], r["system"], unit, _fmt(r["median"], unit), spread, n, ratio))
+        table.append(
+            (r["db"], r["workload"], r["system"], unit, _fmt(r["median"], unit), spread, n, ratio, vs_dtdb)
+        )
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)] if table else []
     print()
     for row in (headers, tuple("-" * w for w in widths), *table):

@@ -64,7 +64,16 @@ INSTALLED_APPS = [
     "bench.benchapp",
 ]
 
-TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["default"]}}
+# "default": django-tasks-db (the peer); "durable": this package's backend, whose tasks run as a
+# principal of their own that bench/systems.py grants the queue's kind with a budget that never binds.
+TASKS = {
+    "default": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["default"]},
+    "durable": {
+        "BACKEND": "django_durable_scheduler.tasks.DurableBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {"principal": {"type": "user", "id": "bench-tasks"}},
+    },
+}
 
 # django-q2 with its ORM broker (the database is the queue). save_limit 0 keeps every result,
 # which is how a drain is seen to be finished; everything else is django-q2's default.

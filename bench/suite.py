@@ -117,11 +117,12 @@ class Procs:
     def __init__(self, spec: Any, label: str, extra_env: dict[str, str] | None = None) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs: list[Path] = []
+        safe = re.sub(r"[^\w.-]+", "_", label)  # a system's name may have spaces or parentheses
         for index, (argv, env_extra) in enumerate(spec.procs):
             env = dict(os.environ)
             env.update(PYTHONPATH=str(ROOT), DJANGO_SETTINGS_MODULE="bench.settings", **env_extra)
             env.update(extra_env or {})
-            log = LOG_DIR / f"{label}-{index}-{time.time_ns()}.log"
+            log = LOG_DIR / f"{safe}-{index}-{time.time_ns()}.log"
             self.logs.append(log)
             with log.open("wb") as out:
                 self.procs.append(
@@ -291,19 +292,19 @@ def run_w1_w2(res: Results, systems: list[Any], sizes: dict[str, Any], reps: int
         say(f"W1 bulk rep {rep + 1}: {n1 / seconds:,.0f}/s")
     ours.clear()
     # W2 drain, preceded by a one-by-one enqueue of the same n (that is the W1 one-by-one sample).
-    # At each level every system runs at its own defaults ("W2 drain xN"); ours then runs once
-    # more as one process with N handler threads, against the peers' same runs, which already
-    # run N at a time ("W2 drain xN, matched concurrency").
+    # At each level every system runs at its own defaults ("W2 drain xN"); ours (both enqueue
+    # APIs) then runs once more as one process with N handler threads, against the peers' same
+    # runs, which already run N at a time ("W2 drain xN, matched concurrency").
     for level in levels:
         matched = f"W2 drain x{level}, matched concurrency"
         for rep in range(reps):
             for system in systems:  # interleaved, so drift on a shared machine hits all alike
                 runs = [(f"W2 drain x{level}", system.drain_workers(level))]
-                if system is ours:
-                    runs.append((matched, ours.drain_workers(1, concurrency=level)))
+                if getattr(system, "matched_run", False):
+                    runs.append((matched, system.drain_workers(1, concurrency=level)))
                 for workload, spec in runs:
                     rate = _drain_once(res, system, spec, workload, level, rep, sizes)
-                    if system is not ours and rate is not None:
+                    if not getattr(system, "matched_run", False) and rate is not None:
                         res.add(
                             matched, system.name, rate, unit="ops/s", better="higher", config=spec.description
                         )
@@ -390,11 +391,15 @@ def _drain_once(
 
 
 def worker_startup(res: Results, systems: list[Any], reps: int) -> None:
-    """Time for a burst worker to start and exit on an empty queue (part of every W2 wall time)."""
+    """Time for a burst worker to start and exit on an empty queue (part of every W2 wall time);
+    once per worker command (ours runs the same one for both enqueue APIs)."""
+    timed: set[tuple[str, ...]] = set()
     for system in systems:
         spec = system.drain_workers(1)
-        if not spec.exits_when_empty:
+        argv = tuple(arg for cmd, _ in spec.procs for arg in cmd)
+        if not spec.exits_when_empty or argv in timed:
             continue
+        timed.add(argv)
         system.clear()
         for _ in range(reps):
             start = time.perf_counter()

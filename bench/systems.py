@@ -40,6 +40,8 @@ def _truncate(tables: list[str]) -> None:
 
 class Ours:
     name = "ours"
+    # W2 runs it once more per level as one process with N handler threads ("matched concurrency").
+    matched_run = True
     NOOP_JOB = "bench-noop"
     STAMP_JOB = "bench-stamp"
     SLEEP_JOB = "bench-sleep"
@@ -137,6 +139,38 @@ class Ours:
         if poll is not None:
             cmd += ["--poll-interval", str(poll)]
         return WorkerSpec([(cmd, {})], False, " ".join(cmd[3:]), {"poll": poll or 1.0})
+
+
+class OursTasks(Ours):
+    """This package through Django's task API: ``.enqueue()`` of ``@task`` functions whose backend
+    is ``TASKS["durable"]`` (our DurableBackend); the same workers, occurrences and checks as Ours."""
+
+    name = "ours (django.tasks)"
+
+    def setup(self) -> None:
+        from django.conf import settings
+
+        from django_durable_scheduler import policies
+        from django_durable_scheduler.tasks import queue_kind
+
+        # The backend's OPTIONS principal, granted its queue's kind with a budget that never binds
+        # (before the first enqueue creates the task's job, so that the job binds to it).
+        principal = settings.TASKS["durable"]["OPTIONS"]["principal"]
+        authority = {"principal": principal, "requestedCapabilities": [queue_kind("default")]}
+        policies.ensure_policy(authority, window=31 * 86400, max_runs=1_000_000, max_units=1_000_000)
+
+    def enqueue_noop(self, i: int) -> None:
+        from bench.benchapp.tasks import ours_task_noop
+
+        ours_task_noop.enqueue()
+
+    def enqueue_many(self, n: int) -> None:
+        raise NotImplementedError("Django's task API has no bulk enqueue")
+
+    def enqueue_stamp(self, token: int) -> None:
+        from bench.benchapp.tasks import ours_task_stamp
+
+        ours_task_stamp.enqueue(token)
 
 
 class DjangoTasks:
@@ -282,7 +316,8 @@ class Procrastinate:
 
 
 def systems_for(vendor: str) -> list[object]:
-    found: list[object] = [Ours(), DjangoTasks(), DjangoQ2()]
+    """Ours first: the workloads of ours alone (W1 bulk, W4, profile, scale) take ``systems[0]``."""
+    found: list[object] = [Ours(), OursTasks(), DjangoTasks(), DjangoQ2()]
     if vendor == "postgresql":
         found.append(Procrastinate())
     return found

@@ -5,6 +5,7 @@ documentation says a backend does, on django.tasks (Django 6) or the django-task
 from __future__ import annotations
 
 import asyncio
+import copy
 import importlib.util
 import signal
 from datetime import timedelta
@@ -326,6 +327,38 @@ def test_running_a_task_sends_djangos_signals_and_keeps_each_attempts_error(db, 
     assert [e.exception_class_path for e in result.errors] == ["builtins.RuntimeError"] * 2
     assert "flaky run 0" in result.errors[0].traceback and result.errors[0].exception_class is RuntimeError
     assert result.worker_ids == ["w1", "w2", "w3"]
+
+
+def test_a_running_task_sees_what_get_result_says(db, tmp_path):
+    """The worker builds the running result in one query: it must match get_result's two."""
+    seen = []
+
+    def record(sender, task_result, **kwargs):
+        # A copy: the backend updates its result after a failure.
+        seen.append((copy.copy(task_result), task_backends["default"].get_result(task_result.id)))
+
+    task_started.connect(record)
+    try:
+        result = djtasks.flaky.using(priority=7).enqueue(str(tmp_path))
+        backend = task_backends["default"]
+        for owner in ("w1", "w2"):
+            occurrence = claim(owner)
+            with pytest.raises(RuntimeError):
+                backend.run(context_of(occurrence, owner))
+            kernel.settle(
+                result.id, owner=owner, fence=occurrence.fence, outcome="failed", error="x", retry_at=0
+            )
+    finally:
+        task_started.disconnect(record)
+    assert len(seen) == 2
+    for running, read in seen:
+        assert running.status == read.status == TaskResultStatus.RUNNING
+        for name in ("enqueued_at", "started_at", "last_attempted_at", "worker_ids", "args", "kwargs"):
+            assert getattr(running, name) == getattr(read, name), name
+        assert running.errors == read.errors
+        assert running.task.priority == read.task.priority == 7
+        assert running.task.queue_name == read.task.queue_name
+    assert seen[1][0].worker_ids == ["w1", "w2"] and len(seen[1][0].errors) == 1
 
 
 def test_the_admin_shows_a_task_in_djangos_words(admin_client, tmp_path):

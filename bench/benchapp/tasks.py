@@ -57,6 +57,19 @@ def dt_stamp(token):
     _stamp(token)
 
 
+# --- this package's django.tasks backend (TASKS["durable"])
+
+
+@task(backend="durable")
+def ours_task_noop():
+    return None
+
+
+@task(backend="durable")
+def ours_task_stamp(token):
+    _stamp(token)
+
+
 # --- django-q2 (async_task("bench.benchapp.tasks.q_noop"))
 
 

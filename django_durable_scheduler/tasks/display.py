@@ -54,14 +54,23 @@ def task_errors(occurrence: Occurrence) -> list[tuple[str, str]]:
     """Each failed attempt's (exception class path, traceback); a failure that no task raised
     on the last attempt (a lease that expired, a cancel, a denial, a result that could not be
     stored) comes last, as a ``SchedulerError`` with its stored reason."""
-    metadata = occurrence.metadata if isinstance(occurrence.metadata, dict) else {}
-    recorded = [e for e in metadata.get(ERRORS_KEY) or [] if isinstance(e, dict)]
-    errors = [(str(e.get("exceptionClassPath")), str(e.get("traceback"))) for e in recorded]
+    errors = recorded_errors(occurrence.metadata)
     last = occurrence.last_error if isinstance(occurrence.last_error, dict) else None
     failed = occurrence.status in (OccurrenceStatus.DEAD_LETTER, OccurrenceStatus.CANCELLED)
-    attempts = {e.get("attempt") for e in recorded}
+    attempts = {e.get("attempt") for e in _recorded(occurrence.metadata)}
     if failed and last is not None and (occurrence.attempt == 0 or occurrence.attempt not in attempts):
         reason = " ".join(str(last[key]) for key in ("type", "code") if last.get(key))
         message = str(last.get("message") or "failed")
         errors.append((SCHEDULER_ERROR_PATH, f"{reason}: {message}" if reason else message))
     return errors
+
+
+def recorded_errors(metadata: Any) -> list[tuple[str, str]]:
+    """The (exception class path, traceback) of each failed attempt recorded in an
+    occurrence's ``metadata``, oldest first."""
+    return [(str(e.get("exceptionClassPath")), str(e.get("traceback"))) for e in _recorded(metadata)]
+
+
+def _recorded(metadata: Any) -> list[dict[str, Any]]:
+    errors = metadata.get(ERRORS_KEY) if isinstance(metadata, dict) else None
+    return [e for e in errors or [] if isinstance(e, dict)]
