@@ -60,6 +60,7 @@ CLAIM_FIELDS = (
     "idempotency_key",
     "created_at",
     "principal_key",
+    "priority",
 )
 
 

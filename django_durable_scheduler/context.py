@@ -21,6 +21,12 @@ class ExecutionContext:
     authority: dict[str, Any]
     owner: str = ""
     using: str | None = None
+    # When the occurrence was written and when this attempt claimed it (None where the
+    # context was not made by a claim), and its priority: what a handler would otherwise
+    # read back from the database, as the django.tasks backend does for a TaskResult.
+    enqueued_at: datetime | None = None
+    claimed_at: datetime | None = None
+    priority: int = 0
     _lease_lost: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property

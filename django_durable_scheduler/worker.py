@@ -609,6 +609,9 @@ class Worker:
                 authority=occurrence.authority,
                 owner=self.worker_id,
                 using=self.using,
+                enqueued_at=occurrence.created_at,
+                claimed_at=occurrence.updated_at,  # set by the claim
+                priority=occurrence.priority,
             )
             running = _Running(occurrence, context, _timeout_of(occurrence, default_timeout))
             with self._lock:

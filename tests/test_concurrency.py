@@ -19,7 +19,7 @@ from .conftest import AUTHORITY, ROOT, authority_for, subprocess_env
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 PROCESSES = 4
-OCCURRENCES = 2000
+OCCURRENCES = 1000
 
 
 def test_concurrent_claimers_take_each_occurrence_once():

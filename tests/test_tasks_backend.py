@@ -69,6 +69,9 @@ def context_of(occurrence: Occurrence, owner: str = "w1") -> ExecutionContext:
         payload=occurrence.payload,
         authority=occurrence.authority,
         owner=owner,
+        enqueued_at=occurrence.created_at,
+        claimed_at=occurrence.updated_at,
+        priority=occurrence.priority,
     )
 
 
@@ -330,7 +333,8 @@ def test_running_a_task_sends_djangos_signals_and_keeps_each_attempts_error(db, 
 
 
 def test_a_running_task_sees_what_get_result_says(db, tmp_path):
-    """The worker builds the running result in one query: it must match get_result's two."""
+    """The worker builds the running result from its context on a first claim and in one
+    query on a later one: either must match get_result's two."""
     seen = []
 
     def record(sender, task_result, **kwargs):

@@ -426,9 +426,28 @@ class DurableBackend(BaseTaskBackend):
         return value
 
     def _running_result(self, ctx: Any) -> AnyResult:
-        """What ``get_result`` reads for the occurrence ``ctx`` holds, in one query instead of
-        two (on every run of a task): its claims, joined to the columns the context lacks."""
+        """What ``get_result`` reads for the occurrence ``ctx`` holds. A first claim (fence 1)
+        is all in the context: one claim, by this worker, and no error recorded yet. A later
+        one reads its claims, joined to the columns the context lacks, in one query."""
         payload = ctx.payload
+        if (
+            ctx.fence == 1
+            and ctx.enqueued_at is not None
+            and ctx.claimed_at is not None
+            and queue_of(ctx.kind) is not None
+            and isinstance(payload, dict)
+            and isinstance(payload.get("task"), str)
+        ):
+            return self._result(
+                ctx.occurrence_id,
+                payload,
+                ctx.kind,
+                ctx.priority,
+                TaskResultStatus.RUNNING,
+                ctx.enqueued_at,
+                [(ctx.claimed_at, ctx.owner)],
+                [],
+            )
         claims = list(
             Event.objects.using(self.using_alias())
             .filter(
