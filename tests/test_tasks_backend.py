@@ -532,6 +532,10 @@ def test_a_schedule_made_in_the_admin_runs_the_task_once_per_slot(admin_client, 
     listing = admin_client.get(reverse(f"{SCHEDULES}_changelist")).content.decode()
     assert "berlin-lunch" in listing and "tests.testapp.djtasks.add" in listing
     assert escape(describe_trigger(job.trigger)) in listing
+    found = admin_client.get(reverse(f"{SCHEDULES}_changelist"), {"q": "djtasks.add"})
+    assert [j.pk for j in found.context["cl"].result_list] == [job.pk]  # by the task's path
+    found = admin_client.get(reverse(f"{SCHEDULES}_changelist"), {"q": "shout"})
+    assert list(found.context["cl"].result_list) == []
 
 
 def test_editing_a_schedule_in_the_admin_makes_a_revision(admin_client, clock):
