@@ -492,21 +492,17 @@ def prune(
             keep = _open_window(ids, now, alias)
             result.kept += len(keep)
             doomed = [pk for pk in ids if pk not in keep]
-            if doomed:
-                events = Event.objects.using(alias).filter(occurrence_id__in=doomed)
-                reservations = AuthorityReservation.objects.using(alias).filter(occurrence_id__in=doomed)
-                doomed_rows = Occurrence.objects.using(alias).filter(pk__in=doomed)
-                if dry_run:
-                    result.events += events.count()
-                    result.reservations += reservations.count()
-                    result.occurrences += len(doomed)
-                else:
-                    # Children first (they PROTECT their occurrence). Raw deletes: nothing
-                    # else points at these rows, and the collector would load every
-                    # occurrence, payload and all, just to look.
-                    result.events += events._raw_delete(alias)
-                    result.reservations += reservations._raw_delete(alias)
-                    result.occurrences += doomed_rows._raw_delete(alias)
+            if doomed and dry_run:
+                result.events += Event.objects.using(alias).filter(occurrence_id__in=doomed).count()
+                result.reservations += (
+                    AuthorityReservation.objects.using(alias).filter(occurrence_id__in=doomed).count()
+                )
+                result.occurrences += len(doomed)
+            elif doomed:
+                # Children first (they PROTECT their occurrence); nothing else points at these rows.
+                result.events += dialect.delete_rows(alias, Event, "occurrence", doomed)
+                result.reservations += dialect.delete_rows(alias, AuthorityReservation, "occurrence", doomed)
+                result.occurrences += dialect.delete_rows(alias, Occurrence, "occurrence_id", doomed)
         if len(ids) < batch_size:
             break
     if include_job_events:
@@ -524,6 +520,6 @@ def _prune_job_events(cutoff: datetime, batch_size: int, dry_run: bool, alias: s
             dialect.take_write_lock(connections[alias])
             ids = list(old.order_by("pk").values_list("pk", flat=True)[:batch_size])
             if ids:
-                total += Event.objects.using(alias).filter(pk__in=ids)._raw_delete(alias)
+                total += dialect.delete_rows(alias, Event, "event_id", ids)
         if len(ids) < batch_size:
             return total

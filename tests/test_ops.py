@@ -361,6 +361,22 @@ def test_prune_deletes_old_terminal_occurrences_and_their_events(job, clock):
     assert Event.objects.filter(occurrence__isnull=True, event_type="job_created").exists()
 
 
+def test_rows_are_deleted_in_statements_the_database_accepts(job, clock):
+    """More ids than one statement may bind (SQLite's limit, 999 on old builds): each chunk
+    goes, rows with other ids stay."""
+    from django.db import connection
+
+    from django_durable_scheduler import dialect
+    from django_durable_scheduler.events import new_event
+
+    dialect.insert_rows(connection.alias, [new_event("job-a", "probe", clock()) for _ in range(2_500)])
+    ids = sorted(Event.objects.filter(event_type="probe").values_list("pk", flat=True))
+    doomed = [*ids[:2_400], max(ids) + 1_000]  # and one that does not exist
+    assert dialect.delete_rows(connection.alias, Event, "event_id", doomed) == 2_400
+    assert sorted(Event.objects.filter(event_type="probe").values_list("pk", flat=True)) == ids[2_400:]
+    assert dialect.delete_rows(connection.alias, Event, "event_id", []) == 0
+
+
 def test_prune_dry_run_counts_and_writes_nothing(job, clock):
     settled(clock, "a")
     settled(clock, "b")
