@@ -14,7 +14,8 @@ store alike.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from datetime import UTC, timedelta
 from typing import Any
 
@@ -364,27 +365,33 @@ def test_arbitrary_arguments_are_refused_cleanly_or_accepted(world, fn, data):
     kwargs = resolve(world, data.draw(arguments(fn), label="kwargs"))
     func = CALLABLES.get(fn) or getattr(scheduler, fn)
     before = snapshot()
-    savepoint = transaction.savepoint()
-    try:
-        func(**kwargs)
-    except scheduler.SchedulerError as exc:
-        after = snapshot()
-        transaction.savepoint_rollback(savepoint)
-        assert len(str(exc)) < 1000, str(exc)[:1000]
-        assert after == before, f"{type(exc).__name__} after a write: {str(exc)[:200]}"
-        return
-    except BaseException:
-        transaction.savepoint_rollback(savepoint)
-        raise
-    transaction.savepoint_rollback(savepoint)
+    with rolled_back():
+        try:
+            func(**kwargs)
+        except scheduler.SchedulerError as exc:
+            after = snapshot()
+            assert len(str(exc)) < 1000, str(exc)[:1000]
+            assert after == before, f"{type(exc).__name__} after a write: {str(exc)[:200]}"
+
+
+class _Undo(Exception):
+    """Ends a ``rolled_back`` block."""
+
+
+@contextlib.contextmanager
+def rolled_back() -> Iterator[None]:
+    """What the block writes is undone at its end (its atomic block rolled back), so that
+    each example starts from the same world."""
+    with contextlib.suppress(_Undo), transaction.atomic():
+        yield
+        raise _Undo
 
 
 def test_a_refusal_after_a_success_still_writes_nothing(world):
     """The rollback between examples: the world is the same after a successful call."""
     before = snapshot()
-    savepoint = transaction.savepoint()
-    scheduler.create_job("job-new", "reports.send", authority=AUTHORITY, payload={"n": 1})
-    transaction.savepoint_rollback(savepoint)
+    with rolled_back():
+        scheduler.create_job("job-new", "reports.send", authority=AUTHORITY, payload={"n": 1})
     assert snapshot() == before
     with pytest.raises(scheduler.InvalidArgument):
         scheduler.create_job("job-new", "reports.send", authority=AUTHORITY, retry_base_delay=timedelta.max)
