@@ -120,7 +120,7 @@ class Dashboard:
 def outcomes_since(since: datetime, now: datetime, alias: str) -> list[KindOutcomes]:
     """Settled occurrences per kind and outcome since ``since``, kinds with the most first."""
     by_kind: dict[str, dict[str, int]] = defaultdict(dict)
-    for (kind, status), n in rollups.outcomes(since, now, alias=alias).items():
+    for (kind, status), n in rollups.outcomes_through(since, now, alias=alias).items():
         by_kind[kind][status] = n
     found = [KindOutcomes(kind, counts) for kind, counts in by_kind.items()]
     return sorted(found, key=lambda k: (-k.total, k.kind))

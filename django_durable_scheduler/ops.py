@@ -306,7 +306,7 @@ def collect_status(
             due_by_kind[kind] = due_by_kind.get(kind, 0) + due
             oldest = job_oldest if oldest is None else min(oldest, job_oldest)
     # Settled ones over the last day only: a count over all history would read the whole table.
-    for (_, status_name), n in rollups.outcomes(now - SETTLED_COUNTED, now, alias=alias).items():
+    for (_, status_name), n in rollups.outcomes_through(now - SETTLED_COUNTED, now, alias=alias).items():
         counts[status_name] += n
     live, stale, stopped = _workers(now, stale_after, alias)
     handled = {kind for worker in live for kind in worker.kinds}

@@ -104,6 +104,12 @@ def _count_hours(first: datetime, end: datetime, alias: str) -> None:
     table.filter(hour__lt=missing[-1] - KEEP).delete()
 
 
+def outcomes_through(start: datetime, now: datetime, *, alias: str) -> Outcomes:
+    """Occurrences settled from ``start`` up to and including ``now``, per (kind, status): a
+    view "as of now" counts what settled at that very instant too (as its other parts do)."""
+    return outcomes(start, now + timedelta(microseconds=1), alias=alias)
+
+
 def outcomes(start: datetime, end: datetime, *, alias: str) -> Outcomes:
     """Occurrences settled in [start, end), per (kind, status)."""
     closed = _floor(conf.now() - SETTLE_MARGIN)  # hours before this one are over

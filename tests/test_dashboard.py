@@ -83,6 +83,16 @@ def test_the_figures(world):
     assert sync["segments"][0]["width"] == dashboard.BAR_WIDTH / 2 and sync["y"] == dashboard.ROW_HEIGHT
 
 
+def test_what_settled_this_instant_counts_everywhere(db, clock):
+    # The clock stands still: the dead letters settled at "now" itself.
+    scheduler.create_job("sync", "crm.sync")
+    run("sync", "failed", clock, n=2)
+    board = dashboard.collect()
+    hour, day = (dict((k.kind, k.counts) for k in kinds) for kinds in board.outcomes.values())
+    assert hour == day == {"crm.sync": {"dead_letter": 2}}
+    assert board.status.counts["dead_letter"] == 2 == len(board.dead_letters)
+
+
 def test_the_page_with_view_permission_only(client, world):
     client.force_login(staff_user("viewer", "view_occurrence"))
     page = client.get(reverse(URL))
