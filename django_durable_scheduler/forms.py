@@ -27,7 +27,7 @@ from .exceptions import (
     SchedulerError,
 )
 from .identity import MAX_IDENTIFIER_LENGTH, normalize_identifier
-from .models import AuthorityPolicy, Job
+from .models import AuthorityPolicy, Job, TaskSchedule
 
 WINDOW_UNITS: dict[str, int] = {"minutes": 60, "hours": 3600, "days": 86_400}
 _SECONDS_UNIT = ("seconds", "seconds")
@@ -483,17 +483,20 @@ class TaskScheduleForm(_ApiForm):
         using = backend.using_alias()
         if self.adding:
             job_id = schedule_job_id(backend, data.get("name") or task.module_path)
-            return kernel.create_job(job_id, enabled=data["enabled"], using=using, **settings)
-        if not self.changed_data:
+            job = kernel.create_job(job_id, enabled=data["enabled"], using=using, **settings)
+        elif not self.changed_data:
             unchanged: Job = self.instance
             return unchanged
-        return kernel.update_job(
-            self.instance.job_id,
-            expected_revision=data["loaded_revision"],
-            enabled=data["enabled"],
-            using=using,
-            **settings,
-        )
+        else:
+            job = kernel.update_job(
+                self.instance.job_id,
+                expected_revision=data["loaded_revision"],
+                enabled=data["enabled"],
+                using=using,
+                **settings,
+            )
+        # As a task schedule, so that the admin's message and links name it as one.
+        return TaskSchedule.objects.using(using).get(pk=job.pk)
 
     def add_api_error(self, exc: SchedulerError) -> None:
         add_job_error(self, exc, "name", "task schedule", "name")

@@ -286,3 +286,33 @@ def test_operations_on_everything_a_filter_matches(new_context, live_server, adm
     assert recent.count() == 1 + 20  # the header and the 20 newest: the cancelled ones
     assert "cancelled in the admin by root" in recent.nth(1).inner_text()
     screenshot(page, "admin-job-recent")
+
+
+def test_a_task_schedule_made_in_the_admin(new_context, live_server, admin_user):
+    """A staff user gives a task a cron schedule with the form: a task path that is no task
+    is refused on its field, then the right one is saved and listed in the task's terms."""
+    from django_durable_scheduler.models import Job
+
+    page = login(new_context(), live_server, "root")
+    page.click("text=Task schedules")
+    page.click("text=Add task schedule")
+    page.fill("#id_name", "weekday-report")
+    page.fill("#id_task", "tests.testapp.djtasks.nowhere")
+    page.fill("#id_trigger", '{"cron": "0 9 * * 1-5", "timezone": "Europe/Berlin"}')
+    page.fill("#id_args", "[2]")
+    page.fill("#id_kwargs", '{"b": 3}')
+    page.click("input[name=_save]")
+    assert "nothing to import" in field_errors(page, "task")
+    screenshot(page, "admin-task-schedule-error")
+    assert not Job.objects.exists()
+    page.fill("#id_task", "tests.testapp.djtasks.add")
+    page.click("input[name=_save]")
+    page.wait_for_selector(".messagelist")
+    assert 'The task schedule "task-schedule:default:weekday-report" was added' in page.inner_text(
+        ".messagelist"
+    ).replace("\u201c", '"').replace("\u201d", '"')
+    row = page.locator("#result_list tbody tr").first
+    assert "weekday-report" in row.inner_text() and "tests.testapp.djtasks.add" in row.inner_text()
+    screenshot(page, "admin-task-schedules")
+    job = Job.objects.get()
+    assert job.payload["args"] == [2] and job.trigger["cron"] == "0 9 * * 1-5"
