@@ -566,6 +566,7 @@ def test_editing_a_schedule_in_the_admin_makes_a_revision(admin_client, clock):
         ({"task": "tests.testapp.djtasks.nothing_here"}, "task", "nothing to import"),
         ({"task": "no_such_module.task"}, "task", "nothing to import"),
         ({"task": "tests.testapp.djtasks.Path"}, "task", "must be a task"),
+        ({"task": "tests.testapp.broken_tasks.anything"}, "task", "RuntimeError: this module is broken"),
         ({"trigger": '{"cron": "61 * * * *"}'}, "trigger", "trigger.cron"),
         ({"trigger": '{"cron": "0 9 * * *", "timezone": "Mars/Olympus"}'}, "trigger", "trigger.timezone"),
         ({"trigger": "{not json"}, "trigger", "Enter a valid JSON"),

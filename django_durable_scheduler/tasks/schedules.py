@@ -87,6 +87,8 @@ def task_at(path: str) -> AnyTask:
         task = import_string(path)
     except ImportError as exc:
         raise InvalidArgument("task", f"nothing to import at {path!r} ({exc})") from None
+    except Exception as exc:  # the module itself is broken: say so on the field, not as a 500
+        raise InvalidArgument("task", f"importing {path!r} failed: {type(exc).__name__}: {exc}") from None
     durable_backend_of(task)
     found: AnyTask = task
     return found
