@@ -471,15 +471,15 @@ class TaskScheduleForm(_ApiForm):
 
         data = self.cleaned_data
         task = task_at(data["task"])
-        args = [] if data["args"] is None else data["args"]  # empty: none
-        kwargs = {} if data["kwargs"] is None else data["kwargs"]
-        try:
-            settings = schedule_settings(task, data["trigger"], args, kwargs)
-        except SchedulerError:
-            raise
-        except (TypeError, ValueError) as exc:  # the framework's own JSON refusals
-            raise InvalidArgument("args", str(exc)) from None
         backend = durable_backend_of(task)
+        values = {"args": data["args"], "kwargs": data["kwargs"]}
+        for field, empty in (("args", []), ("kwargs", {})):
+            value = empty if values[field] is None else values[field]  # empty: none
+            try:
+                values[field] = backend.json_value(value, field)
+            except (TypeError, ValueError) as exc:  # the framework's own refusal, on its field
+                raise InvalidArgument(field, str(exc)) from None
+        settings = schedule_settings(task, data["trigger"], values["args"], values["kwargs"])
         using = backend.using_alias()
         if self.adding:
             job_id = schedule_job_id(backend, data.get("name") or task.module_path)

@@ -574,6 +574,8 @@ def test_editing_a_schedule_in_the_admin_makes_a_revision(admin_client, clock):
         ({"kwargs": "[1]"}, "kwargs", "must be a dict"),
         ({"kwargs": "[]"}, "kwargs", "must be a dict"),
         ({"args": "{}"}, "args", "must be a list"),
+        ({"kwargs": '{"x": NaN}'}, "kwargs", "Unsupported value in task kwargs"),
+        ({"args": "[NaN]"}, "args", "Unsupported value in task args"),
         ({"task": ""}, "task", "required"),
         ({"name": "x" * 300}, "name", "at most 200"),
     ],
