@@ -431,13 +431,12 @@ class DurableBackend(BaseTaskBackend):
         one reads its claims, joined to the columns the context lacks, in one query."""
         payload = ctx.payload
         if (
-            ctx.fence == 1
-            and ctx.enqueued_at is not None
-            and ctx.claimed_at is not None
-            and queue_of(ctx.kind) is not None
-            and isinstance(payload, dict)
-            and isinstance(payload.get("task"), str)
+            queue_of(ctx.kind) is None
+            or not isinstance(payload, dict)
+            or not isinstance(payload.get("task"), str)
         ):
+            return self.get_result(ctx.occurrence_id)  # which says why there is no result
+        if ctx.fence == 1 and ctx.enqueued_at is not None and ctx.claimed_at is not None:
             return self._result(
                 ctx.occurrence_id,
                 payload,
@@ -463,12 +462,7 @@ class DurableBackend(BaseTaskBackend):
                 "occurrence__metadata",
             )
         )
-        if (
-            not claims
-            or queue_of(ctx.kind) is None
-            or not isinstance(payload, dict)
-            or not isinstance(payload.get("task"), str)
-        ):
+        if not claims:
             return self.get_result(ctx.occurrence_id)  # which says why there is no result
         _, _, created_at, priority, metadata = claims[0]
         return self._result(
