@@ -1,4 +1,4 @@
-"""The scheduler in Django's admin (SPEC section 9).
+"""The scheduler in Django's admin.
 
 Nothing here writes a scheduler table directly: policies are saved with
 ``policies.set_policy``, jobs with ``kernel.create_job``/``update_job``, and every action

@@ -1,8 +1,10 @@
 """Canonical JSON, occurrence identity and input normalization.
 
-The identity must match the seed byte for byte so occurrence ids are portable between
-implementations: canonical JSON with keys in UTF-16 code-unit order, compact separators,
-non-ASCII kept, numbers formatted as ECMAScript ``JSON.stringify`` formats them.
+The identity is a compatibility contract: other implementations of this scheduler kernel
+derive the same ids byte for byte, so occurrence ids are portable between them
+(``docs/design.md``, "Slot identity and idempotency"). Its rules: canonical JSON with keys
+in UTF-16 code-unit order, compact separators, non-ASCII kept, numbers formatted as
+ECMAScript ``JSON.stringify`` formats them.
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ def _encode(value: Any, field: str, depth: int, out: list[str]) -> None:
             out.append(str(int(value)))
         else:
             # Beyond 2**53 a JSON number is a double to every other reader (JavaScript, and
-            # this seed): write what they would, e.g. 2**60 -> 1152921504606847000.
+            # the other implementations): write what they would, e.g. 2**60 -> 1152921504606847000.
             try:
                 out.append(_js_number(float(value)))
             except OverflowError:
@@ -179,7 +181,7 @@ def canonical_json(value: Any, field: str = "value", *, max_bytes: int = MAX_CAN
 def normalize_json(value: Any, field: str, *, max_bytes: int = MAX_CANONICAL_BYTES) -> Any:
     """Validate ``value`` as a JSON value every database stores alike and return its
     canonical Python form: canonical JSON, and no NUL in a string or key (which
-    :func:`canonical_json`, a pure function of the seed, does allow)."""
+    :func:`canonical_json`, which only encodes, does allow)."""
     text = canonical_json(value, field, max_bytes=max_bytes)
     if "\\u0000" in text and _JSON_NUL.search(text):
         raise InvalidArgument(field, _NUL_MESSAGE)
@@ -251,7 +253,7 @@ def identity_digester(job_id: str, job_revision: int) -> Callable[[int, str], st
 def derive_occurrence_identity(
     job_id: str, job_revision: int, scheduled_for_ms: int, trigger_key: str
 ) -> OccurrenceIdentity:
-    """The seed's occurrence identity for a job revision, slot and trigger key."""
+    """The portable occurrence identity of a job revision, slot and trigger key."""
     return identity_deriver(job_id, job_revision)(scheduled_for_ms, trigger_key)
 
 

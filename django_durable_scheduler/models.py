@@ -1,5 +1,6 @@
-"""The scheduler's tables. They mirror the seed's: jobs, occurrences, events (v1) and the
-authority policies, usage and reservations (v2). Names are ``durable_scheduler_<table>``.
+"""The scheduler's tables: jobs, occurrences and events (the kernel), and the authority
+policies, usage and reservations (the authority layer). Names are
+``durable_scheduler_<table>``; what each row means: ``docs/design.md``, "Data model".
 
 These models are the only definition of the schema: the kernel's SQL takes its columns from
 their ``_meta``, so a field added here with a migration needs no other edit. Only the kernel

@@ -1,4 +1,4 @@
-"""Trigger validation and fire-time computation (SPEC section 4).
+"""Trigger validation and fire-time computation (``docs/design.md``, "Schedules and misfire").
 
 A trigger is a JSON object stored on ``Job.trigger``. Its shapes:
 
@@ -31,8 +31,8 @@ The macros ``@yearly``/``@annually``, ``@monthly``, ``@weekly``, ``@daily``/``@m
 any other ``@`` word are refused. Whitespace between fields is collapsed to single spaces;
 the fields themselves are stored as written.
 
-Daylight saving time (ISC/Vixie rule, SPEC section 4)
------------------------------------------------------
+Daylight saving time (the ISC/Vixie cron rule)
+----------------------------------------------
 * If the hour field is exactly ``*``, the cron runs on *real time*: every real instant whose
   local wall-clock time matches fires. In a repeated fall-back hour it fires in both
   instances; minutes inside a spring-forward gap do not exist and do not fire.
@@ -551,7 +551,7 @@ def _first_instance(wall: datetime, zone: ZoneInfo) -> datetime:
 
 
 def _wall_instants(cron: CronSpec, zone: ZoneInfo, wall: datetime) -> list[datetime]:
-    """The instants at which the wall-clock slot ``wall`` fires (SPEC section 4)."""
+    """The instants at which the wall-clock slot ``wall`` fires (the daylight-saving rules above)."""
     return _all_instances(wall, zone) if cron.hour_star else [_first_instance(wall, zone)]
 
 

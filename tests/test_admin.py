@@ -1,4 +1,4 @@
-"""The admin (SPEC section 9), through Django's test client: every page renders, policy and
+"""The admin, through Django's test client: every page renders, policy and
 job edits go through the API with revision checks, bad input comes back as field errors,
 permissions are Django's model permissions, actions go through the kernel, no N+1 lists."""
 

@@ -1,4 +1,5 @@
-"""Property test: arbitrary values at every public function's arguments (SPEC sections 8, 10).
+"""Property test: arbitrary values at every public function's arguments (``docs/design.md``,
+"Bad input").
 
 Each example calls one public function with its valid arguments, some of them replaced by
 arbitrary values: text with NUL and lone surrogates, integers past every float and column,

@@ -1,4 +1,4 @@
-"""Bad input to every public kernel function (SPEC sections 5, 8 and 10).
+"""Bad input to every public kernel function (``docs/design.md``, "Bad input").
 
 Each case calls one function with exactly one bad argument (everything else valid) and
 checks that:

@@ -1,6 +1,6 @@
 """Fair claims across separate calls: ``claim()`` and a ``claim_batch`` without a cursor of
 its own continue the round-robin after the principal of the newest claim in the event log,
-the same rule the batched claim applies within one call (SPEC section 5)."""
+the same rule the batched claim applies within one call (``docs/design.md``, "Fair claiming")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""One input contract on every database (SPEC section 10): what SQLite would store but
-PostgreSQL or MariaDB would refuse, and values that broke the validation itself, are refused
-the same way everywhere, with ``InvalidArgument`` naming the field, before anything is written.
+"""One input contract on every database (``docs/design.md``, "Bad input"): what SQLite would
+store but PostgreSQL or MariaDB would refuse, and values that broke the validation itself, are
+refused the same way everywhere, with ``InvalidArgument`` naming the field, before anything is
+written.
 
 * NUL (U+0000) in a stored string or JSON object key: PostgreSQL's text and jsonb refuse it.
 * Integers beyond float range (``10**400``) as durations, and integers past their column.

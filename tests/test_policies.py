@@ -1,5 +1,6 @@
 """Authority policies: set_policy (compare-and-set, history, rebinding), get_policy,
-ensure_policy, preview_policy_change, policy_history, current_usage (SPEC sections 7, 8, 10)."""
+ensure_policy, preview_policy_change, policy_history, current_usage (``docs/design.md``,
+"Authority checks")."""
 
 from __future__ import annotations
 
@@ -376,7 +377,7 @@ def test_bind_to_current_policy(clock):
     bound = scheduler.bind_to_current_policy(envelope)
     assert bound["authorizationRefs"]["schedulerPolicyRevision"] == "scheduler-authority:2"
     assert envelope["authorizationRefs"].get("schedulerPolicyRevision") is None  # not mutated
-    # Covered or not, enabled or not: bound whenever a policy exists (SPEC section 7), so
+    # Covered or not, enabled or not: bound whenever a policy exists, so
     # that the worker denies a missing capability as permission_denied, naming it.
     wide = normalize_authority(authority_for("liam", "a.cap", "z.cap"))
     assert bound_revision(scheduler.bind_to_current_policy(wide)) == 2

@@ -1,5 +1,6 @@
 """Authority reservations: reserve_authority, authorize (every denial reason, deferral on an
-exhausted budget, reuse on retry) and settlement on every terminal path (SPEC sections 7, 8)."""
+exhausted budget, reuse on retry) and settlement on every terminal path (``docs/design.md``,
+"Budgets and reservations")."""
 
 from __future__ import annotations
 

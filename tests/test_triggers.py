@@ -763,7 +763,7 @@ def test_fixed_offset_zone_names() -> None:
 # ----------------------------------------------------------------------------- croniter 7.0.0 divergences
 #
 # We do not use croniter's time zone handling. Each test below pins a case where croniter
-# 7.0.0 is wrong by SPEC section 4; the croniter assertion accepts the wrong value it gives
+# 7.0.0 breaks our daylight-saving rules; the croniter assertion accepts the wrong value it gives
 # today or the right one, so a fixed croniter does not break the suite.
 
 

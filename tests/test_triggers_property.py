@@ -2,7 +2,8 @@
 
 The reference below is written independently of ``triggers.py``: the cron is generated as a
 structure, the sets of matching values come from that structure (not from our parser), and
-fire times come from walking real UTC minutes and applying SPEC section 4 literally:
+fire times come from walking real UTC minutes and applying the daylight-saving rules of
+``docs/design.md``, "Schedules and misfire", literally:
 
 * hour field ``*`` (real time): a UTC minute fires when its local wall-clock time matches.
 * restricted hour field: keep ``high``, the latest local wall-clock time seen so far. When a
