@@ -216,7 +216,7 @@ def _settings_problems() -> list[tuple[str, str, str]]:
         )
     timeout = _setting("HANDLER_TIMEOUT", None)
     if timeout is not None:
-        from .registry import MAX_TIMEOUT_MS, timeout_ms
+        from .identity import MAX_TIMEOUT_MS, timeout_ms
 
         try:
             timeout_ms(timeout, "DURABLE_SCHEDULER_HANDLER_TIMEOUT")
