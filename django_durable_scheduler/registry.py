@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+from .authority import MAX_BUDGET
 from .declared import add_declaration, declaration_from_handler, forget_kind
 from .exceptions import InvalidArgument
 from .identity import normalize_identifier, normalize_int, timeout_ms
@@ -55,7 +56,7 @@ def handler(
     """
     kind = normalize_identifier(kind, "kind", max_length=128)
     if not callable(units):
-        normalize_int(units, "units", minimum=1, maximum=1_000_000)
+        normalize_int(units, "units", minimum=1, maximum=MAX_BUDGET)  # what one reservation may take
     limit_ms = timeout_ms(timeout, "timeout")
     declaration = None
     if job is not None:
