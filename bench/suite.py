@@ -471,7 +471,7 @@ def insert_terminal(n: int, jobs: int) -> None:
             INSERT INTO durable_scheduler_occurrences (occurrence_id, job_id, job_revision,
               idempotency_key, trigger_key, scheduled_for, available_at, status, attempt, max_attempts,
               fence, lease_owner, lease_expires_at, authority, payload, last_error, result, created_at,
-              updated_at, settled_at, principal_key, metadata, receipt)
+              updated_at, settled_at, principal_key, metadata, receipt, priority)
             SELECT 'occ_' || h, 'w4-job-' || lpad((g % {jobs})::text, 6, '0'), 1,
               'scheduler:v1:' || h, 'schedule:' || to_char(ts, 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), ts, ts,
               st, CASE WHEN st = 'cancelled' THEN 0 ELSE 1 + g % 3 END, 3,
@@ -482,7 +482,7 @@ def insert_terminal(n: int, jobs: int) -> None:
                 jsonb_build_object('type', 'RuntimeError', 'message', 'boom ' || g) END,
               CASE WHEN st = 'succeeded' THEN jsonb_build_object('sent', g % 50) ELSE NULL END,
               ts, ts + interval '1 second', ts + interval '1 second',
-              '["user","p' || ((g % {jobs}) % 100) || '"]', NULL, NULL
+              '["user","p' || ((g % {jobs}) % 100) || '"]', NULL, NULL, 0
             FROM (
               SELECT g, md5(g::text) || md5('x' || g::text) AS h,
                 now() - interval '1 hour' - (g * interval '2 second') AS ts,
@@ -497,7 +497,7 @@ def insert_terminal(n: int, jobs: int) -> None:
             INSERT INTO durable_scheduler_occurrences (occurrence_id, job_id, job_revision,
               idempotency_key, trigger_key, scheduled_for, available_at, status, attempt, max_attempts,
               fence, lease_owner, lease_expires_at, authority, payload, last_error, result, created_at,
-              updated_at, settled_at, principal_key, metadata, receipt)
+              updated_at, settled_at, principal_key, metadata, receipt, priority)
             WITH RECURSIVE g(x) AS (SELECT {lo} UNION ALL SELECT x + 1 FROM g WHERE x < {lo + size - 1}),
             s AS (
               SELECT x AS g, lower(hex(randomblob(32))) AS h,
@@ -518,7 +518,7 @@ def insert_terminal(n: int, jobs: int) -> None:
               CASE WHEN st = 'succeeded' THEN NULL ELSE
                 '{{"message":"boom ' || g || '","type":"RuntimeError"}}' END,
               CASE WHEN st = 'succeeded' THEN '{{"sent":' || (g % 50) || '}}' ELSE NULL END,
-              ts, ts1, ts1, '["user","p' || ((g % {jobs}) % 100) || '"]', NULL, NULL
+              ts, ts1, ts1, '["user","p' || ((g % {jobs}) % 100) || '"]', NULL, NULL, 0
             FROM s
             """
             params = [head, tail]
@@ -531,19 +531,24 @@ def insert_terminal(n: int, jobs: int) -> None:
 
 
 def run_w4(res: Results, ours: Any, sizes: dict[str, Any], reps: int) -> None:
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
-    from django_durable_scheduler import kernel
-    from django_durable_scheduler.models import Job, Occurrence
+    from django_durable_scheduler.models import Job
 
     query_census(res, ours)
     ours.clear()
     Job.objects.exclude(pk__in=[ours.NOOP_JOB, ours.STAMP_JOB]).delete()
-    repeat = 30 * reps
+    _w4_idle_tick(res, sizes["w4_jobs"], repeat=30 * reps)
+    big_table = _w4_claim_latencies(res, ours, sizes)
+    _w4_claim_plans(res, ours, big_table)
+    _drop_pending()
 
-    # (a) An idle scheduler tick with N enabled cron jobs, nothing due.
-    n_jobs = sizes["w4_jobs"]
+
+def _w4_idle_tick(res: Results, n_jobs: int, repeat: int) -> None:
+    """(a) An idle scheduler tick with N enabled cron jobs, nothing due."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_durable_scheduler import kernel
+
     start = time.perf_counter()
     insert_jobs(n_jobs)
     _analyze()
@@ -571,34 +576,17 @@ def run_w4(res: Results, ours: Any, sizes: dict[str, Any], reps: int) -> None:
         )
         say(f"W4 {label}: {queries} queries, median {median(times):.2f} ms (max {max(times):.2f})")
 
-    # (b) Claim latency: empty table vs N terminal occurrences, and vs a large due backlog.
-    def claim_latency(label: str, queued: int = 300, limit: int = 1, samples: int = 100) -> None:
-        _drop_pending()
-        ours.new_run()
-        if queued:
-            ours.enqueue_many(queued)
-        _analyze()
-        times = []
-        for _ in range(min(samples, queued // limit)):
-            start = time.perf_counter()
-            kernel.claim_batch(owner="w4", lease=300, limit=limit)
-            times.append((time.perf_counter() - start) * 1000)
-        res.add(
-            f"W4 claim_batch(limit={limit}) latency, {label}",
-            "ours",
-            median(times),
-            unit="ms",
-            better="lower",
-            config=f"{queued} queued due; median of {len(times)} claims",
-            detail={"min": min(times), "max": max(times), "p95": sorted(times)[int(len(times) * 0.95)]},
-        )
-        say(f"W4 claim latency (limit {limit}, {label}): median {median(times):.2f} ms, max {max(times):.2f}")
+
+def _w4_claim_latencies(res: Results, ours: Any, sizes: dict[str, Any]) -> str:
+    """(b) Claim latency: empty table vs N terminal occurrences, and vs a large due backlog.
+    Leaves the terminal occurrences in place; returns the label of that table."""
+    from django_durable_scheduler.models import Occurrence
 
     _events_clear()
-    claim_latency("empty table")
-    claim_latency("empty table", limit=4)
+    _claim_latency(res, ours, "empty table")
+    _claim_latency(res, ours, "empty table", limit=4)
     for backlog in sizes["w4_backlogs"]:
-        claim_latency(f"{backlog:,} due backlog", queued=backlog, samples=50)
+        _claim_latency(res, ours, f"{backlog:,} due backlog", queued=backlog, samples=50)
     n_term = sizes["w4_terminal"]
     _events_clear()
     Occurrence.objects.all().delete()
@@ -607,9 +595,45 @@ def run_w4(res: Results, ours: Any, sizes: dict[str, Any], reps: int) -> None:
     _analyze()
     say(f"W4: {n_term:,} terminal occurrences inserted in {time.perf_counter() - start:.1f} s")
     label = f"{n_term:,} terminal rows"
-    claim_latency(label)
-    claim_latency(label, limit=4)
-    # The claim's queries and their plans with the big table (and 300 queued).
+    _claim_latency(res, ours, label)
+    _claim_latency(res, ours, label, limit=4)
+    return label
+
+
+def _claim_latency(
+    res: Results, ours: Any, label: str, queued: int = 300, limit: int = 1, samples: int = 100
+) -> None:
+    from django_durable_scheduler import kernel
+
+    _drop_pending()
+    ours.new_run()
+    if queued:
+        ours.enqueue_many(queued)
+    _analyze()
+    times = []
+    for _ in range(min(samples, queued // limit)):
+        start = time.perf_counter()
+        kernel.claim_batch(owner="w4", lease=300, limit=limit)
+        times.append((time.perf_counter() - start) * 1000)
+    res.add(
+        f"W4 claim_batch(limit={limit}) latency, {label}",
+        "ours",
+        median(times),
+        unit="ms",
+        better="lower",
+        config=f"{queued} queued due; median of {len(times)} claims",
+        detail={"min": min(times), "max": max(times), "p95": sorted(times)[int(len(times) * 0.95)]},
+    )
+    say(f"W4 claim latency (limit {limit}, {label}): median {median(times):.2f} ms, max {max(times):.2f}")
+
+
+def _w4_claim_plans(res: Results, ours: Any, label: str) -> None:
+    """The claim's queries and their plans with the big table (and 300 queued)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_durable_scheduler import kernel
+
     _drop_pending()
     ours.new_run()
     ours.enqueue_many(300)
@@ -623,7 +647,6 @@ def run_w4(res: Results, ours: Any, sizes: dict[str, Any], reps: int) -> None:
         else:
             short = sql[:300] + (" ..." if len(sql) > 300 else "")
             res.plans[f"claim_batch query {index + 1} ({label})"] = short
-    _drop_pending()
 
 
 def query_census(res: Results, ours: Any) -> None:
@@ -829,7 +852,7 @@ def versions() -> dict[str, Any]:
     return info
 
 
-def main(argv: list[str]) -> int:
+def _arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.suite")
     parser.add_argument("--url", required=True)
     parser.add_argument("--out", required=True)
@@ -842,15 +865,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--n", type=int, default=None, help="W1/W2 size (overrides the mode's)")
     parser.add_argument("--w3", type=int, default=None, help="W3 count (overrides the mode's)")
     parser.add_argument("--plot", default=None, help="scale: where to write the PNG plot")
-    args = parser.parse_args(argv)
-    workloads = {w.strip() for w in args.workloads.split(",") if w.strip()}
+    return parser.parse_args(argv)
+
+
+def _sizes(args: argparse.Namespace) -> dict[str, Any]:
+    """The mode's sizes, with the ones given on the command line."""
     sizes = dict(SIZES["quick" if args.quick else "full"])
     if args.n:
         sizes["w1"] = sizes["w2"] = sizes["profile"] = args.n
     if args.w3:
         sizes["w3"] = args.w3
-    levels = [int(x) for x in args.levels.split(",")]
+    return sizes
 
+
+def _set_up(args: argparse.Namespace, sizes: dict[str, Any]) -> tuple[Results, list[Any]]:
+    """A fresh, migrated database, the results to fill and the systems under test, set up."""
     os.environ["DATABASE_URL"] = args.url
     prepare_database(args.url)
     import django
@@ -862,62 +891,78 @@ def main(argv: list[str]) -> int:
     call_command("migrate", verbosity=0)
     from bench.systems import systems_for
 
-    vendor = connection.vendor
-    db = "postgres" if vendor == "postgresql" else vendor
+    db = "postgres" if connection.vendor == "postgresql" else connection.vendor
     res = Results(db)
     res.extra["versions"] = versions()
     res.extra["sizes"] = {k: list(v) if isinstance(v, tuple) else v for k, v in sizes.items()}
     res.extra["reps"] = args.reps
     res.extra["logs"] = str(LOG_DIR)
     say(f"{db}: {res.extra['versions']['server']}; logs in {LOG_DIR}")
-    systems = systems_for(vendor)
+    systems = systems_for(connection.vendor)
     if args.systems:
         wanted = {name.strip() for name in args.systems.split(",")}
         systems = [s for s in systems if s.name in wanted or s.name == "ours"]  # W4 runs on ours
     for system in systems:
         system.setup()
-    started = time.monotonic()
+    return res, systems
 
-    def save() -> None:
-        Path(args.out).write_text(
-            json.dumps(
-                {"db": db, "rows": res.rows, "notes": res.notes, "plans": res.plans, **res.extra},
-                indent=1,
-                default=str,
-            )
+
+def _save(res: Results, out: str) -> None:
+    Path(out).write_text(
+        json.dumps(
+            {"db": res.db, "rows": res.rows, "notes": res.notes, "plans": res.plans, **res.extra},
+            indent=1,
+            default=str,
         )
+    )
 
+
+def _run_workloads(res: Results, systems: list[Any], sizes: dict[str, Any], args: argparse.Namespace) -> None:
+    """Each workload asked for, in a fixed order; the results are saved after each."""
+    workloads = {w.strip() for w in args.workloads.split(",") if w.strip()}
+    levels = [int(x) for x in args.levels.split(",")]
+    postgres = res.db == "postgres"
+    if "w1" in workloads or "w2" in workloads:
+        say(f"W1/W2 enqueue + drain ({sizes['w2']} occurrences, levels {levels}, {args.reps} reps)")
+        run_w1_w2(res, systems, sizes, args.reps, levels)
+        worker_startup(res, systems, args.reps)
+        _save(res, args.out)
+    if "w3" in workloads:
+        say(f"W3 latency ({sizes['w3']} at {sizes['w3_rate']:g}/s)")
+        run_w3(res, systems, sizes, args.reps)
+        _save(res, args.out)
+    if "pgbench" in workloads and postgres:
+        say("pgbench reference")
+        run_pgbench(res, args.url, sizes, args.reps)
+        _save(res, args.out)
+    if "profile" in workloads:
+        say("profile of our drain")
+        run_profile(res, systems[0], sizes)
+        _save(res, args.out)
+    if "w4" in workloads:
+        say("W4 scale")
+        run_w4(res, systems[0], sizes, args.reps)
+        _save(res, args.out)
+    if "scale" in workloads and postgres:
+        from bench.scale import run_scale  # its systems need Django set up
+
+        say(f"scale: 1-8 processes draining {sizes['scale']:,} occurrences")
+        run_scale(res, systems[0], sizes, args.url, args.plot)
+        _save(res, args.out)
+
+
+def main(argv: list[str]) -> int:
+    args = _arguments(argv)
+    sizes = _sizes(args)
+    res, systems = _set_up(args, sizes)
+    started = time.monotonic()
     try:
-        if "w1" in workloads or "w2" in workloads:
-            say(f"W1/W2 enqueue + drain ({sizes['w2']} occurrences, levels {levels}, {args.reps} reps)")
-            run_w1_w2(res, systems, sizes, args.reps, levels)
-            worker_startup(res, systems, args.reps)
-            save()
-        if "w3" in workloads:
-            say(f"W3 latency ({sizes['w3']} at {sizes['w3_rate']:g}/s)")
-            run_w3(res, systems, sizes, args.reps)
-            save()
-        if "pgbench" in workloads and vendor == "postgresql":
-            say("pgbench reference")
-            run_pgbench(res, args.url, sizes, args.reps)
-            save()
-        if "profile" in workloads:
-            say("profile of our drain")
-            run_profile(res, systems[0], sizes)
-            save()
-        if "w4" in workloads:
-            say("W4 scale")
-            run_w4(res, systems[0], sizes, args.reps)
-            save()
-        if "scale" in workloads and vendor == "postgresql":
-            from bench.scale import run_scale
-
-            say(f"scale: 1-8 processes draining {sizes['scale']:,} occurrences")
-            run_scale(res, systems[0], sizes, args.url, args.plot)
-            save()
+        _run_workloads(res, systems, sizes, args)
     finally:
-        save()
-        say(f"{db} done in {(time.monotonic() - started) / 60:.1f} min")
+        from django.db import connection
+
+        _save(res, args.out)
+        say(f"{res.db} done in {(time.monotonic() - started) / 60:.1f} min")
         connection.close()
         if not args.keep_db:
             drop_database(args.url)
