@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.suite import DRAIN_TIMEOUT, Procs, Results, run_pgbench, say, wait_done
+from bench.harness import DRAIN_TIMEOUT, Procs, Results, run_pgbench, say, wait_done
 from bench.systems import MANAGE, WorkerSpec
 
 PROCESSES = (1, 2, 4, 8)

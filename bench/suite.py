@@ -10,14 +10,10 @@ for SQLite the file is created. Results go to --out as JSON; progress goes to st
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
 import re
-import shutil
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,10 +23,22 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# Run as a script (python bench/suite.py), the repository root is not on the path yet.
+if str(Path(__file__).resolve().parent.parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
+
+from bench.harness import (
+    DRAIN_TIMEOUT,
+    LOG_DIR,
+    ROOT,
+    Procs,
+    Results,
+    median,
+    run_pgbench,
+    say,
+    wait_done,
+)
 
 SIZES = {
     "full": {
@@ -58,12 +66,6 @@ SIZES = {
         "profile": 1000,
     },
 }
-DRAIN_TIMEOUT = 900.0
-LOG_DIR = Path(tempfile.mkdtemp(prefix="dschbench-logs-"))
-
-
-def say(message: str) -> None:
-    print(f"[bench] {message}", flush=True)
 
 
 # --------------------------------------------------------------------------- database
@@ -108,145 +110,7 @@ def drop_database(url: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{parts.path.lstrip("/")}" WITH (FORCE)')
 
 
-# --------------------------------------------------------------------------- processes
-
-
-class Procs:
-    """Worker processes of one run, each in its own session (so a stop reaches its children)."""
-
-    def __init__(self, spec: Any, label: str, extra_env: dict[str, str] | None = None) -> None:
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.logs: list[Path] = []
-        safe = re.sub(r"[^\w.-]+", "_", label)  # a system's name may have spaces or parentheses
-        for index, (argv, env_extra) in enumerate(spec.procs):
-            env = dict(os.environ)
-            env.update(PYTHONPATH=str(ROOT), DJANGO_SETTINGS_MODULE="bench.settings", **env_extra)
-            env.update(extra_env or {})
-            log = LOG_DIR / f"{safe}-{index}-{time.time_ns()}.log"
-            self.logs.append(log)
-            with log.open("wb") as out:
-                self.procs.append(
-                    subprocess.Popen(
-                        argv,
-                        cwd=ROOT,
-                        env=env,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        start_new_session=True,
-                    )
-                )
-
-    peak_rss_kb = 0
-
-    def sample_rss(self) -> None:
-        """Keep the largest resident set (VmRSS) seen of any process this harness started."""
-        for p in self.procs:
-            with contextlib.suppress(OSError, ValueError):
-                for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        self.peak_rss_kb = max(self.peak_rss_kb, int(line.split()[1]))
-
-    def all_exited(self) -> bool:
-        return all(p.poll() is not None for p in self.procs)
-
-    def wait(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        for p in self.procs:
-            try:
-                p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                return False
-        return True
-
-    def stop(self) -> None:
-        for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 10.0)):
-            for p in self.procs:
-                if p.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(p.pid, sig)
-            if self.wait(grace):
-                break
-        # qcluster leaves its children in the same session: make sure none survive.
-        for p in self.procs:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGKILL)
-
-    def tail(self, lines: int = 15) -> str:
-        out = []
-        for log in self.logs:
-            text = log.read_text(errors="replace").splitlines()[-lines:]
-            out.append(f"--- {log.name}\n" + "\n".join(text))
-        return "\n".join(out)
-
-
-# --------------------------------------------------------------------------- results
-
-
-class Results:
-    def __init__(self, db: str) -> None:
-        self.db = db
-        self.rows: list[dict[str, Any]] = []
-        self.notes: list[str] = []
-        self.plans: dict[str, str] = {}
-        self.extra: dict[str, Any] = {}
-
-    def add(
-        self,
-        workload: str,
-        system: str,
-        value: float | None,
-        *,
-        unit: str,
-        better: str,
-        config: str = "",
-        detail: dict[str, Any] | None = None,
-    ) -> None:
-        for row in self.rows:
-            if row["workload"] == workload and row["system"] == system:
-                break
-        else:
-            row = {
-                "db": self.db,
-                "workload": workload,
-                "system": system,
-                "unit": unit,
-                "better": better,
-                "config": config,
-                "samples": [],
-                "details": [],
-            }
-            self.rows.append(row)
-        row["samples"].append(value)
-        if detail:
-            row["details"].append(detail)
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
 # --------------------------------------------------------------------------- W1 + W2
-
-
-def wait_done(system: Any, n: int, procs: Any, timeout: float) -> tuple[float | None, int]:
-    """Poll the database until ``n`` are recorded finished; the elapsed seconds (None on timeout)."""
-    start = time.perf_counter()
-    deadline = start + timeout
-    done = 0
-    while time.perf_counter() < deadline:
-        if procs is not None:
-            procs.sample_rss()
-        done = system.done()
-        if done >= n:
-            return time.perf_counter(), done
-        if done + system.failed() >= n:
-            return None, done  # some ended otherwise (failed, dead-lettered): it will not finish
-        if procs is not None and procs.all_exited():
-            done = system.done()
-            return (time.perf_counter(), done) if done >= n else (None, done)
-        time.sleep(0.05)
-    return None, done
 
 
 def enqueue_one_by_one(system: Any, n: int) -> float:
@@ -607,7 +471,7 @@ def insert_terminal(n: int, jobs: int) -> None:
             INSERT INTO durable_scheduler_occurrences (occurrence_id, job_id, job_revision,
               idempotency_key, trigger_key, scheduled_for, available_at, status, attempt, max_attempts,
               fence, lease_owner, lease_expires_at, authority, payload, last_error, result, created_at,
-              updated_at, settled_at, principal_key, metadata, receipt)
+              updated_at, settled_at, principal_key, metadata, receipt, priority)
             SELECT 'occ_' || h, 'w4-job-' || lpad((g % {jobs})::text, 6, '0'), 1,
               'scheduler:v1:' || h, 'schedule:' || to_char(ts, 'YYYY-MM-DD"T"HH24:MI:SS.MS"Z"'), ts, ts,
               st, CASE WHEN st = 'cancelled' THEN 0 ELSE 1 + g % 3 END, 3,
@@ -618,7 +482,7 @@ def insert_terminal(n: int, jobs: int) -> None:
                 jsonb_build_object('type', 'RuntimeError', 'message', 'boom ' || g) END,
               CASE WHEN st = 'succeeded' THEN jsonb_build_object('sent', g % 50) ELSE NULL END,
               ts, ts + interval '1 second', ts + interval '1 second',
-              '["user","p' || ((g % {jobs}) % 100) || '"]', NULL, NULL
+              '["user","p' || ((g % {jobs}) % 100) || '"]', NULL, NULL, 0
             FROM (
               SELECT g, md5(g::text) || md5('x' || g::text) AS h,
                 now() - interval '1 hour' - (g * interval '2 second') AS ts,
@@ -633,7 +497,7 @@ def insert_terminal(n: int, jobs: int) -> None:
             INSERT INTO durable_scheduler_occurrences (occurrence_id, job_id, job_revision,
               idempotency_key, trigger_key, scheduled_for, available_at, status, attempt, max_attempts,
               fence, lease_owner, lease_expires_at, authority, payload, last_error, result, created_at,
-              updated_at, settled_at, principal_key, metadata, receipt)
+              updated_at, settled_at, principal_key, metadata, receipt, priority)
             WITH RECURSIVE g(x) AS (SELECT {lo} UNION ALL SELECT x + 1 FROM g WHERE x < {lo + size - 1}),
             s AS (
               SELECT x AS g, lower(hex(randomblob(32))) AS h,
@@ -654,7 +518,7 @@ def insert_terminal(n: int, jobs: int) -> None:
               CASE WHEN st = 'succeeded' THEN NULL ELSE
                 '{{"message":"boom ' || g || '","type":"RuntimeError"}}' END,
               CASE WHEN st = 'succeeded' THEN '{{"sent":' || (g % 50) || '}}' ELSE NULL END,
-              ts, ts1, ts1, '["user","p' || ((g % {jobs}) % 100) || '"]', NULL, NULL
+              ts, ts1, ts1, '["user","p' || ((g % {jobs}) % 100) || '"]', NULL, NULL, 0
             FROM s
             """
             params = [head, tail]
@@ -667,19 +531,24 @@ def insert_terminal(n: int, jobs: int) -> None:
 
 
 def run_w4(res: Results, ours: Any, sizes: dict[str, Any], reps: int) -> None:
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
-    from django_durable_scheduler import kernel
-    from django_durable_scheduler.models import Job, Occurrence
+    from django_durable_scheduler.models import Job
 
     query_census(res, ours)
     ours.clear()
     Job.objects.exclude(pk__in=[ours.NOOP_JOB, ours.STAMP_JOB]).delete()
-    repeat = 30 * reps
+    _w4_idle_tick(res, sizes["w4_jobs"], repeat=30 * reps)
+    big_table = _w4_claim_latencies(res, ours, sizes)
+    _w4_claim_plans(res, ours, big_table)
+    _drop_pending()
 
-    # (a) An idle scheduler tick with N enabled cron jobs, nothing due.
-    n_jobs = sizes["w4_jobs"]
+
+def _w4_idle_tick(res: Results, n_jobs: int, repeat: int) -> None:
+    """(a) An idle scheduler tick with N enabled cron jobs, nothing due."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_durable_scheduler import kernel
+
     start = time.perf_counter()
     insert_jobs(n_jobs)
     _analyze()
@@ -707,34 +576,17 @@ def run_w4(res: Results, ours: Any, sizes: dict[str, Any], reps: int) -> None:
         )
         say(f"W4 {label}: {queries} queries, median {median(times):.2f} ms (max {max(times):.2f})")
 
-    # (b) Claim latency: empty table vs N terminal occurrences, and vs a large due backlog.
-    def claim_latency(label: str, queued: int = 300, limit: int = 1, samples: int = 100) -> None:
-        _drop_pending()
-        ours.new_run()
-        if queued:
-            ours.enqueue_many(queued)
-        _analyze()
-        times = []
-        for _ in range(min(samples, queued // limit)):
-            start = time.perf_counter()
-            kernel.claim_batch(owner="w4", lease=300, limit=limit)
-            times.append((time.perf_counter() - start) * 1000)
-        res.add(
-            f"W4 claim_batch(limit={limit}) latency, {label}",
-            "ours",
-            median(times),
-            unit="ms",
-            better="lower",
-            config=f"{queued} queued due; median of {len(times)} claims",
-            detail={"min": min(times), "max": max(times), "p95": sorted(times)[int(len(times) * 0.95)]},
-        )
-        say(f"W4 claim latency (limit {limit}, {label}): median {median(times):.2f} ms, max {max(times):.2f}")
+
+def _w4_claim_latencies(res: Results, ours: Any, sizes: dict[str, Any]) -> str:
+    """(b) Claim latency: empty table vs N terminal occurrences, and vs a large due backlog.
+    Leaves the terminal occurrences in place; returns the label of that table."""
+    from django_durable_scheduler.models import Occurrence
 
     _events_clear()
-    claim_latency("empty table")
-    claim_latency("empty table", limit=4)
+    _claim_latency(res, ours, "empty table")
+    _claim_latency(res, ours, "empty table", limit=4)
     for backlog in sizes["w4_backlogs"]:
-        claim_latency(f"{backlog:,} due backlog", queued=backlog, samples=50)
+        _claim_latency(res, ours, f"{backlog:,} due backlog", queued=backlog, samples=50)
     n_term = sizes["w4_terminal"]
     _events_clear()
     Occurrence.objects.all().delete()
@@ -743,9 +595,45 @@ def run_w4(res: Results, ours: Any, sizes: dict[str, Any], reps: int) -> None:
     _analyze()
     say(f"W4: {n_term:,} terminal occurrences inserted in {time.perf_counter() - start:.1f} s")
     label = f"{n_term:,} terminal rows"
-    claim_latency(label)
-    claim_latency(label, limit=4)
-    # The claim's queries and their plans with the big table (and 300 queued).
+    _claim_latency(res, ours, label)
+    _claim_latency(res, ours, label, limit=4)
+    return label
+
+
+def _claim_latency(
+    res: Results, ours: Any, label: str, queued: int = 300, limit: int = 1, samples: int = 100
+) -> None:
+    from django_durable_scheduler import kernel
+
+    _drop_pending()
+    ours.new_run()
+    if queued:
+        ours.enqueue_many(queued)
+    _analyze()
+    times = []
+    for _ in range(min(samples, queued // limit)):
+        start = time.perf_counter()
+        kernel.claim_batch(owner="w4", lease=300, limit=limit)
+        times.append((time.perf_counter() - start) * 1000)
+    res.add(
+        f"W4 claim_batch(limit={limit}) latency, {label}",
+        "ours",
+        median(times),
+        unit="ms",
+        better="lower",
+        config=f"{queued} queued due; median of {len(times)} claims",
+        detail={"min": min(times), "max": max(times), "p95": sorted(times)[int(len(times) * 0.95)]},
+    )
+    say(f"W4 claim latency (limit {limit}, {label}): median {median(times):.2f} ms, max {max(times):.2f}")
+
+
+def _w4_claim_plans(res: Results, ours: Any, label: str) -> None:
+    """The claim's queries and their plans with the big table (and 300 queued)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_durable_scheduler import kernel
+
     _drop_pending()
     ours.new_run()
     ours.enqueue_many(300)
@@ -759,7 +647,6 @@ def run_w4(res: Results, ours: Any, sizes: dict[str, Any], reps: int) -> None:
         else:
             short = sql[:300] + (" ..." if len(sql) > 300 else "")
             res.plans[f"claim_batch query {index + 1} ({label})"] = short
-    _drop_pending()
 
 
 def query_census(res: Results, ours: Any) -> None:
@@ -813,55 +700,6 @@ def _events_clear() -> None:
             cursor.execute("TRUNCATE durable_scheduler_events")
         else:
             cursor.execute("DELETE FROM durable_scheduler_events")
-
-
-# --------------------------------------------------------------------------- pgbench
-
-
-def run_pgbench(
-    res: Results, url: str, sizes: dict[str, Any], reps: int, clients_list: tuple[int, ...] = (1, 2)
-) -> None:
-    pgbench = shutil.which("pgbench")
-    if pgbench is None:
-        res.notes.append("pgbench not found: no physical reference")
-        return
-    parts = urlsplit(url)
-    conn = ["-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 5432), "-U", parts.username or ""]
-    db = parts.path.lstrip("/")
-    env = dict(os.environ)
-    if parts.password:
-        env["PGPASSWORD"] = parts.password
-    subprocess.run([pgbench, "-i", "-q", "-s", "10", *conn, db], check=True, env=env, capture_output=True)
-    script = Path(tempfile.mkstemp(prefix="dschbench-pgbench-", suffix=".sql")[1])
-    script.write_text(
-        "\\set aid random(1, 100000 * :scale)\n"
-        "UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;\n"
-    )
-    try:
-        for clients in clients_list:
-            for _ in range(reps):
-                seconds = str(sizes["pgbench_seconds"])
-                argv = [pgbench, "-n", "-c", str(clients), "-j", str(clients), "-T", seconds]
-                proc = subprocess.run(
-                    [*argv, "-f", str(script), *conn, db],
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                )
-                match = re.search(r"tps = ([\d.]+) \(without initial connection time\)", proc.stdout)
-                tps = float(match.group(1)) if match else None
-                res.add(
-                    f"pgbench single-row UPDATE, {clients} client(s)",
-                    "postgres",
-                    tps,
-                    unit="tps",
-                    better="higher",
-                    config=f"pgbench -n -c {clients} -T {seconds}, one UPDATE per tx, scale 10",
-                )
-                say(f"pgbench -c {clients}: {tps} tps")
-    finally:
-        script.unlink(missing_ok=True)
-        subprocess.run([pgbench, "-i", "-I", "d", *conn, db], env=env, capture_output=True)
 
 
 # --------------------------------------------------------------------------- profile
@@ -1014,7 +852,7 @@ def versions() -> dict[str, Any]:
     return info
 
 
-def main(argv: list[str]) -> int:
+def _arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.suite")
     parser.add_argument("--url", required=True)
     parser.add_argument("--out", required=True)
@@ -1027,15 +865,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--n", type=int, default=None, help="W1/W2 size (overrides the mode's)")
     parser.add_argument("--w3", type=int, default=None, help="W3 count (overrides the mode's)")
     parser.add_argument("--plot", default=None, help="scale: where to write the PNG plot")
-    args = parser.parse_args(argv)
-    workloads = {w.strip() for w in args.workloads.split(",") if w.strip()}
+    return parser.parse_args(argv)
+
+
+def _sizes(args: argparse.Namespace) -> dict[str, Any]:
+    """The mode's sizes, with the ones given on the command line."""
     sizes = dict(SIZES["quick" if args.quick else "full"])
     if args.n:
         sizes["w1"] = sizes["w2"] = sizes["profile"] = args.n
     if args.w3:
         sizes["w3"] = args.w3
-    levels = [int(x) for x in args.levels.split(",")]
+    return sizes
 
+
+def _set_up(args: argparse.Namespace, sizes: dict[str, Any]) -> tuple[Results, list[Any]]:
+    """A fresh, migrated database, the results to fill and the systems under test, set up."""
     os.environ["DATABASE_URL"] = args.url
     prepare_database(args.url)
     import django
@@ -1047,62 +891,78 @@ def main(argv: list[str]) -> int:
     call_command("migrate", verbosity=0)
     from bench.systems import systems_for
 
-    vendor = connection.vendor
-    db = "postgres" if vendor == "postgresql" else vendor
+    db = "postgres" if connection.vendor == "postgresql" else connection.vendor
     res = Results(db)
     res.extra["versions"] = versions()
     res.extra["sizes"] = {k: list(v) if isinstance(v, tuple) else v for k, v in sizes.items()}
     res.extra["reps"] = args.reps
     res.extra["logs"] = str(LOG_DIR)
     say(f"{db}: {res.extra['versions']['server']}; logs in {LOG_DIR}")
-    systems = systems_for(vendor)
+    systems = systems_for(connection.vendor)
     if args.systems:
         wanted = {name.strip() for name in args.systems.split(",")}
         systems = [s for s in systems if s.name in wanted or s.name == "ours"]  # W4 runs on ours
     for system in systems:
         system.setup()
-    started = time.monotonic()
+    return res, systems
 
-    def save() -> None:
-        Path(args.out).write_text(
-            json.dumps(
-                {"db": db, "rows": res.rows, "notes": res.notes, "plans": res.plans, **res.extra},
-                indent=1,
-                default=str,
-            )
+
+def _save(res: Results, out: str) -> None:
+    Path(out).write_text(
+        json.dumps(
+            {"db": res.db, "rows": res.rows, "notes": res.notes, "plans": res.plans, **res.extra},
+            indent=1,
+            default=str,
         )
+    )
 
+
+def _run_workloads(res: Results, systems: list[Any], sizes: dict[str, Any], args: argparse.Namespace) -> None:
+    """Each workload asked for, in a fixed order; the results are saved after each."""
+    workloads = {w.strip() for w in args.workloads.split(",") if w.strip()}
+    levels = [int(x) for x in args.levels.split(",")]
+    postgres = res.db == "postgres"
+    if "w1" in workloads or "w2" in workloads:
+        say(f"W1/W2 enqueue + drain ({sizes['w2']} occurrences, levels {levels}, {args.reps} reps)")
+        run_w1_w2(res, systems, sizes, args.reps, levels)
+        worker_startup(res, systems, args.reps)
+        _save(res, args.out)
+    if "w3" in workloads:
+        say(f"W3 latency ({sizes['w3']} at {sizes['w3_rate']:g}/s)")
+        run_w3(res, systems, sizes, args.reps)
+        _save(res, args.out)
+    if "pgbench" in workloads and postgres:
+        say("pgbench reference")
+        run_pgbench(res, args.url, sizes, args.reps)
+        _save(res, args.out)
+    if "profile" in workloads:
+        say("profile of our drain")
+        run_profile(res, systems[0], sizes)
+        _save(res, args.out)
+    if "w4" in workloads:
+        say("W4 scale")
+        run_w4(res, systems[0], sizes, args.reps)
+        _save(res, args.out)
+    if "scale" in workloads and postgres:
+        from bench.scale import run_scale  # its systems need Django set up
+
+        say(f"scale: 1-8 processes draining {sizes['scale']:,} occurrences")
+        run_scale(res, systems[0], sizes, args.url, args.plot)
+        _save(res, args.out)
+
+
+def main(argv: list[str]) -> int:
+    args = _arguments(argv)
+    sizes = _sizes(args)
+    res, systems = _set_up(args, sizes)
+    started = time.monotonic()
     try:
-        if "w1" in workloads or "w2" in workloads:
-            say(f"W1/W2 enqueue + drain ({sizes['w2']} occurrences, levels {levels}, {args.reps} reps)")
-            run_w1_w2(res, systems, sizes, args.reps, levels)
-            worker_startup(res, systems, args.reps)
-            save()
-        if "w3" in workloads:
-            say(f"W3 latency ({sizes['w3']} at {sizes['w3_rate']:g}/s)")
-            run_w3(res, systems, sizes, args.reps)
-            save()
-        if "pgbench" in workloads and vendor == "postgresql":
-            say("pgbench reference")
-            run_pgbench(res, args.url, sizes, args.reps)
-            save()
-        if "profile" in workloads:
-            say("profile of our drain")
-            run_profile(res, systems[0], sizes)
-            save()
-        if "w4" in workloads:
-            say("W4 scale")
-            run_w4(res, systems[0], sizes, args.reps)
-            save()
-        if "scale" in workloads and vendor == "postgresql":
-            from bench.scale import run_scale
-
-            say(f"scale: 1-8 processes draining {sizes['scale']:,} occurrences")
-            run_scale(res, systems[0], sizes, args.url, args.plot)
-            save()
+        _run_workloads(res, systems, sizes, args)
     finally:
-        save()
-        say(f"{db} done in {(time.monotonic() - started) / 60:.1f} min")
+        from django.db import connection
+
+        _save(res, args.out)
+        say(f"{res.db} done in {(time.monotonic() - started) / 60:.1f} min")
         connection.close()
         if not args.keep_db:
             drop_database(args.url)

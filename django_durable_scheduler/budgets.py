@@ -101,6 +101,60 @@ def _window_state(
 Charged = list[AuthorityReservation | AuthorityBudgetExhausted] | AuthorityBudgetStateInvalid
 
 
+def _principal_of(policy: AuthorityPolicy) -> dict[str, Any]:
+    return {"type": policy.principal_type, "id": policy.principal_id}
+
+
+def _state_invalid(
+    policy: AuthorityPolicy, start: datetime, used: tuple[int, int], reserved: tuple[int, int]
+) -> AuthorityBudgetStateInvalid:
+    principal = _principal_of(policy)
+    return AuthorityBudgetStateInvalid(
+        f"authority usage of {principal['type']}:{principal['id']} does not match its reservations",
+        {
+            **principal_details(principal),
+            "policy_revision": policy.revision,
+            "windowStartedAt": iso_ms(start),
+            "usage": {"runs": used[0], "units": used[1]},
+            "reservations": {"runs": reserved[0], "units": reserved[1]},
+        },
+    )
+
+
+def _reserve(
+    policy: AuthorityPolicy,
+    charges: list[tuple[Occurrence, int]],
+    window: tuple[datetime, datetime],
+    used: tuple[int, int],
+    now: datetime,
+) -> tuple[list[AuthorityReservation | AuthorityBudgetExhausted], tuple[int, int]]:
+    """Reserve, in order, each occurrence that still fits the window's budget (unsaved
+    reservations), or say why it does not; and the window's usage after them."""
+    principal = _principal_of(policy)
+    used_runs, used_units = used
+    out: list[AuthorityReservation | AuthorityBudgetExhausted] = []
+    for occurrence, units in charges:
+        if used_runs + 1 > policy.max_runs or used_units + units > policy.max_units:
+            out.append(_exhausted(principal, policy, window, (used_runs, used_units), units))
+            continue
+        used_runs += 1
+        used_units += units
+        out.append(
+            AuthorityReservation(
+                occurrence_id=occurrence.pk,
+                job_id=occurrence.job_id,
+                principal_type=policy.principal_type,
+                principal_id=policy.principal_id,
+                policy_revision=policy.revision,
+                window_started_at=window[0],
+                units=units,
+                status=ReservationStatus.RESERVED,
+                created_at=now,
+            )
+        )
+    return out, (used_runs, used_units)
+
+
 def charge(
     groups: list[tuple[AuthorityPolicy, list[tuple[Occurrence, int]]]], now: datetime, alias: str
 ) -> list[Charged]:
@@ -120,61 +174,24 @@ def charge(
     created: list[AuthorityUsage] = []
     changed: list[AuthorityUsage] = []
     for (policy, charges), key in zip(groups, keys, strict=True):
-        principal = {"type": policy.principal_type, "id": policy.principal_id}
-        start, end = window_bounds(policy.window_ms, now)
+        window = window_bounds(policy.window_ms, now)
         usage = usages.get(key[:2])
-        used_runs, used_units = (0, 0) if usage is None else (usage.runs, usage.units)
+        used = (0, 0) if usage is None else (usage.runs, usage.units)
         reserved = counted.get(key[:2], (0, 0))
-        if (int(reserved[0]), int(reserved[1])) != (used_runs, used_units):
-            results.append(
-                AuthorityBudgetStateInvalid(
-                    f"authority usage of {principal['type']}:{principal['id']} "
-                    "does not match its reservations",
-                    {
-                        **principal_details(principal),
-                        "policy_revision": policy.revision,
-                        "windowStartedAt": iso_ms(start),
-                        "usage": {"runs": used_runs, "units": used_units},
-                        "reservations": {"runs": int(reserved[0]), "units": int(reserved[1])},
-                    },
-                )
-            )
+        if reserved != used:
+            results.append(_state_invalid(policy, window[0], used, reserved))
             continue
-        out: list[AuthorityReservation | AuthorityBudgetExhausted] = []
-        before = len(fresh)
-        for occurrence, units in charges:
-            if used_runs + 1 > policy.max_runs or used_units + units > policy.max_units:
-                out.append(_exhausted(principal, policy, (start, end), (used_runs, used_units), units))
-                continue
-            used_runs += 1
-            used_units += units
-            reservation = AuthorityReservation(
-                occurrence_id=occurrence.pk,
-                job_id=occurrence.job_id,
-                principal_type=policy.principal_type,
-                principal_id=policy.principal_id,
-                policy_revision=policy.revision,
-                window_started_at=start,
-                units=units,
-                status=ReservationStatus.RESERVED,
-                created_at=now,
-            )
-            fresh.append(reservation)
-            out.append(reservation)
+        out, (runs, units) = _reserve(policy, charges, window, used, now)
         results.append(out)
-        if len(fresh) == before:
+        reservations = [entry for entry in out if isinstance(entry, AuthorityReservation)]
+        if not reservations:
             continue
+        fresh += reservations
         if usage is None:
-            created.append(
-                AuthorityUsage(
-                    **dict(zip(_KEY_FIELDS, key, strict=True)),
-                    runs=used_runs,
-                    units=used_units,
-                    updated_at=now,
-                )
-            )
+            fields = dict(zip(_KEY_FIELDS, key, strict=True))
+            created.append(AuthorityUsage(**fields, runs=runs, units=units, updated_at=now))
         else:
-            usage.runs, usage.units, usage.updated_at = used_runs, used_units, now
+            usage.runs, usage.units, usage.updated_at = runs, units, now
             changed.append(usage)
     if created:
         AuthorityUsage.objects.using(alias).bulk_create(created)

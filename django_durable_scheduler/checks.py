@@ -20,7 +20,6 @@ from importlib import import_module
 from typing import Any
 
 from django.apps import apps
-from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.checks import Warning as CheckWarning
 from django.db import DatabaseError, connections, router
@@ -29,22 +28,17 @@ from django.db.migrations.loader import MigrationLoader
 from django.utils.module_loading import import_string, module_has_submodule
 
 from . import conf
-from .authority import normalize_principal
+from .authority import MAX_BUDGET, normalize_principal
 from .exceptions import InvalidArgument
+from .identity import timeout_ms
 
 TAG = "durable_scheduler"
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_DAY = 24 * 60 * 60
-MAX_UNITS = 1_000_000
-
-
-def _setting(name: str, default: Any) -> Any:
-    return getattr(django_settings, f"DURABLE_SCHEDULER_{name}", default)
 
 
 def _handler_module() -> str | None:
     """The configured handler module name, or None when it is invalid (E003 says so)."""
-    name = _setting("HANDLER_MODULE", "tasks")
+    name = conf.settings.raw("HANDLER_MODULE")
     return name if isinstance(name, str) and _MODULE_NAME.match(name) else None
 
 
@@ -96,16 +90,16 @@ def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
         elif not callable(handler.units) and (
             isinstance(handler.units, bool)
             or not isinstance(handler.units, int)
-            or not 1 <= handler.units <= MAX_UNITS
+            or not 1 <= handler.units <= MAX_BUDGET
         ):
-            problem = f"its units {handler.units!r} are not a whole number in 1..{MAX_UNITS} or a callable"
+            problem = f"its units {handler.units!r} are not a whole number in 1..{MAX_BUDGET} or a callable"
         if problem is not None:
             messages.append(
                 Error(
                     f"Kind {handler.kind!r} is registered wrongly: {problem}.",
                     hint=(
                         "Register handlers with @scheduler.handler(kind, units=N) on a function, "
-                        f"where N is 1..{MAX_UNITS} or a callable taking the context and returning one."
+                        f"where N is 1..{MAX_BUDGET} or a callable taking the context and returning one."
                     ),
                     obj=handler.kind,
                     id="durable_scheduler.E002",
@@ -118,44 +112,61 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _settings_problems() -> list[tuple[str, str, str]]:
-    """(setting, problem, hint) for every DURABLE_SCHEDULER_* setting that is wrong."""
-    problems: list[tuple[str, str, str]] = []
-    module = _setting("HANDLER_MODULE", "tasks")
-    if not isinstance(module, str) or not _MODULE_NAME.match(module):
-        problems.append(
-            (
-                "HANDLER_MODULE",
-                f"must be a dotted module name such as 'tasks', not {module!r}",
-                "Name the module (relative to each app) that holds your @scheduler.handler functions.",
-            )
+# (setting, problem, hint): one wrong DURABLE_SCHEDULER_* setting, as E003 reports it.
+Problem = tuple[str, str, str]
+
+
+def _seconds_up_to(value: Any, maximum: int) -> bool:
+    return _number(value) and 0 < value <= maximum
+
+
+def _handler_module_problems() -> list[Problem]:
+    module = conf.settings.raw("HANDLER_MODULE")
+    if isinstance(module, str) and _MODULE_NAME.match(module):
+        return []
+    example = conf.DEFAULTS["HANDLER_MODULE"]
+    return [
+        (
+            "HANDLER_MODULE",
+            f"must be a dotted module name such as {example!r}, not {module!r}",
+            "Name the module (relative to each app) that holds your @scheduler.handler functions.",
         )
-    lease = _setting("DEFAULT_LEASE", 30)
-    if not _number(lease) or not 0 < lease <= _DAY:
-        problems.append(
-            (
-                "DEFAULT_LEASE",
-                f"must be a number of seconds in (0, {_DAY}], not {lease!r}",
-                "The default is 30.",
-            )
+    ]
+
+
+def _default_lease_problems() -> list[Problem]:
+    lease = conf.settings.raw("DEFAULT_LEASE")
+    if _seconds_up_to(lease, conf.MAX_DEFAULT_LEASE):
+        return []
+    return [
+        (
+            "DEFAULT_LEASE",
+            f"must be a number of seconds in (0, {conf.MAX_DEFAULT_LEASE}], not {lease!r}",
+            f"The default is {conf.DEFAULTS['DEFAULT_LEASE']}.",
         )
-    base = _setting("RETRY_BASE_DELAY", 10)
-    base_ok = _number(base) and 0 < base <= _DAY
+    ]
+
+
+def _retry_delay_problems() -> list[Problem]:
+    """The two delays, each in its range, and the longest no shorter than the first."""
+    problems: list[Problem] = []
+    base = conf.settings.raw("RETRY_BASE_DELAY")
+    base_ok = _seconds_up_to(base, conf.MAX_RETRY_BASE_DELAY)
     if not base_ok:
         problems.append(
             (
                 "RETRY_BASE_DELAY",
-                f"must be a number of seconds in (0, {_DAY}], not {base!r}",
-                "The first retry waits this long; the default is 10.",
+                f"must be a number of seconds in (0, {conf.MAX_RETRY_BASE_DELAY}], not {base!r}",
+                f"The first retry waits this long; the default is {conf.DEFAULTS['RETRY_BASE_DELAY']}.",
             )
         )
-    maximum = _setting("RETRY_MAX_DELAY", 3600)
-    if not _number(maximum) or not 0 < maximum <= 31 * _DAY:
+    maximum = conf.settings.raw("RETRY_MAX_DELAY")
+    if not _seconds_up_to(maximum, conf.MAX_RETRY_MAX_DELAY):
         problems.append(
             (
                 "RETRY_MAX_DELAY",
-                f"must be a number of seconds in (0, {31 * _DAY}], not {maximum!r}",
-                "The backoff is capped at this; the default is 3600.",
+                f"must be a number of seconds in (0, {conf.MAX_RETRY_MAX_DELAY}], not {maximum!r}",
+                f"The backoff is capped at this; the default is {conf.DEFAULTS['RETRY_MAX_DELAY']}.",
             )
         )
     elif base_ok and maximum < base:
@@ -166,82 +177,131 @@ def _settings_problems() -> list[tuple[str, str, str]]:
                 "Raise RETRY_MAX_DELAY or lower RETRY_BASE_DELAY.",
             )
         )
-    jitter = _setting("RETRY_JITTER", 0.2)
-    if not _number(jitter) or not 0 <= jitter < 1:
-        problems.append(
-            (
-                "RETRY_JITTER",
-                f"must be a number in [0, 1), not {jitter!r}",
-                "It is the +/- share of each retry delay drawn at random; the default is 0.2.",
-            )
+    return problems
+
+
+def _retry_jitter_problems() -> list[Problem]:
+    jitter = conf.settings.raw("RETRY_JITTER")
+    if _number(jitter) and 0 <= jitter < conf.RETRY_JITTER_BELOW:
+        return []
+    return [
+        (
+            "RETRY_JITTER",
+            f"must be a number in [0, {conf.RETRY_JITTER_BELOW}), not {jitter!r}",
+            "It is the +/- share of each retry delay drawn at random; "
+            f"the default is {conf.DEFAULTS['RETRY_JITTER']}.",
         )
-    batch = _setting("MAX_CLAIM_BATCH", 500)
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        problems.append(
-            ("MAX_CLAIM_BATCH", f"must be a whole number >= 1, not {batch!r}", "The default is 500.")
+    ]
+
+
+def _max_claim_batch_problems() -> list[Problem]:
+    batch = conf.settings.raw("MAX_CLAIM_BATCH")
+    if not isinstance(batch, bool) and isinstance(batch, int) and batch >= conf.MIN_CLAIM_BATCH:
+        return []
+    return [
+        (
+            "MAX_CLAIM_BATCH",
+            f"must be a whole number >= {conf.MIN_CLAIM_BATCH}, not {batch!r}",
+            f"The default is {conf.DEFAULTS['MAX_CLAIM_BATCH']}.",
         )
-    clock = _setting("CLOCK", None)
+    ]
+
+
+def _clock_problems() -> list[Problem]:
+    clock = conf.settings.raw("CLOCK")
     if isinstance(clock, str):
         try:
             clock = import_string(clock)
         except ImportError as exc:
-            problems.append(
-                ("CLOCK", f"cannot be imported: {exc}", "Give a dotted path to a callable, or a callable.")
-            )
-            clock = None
-    if clock is not None and not callable(clock):
-        problems.append(
-            (
-                "CLOCK",
-                f"must be a callable (or a dotted path to one) returning an aware datetime, not {clock!r}",
-                "Leave it unset in production: the scheduler then uses the system clock.",
-            )
+            hint = "Give a dotted path to a callable, or a callable."
+            return [("CLOCK", f"cannot be imported: {exc}", hint)]
+    if clock is None or callable(clock):
+        return []
+    return [
+        (
+            "CLOCK",
+            f"must be a callable (or a dotted path to one) returning an aware datetime, not {clock!r}",
+            "Leave it unset in production: the scheduler then uses the system clock.",
         )
-    source = _setting("TIME_SOURCE", "host")
-    if source not in ("host", "database"):
-        problems.append(
-            (
-                "TIME_SOURCE",
-                f"must be 'host' or 'database', not {source!r}",
-                "'database' takes the time from the database server, for hosts whose clocks disagree.",
-            )
-        )
-    if not isinstance(_setting("LISTEN", True), bool):
-        problems.append(
-            (
-                "LISTEN",
-                f"must be True or False, not {_setting('LISTEN', True)!r}",
-                "False makes workers poll only (behind a transaction-mode pooler such as PgBouncer).",
-            )
-        )
-    timeout = _setting("HANDLER_TIMEOUT", None)
-    if timeout is not None:
-        from .registry import MAX_TIMEOUT_MS, timeout_ms
+    ]
 
-        try:
-            timeout_ms(timeout, "DURABLE_SCHEDULER_HANDLER_TIMEOUT")
-        except InvalidArgument:
-            problems.append(
-                (
-                    "HANDLER_TIMEOUT",
-                    f"must be None, or seconds or a timedelta in [0.001, {MAX_TIMEOUT_MS // 1000}] "
-                    f"seconds, not {timeout!r}",
-                    "It is how long a run may take when neither its job nor its handler gives a "
-                    "timeout; the default None means no timeout.",
-                )
+
+def _time_source_problems() -> list[Problem]:
+    source = conf.settings.raw("TIME_SOURCE")
+    if source in conf.TIME_SOURCES:
+        return []
+    return [
+        (
+            "TIME_SOURCE",
+            f"must be {' or '.join(map(repr, conf.TIME_SOURCES))}, not {source!r}",
+            "'database' takes the time from the database server, for hosts whose clocks disagree.",
+        )
+    ]
+
+
+def _listen_problems() -> list[Problem]:
+    listen = conf.settings.raw("LISTEN")
+    if isinstance(listen, bool):
+        return []
+    return [
+        (
+            "LISTEN",
+            f"must be True or False, not {listen!r}",
+            "False makes workers poll only (behind a transaction-mode pooler such as PgBouncer).",
+        )
+    ]
+
+
+def _handler_timeout_problems() -> list[Problem]:
+    timeout = conf.settings.raw("HANDLER_TIMEOUT")
+    try:
+        timeout_ms(timeout, "DURABLE_SCHEDULER_HANDLER_TIMEOUT")  # the same check as a job's timeout
+    except InvalidArgument:
+        return [
+            (
+                "HANDLER_TIMEOUT",
+                f"must be None, or seconds or a timedelta in [0.001, {conf.MAX_HANDLER_TIMEOUT}] "
+                f"seconds, not {timeout!r}",
+                "It is how long a run may take when neither its job nor its handler gives a "
+                "timeout; the default None means no timeout.",
             )
+        ]
+    return []
+
+
+def _default_principal_problems() -> list[Problem]:
     try:
         normalize_principal(conf.settings.DEFAULT_PRINCIPAL, "principal")
     except InvalidArgument as exc:
-        problems.append(
+        return [
             (
                 "DEFAULT_PRINCIPAL",
                 f"must be {{'type': ..., 'id': ...}} ({exc})",
                 "Jobs created without an authority envelope run as it; leave it unset for "
-                "{'type': 'app', 'id': 'durable_scheduler'}.",
+                f"{conf.DEFAULTS['DEFAULT_PRINCIPAL']!r}.",
             )
+        ]
+    return []
+
+
+def _settings_problems() -> list[Problem]:
+    """Every DURABLE_SCHEDULER_* setting that is wrong, in the order the settings are listed."""
+    return [
+        problem
+        for problems_of in (
+            _handler_module_problems,
+            _default_lease_problems,
+            _retry_delay_problems,
+            _retry_jitter_problems,
+            _max_claim_batch_problems,
+            _clock_problems,
+            _time_source_problems,
+            _listen_problems,
+            _handler_timeout_problems,
+            _default_principal_problems,
         )
-    return problems
+        for problem in problems_of()
+    ]
 
 
 @register(TAG)

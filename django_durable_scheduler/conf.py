@@ -15,9 +15,11 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.utils.module_loading import import_string
 
+from .identity import MAX_RETRY_BASE_DELAY_MS, MAX_RETRY_MAX_DELAY_MS, MAX_TIMEOUT_MS
+
 logger = logging.getLogger("django_durable_scheduler")
 
-_DEFAULTS: dict[str, Any] = {
+DEFAULTS: dict[str, Any] = {
     # Module name autodiscovered in every installed app for @handler registrations.
     "HANDLER_MODULE": "tasks",
     # A callable (or dotted path to one) returning an aware datetime: tests set a clock here.
@@ -42,60 +44,73 @@ _DEFAULTS: dict[str, Any] = {
     "HANDLER_TIMEOUT": None,
 }
 
+# What the settings may be (system check E003 holds them to it). Where run-time code takes the
+# same value it checks the same bound: a claim's lease, a job's retry delays and run timeout.
+MAX_LEASE_MS = 24 * 60 * 60 * 1000  # DEFAULT_LEASE, and any lease a claim asks for
+MAX_DEFAULT_LEASE = MAX_LEASE_MS // 1000
+MAX_RETRY_BASE_DELAY = MAX_RETRY_BASE_DELAY_MS // 1000
+MAX_RETRY_MAX_DELAY = MAX_RETRY_MAX_DELAY_MS // 1000
+MAX_HANDLER_TIMEOUT = MAX_TIMEOUT_MS // 1000
+RETRY_JITTER_BELOW = 1  # a share of the delay, less than all of it
+MIN_CLAIM_BATCH = 1
+TIME_SOURCES = ("host", "database")
+
 
 class Settings:
     """``DURABLE_SCHEDULER_<NAME>`` settings with typed defaults."""
 
-    def _get(self, name: str) -> Any:
-        return getattr(django_settings, f"DURABLE_SCHEDULER_{name}", _DEFAULTS[name])
+    def raw(self, name: str) -> Any:
+        """The setting as the project gives it (or its default), unconverted: what the
+        system checks judge."""
+        return getattr(django_settings, f"DURABLE_SCHEDULER_{name}", DEFAULTS[name])
 
     @property
     def HANDLER_MODULE(self) -> str:  # noqa: N802
-        return str(self._get("HANDLER_MODULE"))
+        return str(self.raw("HANDLER_MODULE"))
 
     @property
     def CLOCK(self) -> Callable[[], datetime] | None:  # noqa: N802
-        clock = self._get("CLOCK")
+        clock = self.raw("CLOCK")
         if isinstance(clock, str):
             clock = import_string(clock)
         return clock  # type: ignore[no-any-return]
 
     @property
     def DEFAULT_LEASE(self) -> float:  # noqa: N802
-        return float(self._get("DEFAULT_LEASE"))
+        return float(self.raw("DEFAULT_LEASE"))
 
     @property
     def RETRY_BASE_DELAY(self) -> float:  # noqa: N802
-        return float(self._get("RETRY_BASE_DELAY"))
+        return float(self.raw("RETRY_BASE_DELAY"))
 
     @property
     def RETRY_MAX_DELAY(self) -> float:  # noqa: N802
-        return float(self._get("RETRY_MAX_DELAY"))
+        return float(self.raw("RETRY_MAX_DELAY"))
 
     @property
     def RETRY_JITTER(self) -> float:  # noqa: N802
-        return float(self._get("RETRY_JITTER"))
+        return float(self.raw("RETRY_JITTER"))
 
     @property
     def MAX_CLAIM_BATCH(self) -> int:  # noqa: N802
-        return int(self._get("MAX_CLAIM_BATCH"))
+        return int(self.raw("MAX_CLAIM_BATCH"))
 
     @property
     def DEFAULT_PRINCIPAL(self) -> Any:  # noqa: N802
-        return self._get("DEFAULT_PRINCIPAL")
+        return self.raw("DEFAULT_PRINCIPAL")
 
     @property
     def TIME_SOURCE(self) -> str:  # noqa: N802
-        return str(self._get("TIME_SOURCE"))
+        return str(self.raw("TIME_SOURCE"))
 
     @property
     def LISTEN(self) -> bool:  # noqa: N802
-        return bool(self._get("LISTEN"))
+        return bool(self.raw("LISTEN"))
 
     @property
     def HANDLER_TIMEOUT(self) -> float | None:  # noqa: N802
         """Seconds, or None; a timedelta setting is converted."""
-        value = self._get("HANDLER_TIMEOUT")
+        value = self.raw("HANDLER_TIMEOUT")
         if value is None:
             return None
         return value.total_seconds() if isinstance(value, timedelta) else float(value)

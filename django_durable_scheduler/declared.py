@@ -44,8 +44,8 @@ from .identity import (
     retry_base_delay_ms,
     retry_delays_ms,
     retry_max_delay_ms,
+    timeout_ms,
 )
-from .registry import timeout_ms
 from .triggers import validate_trigger
 
 if TYPE_CHECKING:
@@ -260,6 +260,8 @@ def changes_for(declaration: DeclaredJob, job: Job) -> dict[str, Any]:
 
 
 def _sync_one(declaration: DeclaredJob, using: str | None) -> str:
+    # Imported here: the kernel needs the models, and declarations are made while modules
+    # import, before the app registry is ready.
     from . import kernel
 
     for _ in range(_SYNC_ATTEMPTS):

@@ -386,6 +386,17 @@ def retry_max_delay_ms(value: Any, field: str) -> int:
     return to_duration_ms(value, field, maximum_ms=MAX_RETRY_MAX_DELAY_MS)
 
 
+# The longest timeout a handler, a job or the default setting may give: 31 days.
+MAX_TIMEOUT_MS = 31 * 24 * 60 * 60 * 1000
+
+
+def timeout_ms(value: float | timedelta | None, field: str) -> int | None:
+    """A run's timeout in milliseconds (None: no timeout), from seconds or a timedelta."""
+    if value is None:
+        return None
+    return to_duration_ms(value, field, minimum_ms=1, maximum_ms=MAX_TIMEOUT_MS)
+
+
 def retry_delays_ms(base: Any, maximum: Any, prefix: str = "") -> tuple[int | None, int | None]:
     """Both retry delays in milliseconds (None: not given), the longest no shorter than the
     first; errors name ``<prefix>retry_base_delay`` or ``<prefix>retry_max_delay``."""

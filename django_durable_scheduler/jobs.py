@@ -29,10 +29,10 @@ from .identity import (
     normalize_json,
     retry_base_delay_ms,
     retry_max_delay_ms,
+    timeout_ms,
 )
 from .models import PENDING_STATUSES, Job, Occurrence, OccurrenceStatus
 from .policies import bind_to_current_policy, get_policy, grant_default
-from .registry import timeout_ms
 from .schedules import MISFIRE_GRACE, catchup_window, expired_one_off, initial_fire_time
 from .triggers import validate_trigger
 

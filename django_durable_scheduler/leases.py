@@ -58,7 +58,7 @@ from .identity import (
 )
 from .models import Job, Occurrence, OccurrenceStatus
 
-MAX_LEASE_MS = 24 * 60 * 60 * 1000
+MAX_LEASE_MS = conf.MAX_LEASE_MS
 MAX_RESULT_BYTES = 64 * 1024
 MAX_ERROR_MESSAGE = 4096
 MAX_FENCE = column_max(Occurrence, "fence")

@@ -385,29 +385,44 @@ def change_policy(
 ) -> PolicyChange:
     """:func:`set_policy`, returning what the change did (:class:`PolicyChange`)."""
     alias = alias_for(using)
+    change = _validated_change(
+        principal_type,
+        principal_id,
+        capabilities=capabilities,
+        window=window,
+        max_runs=max_runs,
+        max_units=max_units,
+        enabled=enabled,
+        expected_revision=expected_revision,
+        changed_by=changed_by,
+    )
     # A deadlock aborts the whole transaction; retry only when this call owns it.
     retries = 0 if connections[alias].in_atomic_block else 3
     while True:
         try:
-            return _change_policy(
-                principal_type,
-                principal_id,
-                capabilities=capabilities,
-                window=window,
-                max_runs=max_runs,
-                max_units=max_units,
-                enabled=enabled,
-                expected_revision=expected_revision,
-                changed_by=changed_by,
-                alias=alias,
-            )
+            return _change_policy(change, alias)
         except OperationalError as exc:
             if retries <= 0 or not _is_deadlock(exc):
                 raise
             retries -= 1
 
 
-def _change_policy(
+@dataclass(frozen=True)
+class _Change:
+    """One validated ``change_policy`` request."""
+
+    ptype: str
+    pid: str
+    capabilities: list[str]
+    window_ms: int
+    max_runs: int
+    max_units: int
+    enabled: bool
+    expected: int | None  # the compare-and-set revision, if any
+    actor: str | None
+
+
+def _validated_change(
     principal_type: Any,
     principal_id: Any,
     *,
@@ -418,116 +433,137 @@ def _change_policy(
     enabled: Any,
     expected_revision: Any,
     changed_by: Any,
-    alias: str,
-) -> PolicyChange:
+) -> _Change:
     ptype, pid = _principal(principal_type, principal_id)
-    caps = normalize_capabilities(capabilities, "capabilities")
-    window_ms = _window_ms(window)
-    runs = _budget(max_runs, "max_runs")
-    units = _budget(max_units, "max_units")
-    active = normalize_bool(enabled, "enabled")
-    expected = (
-        None
+    return _Change(
+        ptype=ptype,
+        pid=pid,
+        capabilities=normalize_capabilities(capabilities, "capabilities"),
+        window_ms=_window_ms(window),
+        max_runs=_budget(max_runs, "max_runs"),
+        max_units=_budget(max_units, "max_units"),
+        enabled=normalize_bool(enabled, "enabled"),
+        expected=None
         if expected_revision is None
-        else normalize_int(expected_revision, "expected_revision", minimum=0, maximum=MAX_REVISION)
+        else normalize_int(expected_revision, "expected_revision", minimum=0, maximum=MAX_REVISION),
+        actor=None if changed_by is None else normalize_identifier(changed_by, "changed_by"),
     )
-    actor = None if changed_by is None else normalize_identifier(changed_by, "changed_by")
+
+
+def _insert_policy(change: _Change, now: datetime, alias: str) -> tuple[AuthorityPolicy, int]:
+    """Create the principal's first revision: (the policy, 0). When another transaction
+    created it meanwhile, an unconditional change gets (the winner's row, locked, its
+    revision) to apply on top of; a compare-and-set one has lost."""
+    ptype, pid = change.ptype, change.pid
+    policy = AuthorityPolicy(
+        principal_type=ptype,
+        principal_id=pid,
+        revision=1,
+        enabled=change.enabled,
+        capabilities=change.capabilities,
+        window_ms=change.window_ms,
+        max_runs=change.max_runs,
+        max_units=change.max_units,
+        created_at=now,
+        updated_at=now,
+    )
+    try:
+        with transaction.atomic(using=alias):
+            policy.save(using=alias, force_insert=True)
+    except IntegrityError:
+        # Another transaction created it first (PostgreSQL/MySQL wait for it to
+        # commit, then report the duplicate). A compare-and-set lost: read the
+        # winner's revision without locking it -- on MySQL every loser of the insert
+        # holds a shared lock on the new row until it ends, so two losers asking for
+        # the exclusive lock would deadlock.
+        if change.expected is not None:
+            raced = (
+                AuthorityPolicy.objects.using(alias)
+                .filter(principal_type=ptype, principal_id=pid)
+                .values_list("revision", flat=True)
+                .first()
+            )
+            raise _conflict(ptype, pid, change.expected, raced or 0) from None
+        # An unconditional change applies on top of the winner's (a MySQL deadlock
+        # between two such losers is retried by ``change_policy``).
+        locked = _lock_policy(ptype, pid, alias)
+        if locked is None:
+            raise
+        return locked, locked.revision
+    return policy, 0
+
+
+def _keep_unrecorded_revision(policy: AuthorityPolicy, alias: str) -> None:
+    """A revision written without history (the v2 backfill): keep it before it is replaced,
+    so the history can show what this change changed."""
+    revisions = AuthorityPolicyRevision.objects.using(alias).filter(
+        principal_type=policy.principal_type, principal_id=policy.principal_id
+    )
+    if not revisions.filter(revision=policy.revision).exists():
+        AuthorityPolicyRevision.objects.using(alias).create(
+            principal_type=policy.principal_type,
+            principal_id=policy.principal_id,
+            revision=policy.revision,
+            content=policy_content(policy),
+            changed_by=None,
+            changed_at=policy.updated_at,
+        )
+
+
+def _replace_policy(policy: AuthorityPolicy, change: _Change, now: datetime, alias: str) -> None:
+    """Write ``change`` as the next revision of an existing policy."""
+    policy.revision += 1
+    policy.enabled = change.enabled
+    policy.capabilities = change.capabilities
+    policy.window_ms = change.window_ms
+    policy.max_runs = change.max_runs
+    policy.max_units = change.max_units
+    policy.updated_at = now
+    policy.save(
+        using=alias,
+        update_fields=[
+            "revision",
+            "enabled",
+            "capabilities",
+            "window_ms",
+            "max_runs",
+            "max_units",
+            "updated_at",
+        ],
+    )
+
+
+def _change_policy(change: _Change, alias: str) -> PolicyChange:
+    ptype, pid = change.ptype, change.pid
     now = conf.now()
     with write_transaction(alias):
         policy = _lock_policy(ptype, pid, alias)
         previous = 0 if policy is None else policy.revision
-        if expected is not None and expected != previous:
-            raise _conflict(ptype, pid, expected, previous)
+        if change.expected is not None and change.expected != previous:
+            raise _conflict(ptype, pid, change.expected, previous)
         if policy is None:
-            policy = AuthorityPolicy(
-                principal_type=ptype,
-                principal_id=pid,
-                revision=1,
-                enabled=active,
-                capabilities=caps,
-                window_ms=window_ms,
-                max_runs=runs,
-                max_units=units,
-                created_at=now,
-                updated_at=now,
-            )
-            try:
-                with transaction.atomic(using=alias):
-                    policy.save(using=alias, force_insert=True)
-            except IntegrityError:
-                # Another transaction created it first (PostgreSQL/MySQL wait for it to
-                # commit, then report the duplicate). A compare-and-set lost: read the
-                # winner's revision without locking it -- on MySQL every loser of the insert
-                # holds a shared lock on the new row until it ends, so two losers asking for
-                # the exclusive lock would deadlock.
-                if expected is not None:
-                    raced = (
-                        AuthorityPolicy.objects.using(alias)
-                        .filter(principal_type=ptype, principal_id=pid)
-                        .values_list("revision", flat=True)
-                        .first()
-                    )
-                    raise _conflict(ptype, pid, expected, raced or 0) from None
-                # An unconditional change applies on top of the winner's (a MySQL deadlock
-                # between two such losers is retried by ``change_policy``).
-                locked = _lock_policy(ptype, pid, alias)
-                if locked is None:
-                    raise
-                policy, previous = locked, locked.revision
+            policy, previous = _insert_policy(change, now, alias)
         # What the previous revision granted, before the change below overwrites it.
-        before = (
-            AuthorityPolicy(revision=previous, enabled=policy.enabled, capabilities=list(policy.capabilities))
-            if previous
-            else None
-        )
+        before = None
         if previous:
-            if (
-                not AuthorityPolicyRevision.objects.using(alias)
-                .filter(principal_type=ptype, principal_id=pid, revision=previous)
-                .exists()
-            ):
-                # A revision written without history (the v2 backfill): keep it, so the
-                # history can show what this change changed.
-                AuthorityPolicyRevision.objects.using(alias).create(
-                    principal_type=ptype,
-                    principal_id=pid,
-                    revision=previous,
-                    content=policy_content(policy),
-                    changed_by=None,
-                    changed_at=policy.updated_at,
-                )
-            policy.revision = previous + 1
-            policy.enabled = active
-            policy.capabilities = caps
-            policy.window_ms = window_ms
-            policy.max_runs = runs
-            policy.max_units = units
-            policy.updated_at = now
-            policy.save(
-                using=alias,
-                update_fields=[
-                    "revision",
-                    "enabled",
-                    "capabilities",
-                    "window_ms",
-                    "max_runs",
-                    "max_units",
-                    "updated_at",
-                ],
+            before = AuthorityPolicy(
+                revision=previous, enabled=policy.enabled, capabilities=list(policy.capabilities)
             )
+            _keep_unrecorded_revision(policy, alias)
+            _replace_policy(policy, change, now, alias)
         AuthorityPolicyRevision.objects.using(alias).create(
             principal_type=ptype,
             principal_id=pid,
             revision=policy.revision,
             content=policy_content(policy),
-            changed_by=actor,
+            changed_by=change.actor,
             changed_at=now,
         )
         counts = _classify(
             ptype,
             pid,
-            enabled=active,
-            capabilities=caps,
+            enabled=change.enabled,
+            capabilities=change.capabilities,
             alias=alias,
             rebind_to=policy.revision,
             before=before,

@@ -8,19 +8,12 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+from .authority import MAX_BUDGET
+from .declared import add_declaration, declaration_from_handler, forget_kind
 from .exceptions import InvalidArgument
-from .identity import normalize_identifier, normalize_int, to_duration_ms
+from .identity import normalize_identifier, normalize_int, timeout_ms
 
 HandlerFunc = Callable[[Any], Any]
-# The longest timeout a handler, a job or the default setting may give: 31 days.
-MAX_TIMEOUT_MS = 31 * 24 * 60 * 60 * 1000
-
-
-def timeout_ms(value: float | timedelta | None, field: str) -> int | None:
-    """A run's timeout in milliseconds (None: no timeout), from seconds or a timedelta."""
-    if value is None:
-        return None
-    return to_duration_ms(value, field, minimum_ms=1, maximum_ms=MAX_TIMEOUT_MS)
 
 
 @dataclass(frozen=True)
@@ -63,12 +56,10 @@ def handler(
     """
     kind = normalize_identifier(kind, "kind", max_length=128)
     if not callable(units):
-        normalize_int(units, "units", minimum=1, maximum=1_000_000)
+        normalize_int(units, "units", minimum=1, maximum=MAX_BUDGET)  # what one reservation may take
     limit_ms = timeout_ms(timeout, "timeout")
     declaration = None
     if job is not None:
-        from .declared import declaration_from_handler
-
         # Validated now, so a bad declaration fails where it is written (at import).
         declaration = declaration_from_handler(kind, job)
 
@@ -81,8 +72,6 @@ def handler(
                 qualname = getattr(existing.func, "__qualname__", existing.func)
                 raise InvalidArgument("kind", f"{kind!r} already has a handler ({qualname})")
             if declaration is not None:
-                from .declared import add_declaration
-
                 # Before the handler: a conflict leaves neither. The handler's app owns the job.
                 add_declaration(replace(declaration, module=getattr(func, "__module__", None)))
             _handlers[kind] = Handler(kind, func, units, limit_ms)
@@ -109,8 +98,6 @@ def unregister(kind: str) -> None:
     """Forget the handler of ``kind`` and the jobs declared in code for it."""
     with _lock:
         _handlers.pop(kind, None)
-    from .declared import forget_kind
-
     forget_kind(kind)
 
 

@@ -116,7 +116,26 @@ def snapshot(apps):
 
 
 def test_v1_to_latest_and_back(v1_apps):
-    apps = v1_apps
+    seed_v1(v1_apps)
+    before = snapshot(v1_apps)
+
+    started = datetime.now(UTC)
+    new = migrate(latest())
+    finished = datetime.now(UTC)
+    policies = check_policies_backfilled(new)
+    check_jobs_bound_and_scheduled(new, started, finished)
+    check_occurrences_bound(new)
+
+    # The empty policy stays readable through the public API.
+    from django_durable_scheduler.authority import normalize_capabilities
+
+    assert normalize_capabilities(policies[("user", "carol")].capabilities, allow_empty=True) == []
+
+    check_cancelled_go_back_as_dead_letters(new, before)
+
+
+def seed_v1(apps):
+    """v1 jobs of four principals (schedules among them) and occurrences in every v1 status."""
     alice = make_job(apps, "alice-report", envelope("alice", ["reports.read", "reports.send"]))
     make_job(apps, "alice-mail", envelope("alice", ["mail.send"]))
     bob = make_job(apps, "bob-sync", envelope("bob", ["sync.run"], ptype="service"))
@@ -136,11 +155,10 @@ def test_v1_to_latest_and_back(v1_apps):
     apps.get_model(APP, "Event").objects.create(
         job=alice, event_type="job_created", occurred_at=T0, data={"revision": 1}
     )
-    before = snapshot(apps)
 
-    started = datetime.now(UTC)
-    new = migrate(latest())
-    finished = datetime.now(UTC)
+
+def check_policies_backfilled(new):
+    """One policy per principal, granting what its jobs and pending occurrences ask for."""
     Policy = new.get_model(APP, "AuthorityPolicy")
     policies = {(p.principal_type, p.principal_id): p for p in Policy.objects.all()}
     assert set(policies) == {("user", "alice"), ("service", "bob"), ("user", "carol"), ("user", "zoë")}
@@ -161,6 +179,12 @@ def test_v1_to_latest_and_back(v1_apps):
             100_000,
             100_000,
         )
+    return policies
+
+
+def check_jobs_bound_and_scheduled(new, started, finished):
+    """Every job bound to its principal's first revision, with the default retry delays and
+    its first fire time."""
     jobs = {job.pk: job for job in new.get_model(APP, "Job").objects.all()}
     for job in jobs.values():
         assert job.authority["authorizationRefs"]["schedulerPolicyRevision"] == "scheduler-authority:1"
@@ -177,6 +201,11 @@ def test_v1_to_latest_and_back(v1_apps):
     assert jobs["zoe-later"].next_fire_at == datetime(2100, 1, 1, 9, tzinfo=UTC)
     unscheduled = ("alice-report", "alice-mail", "bob-sync", "carol-noop", "zoe-past", "zoe-broken")
     assert [jobs[pk].next_fire_at for pk in unscheduled] == [None] * len(unscheduled)
+
+
+def check_occurrences_bound(new):
+    """Pending occurrences bound to their principal's policy, terminal ones not; each keyed by
+    its principal."""
     Occurrence = new.get_model(APP, "Occurrence")
     occurrences = {o.pk: o for o in Occurrence.objects.all()}
     for pk, occ in occurrences.items():
@@ -197,12 +226,11 @@ def test_v1_to_latest_and_back(v1_apps):
         "occ_zoe-every_1": '["user","zoë"]',
     }
 
-    # The empty policy stays readable through the public API.
-    from django_durable_scheduler.authority import normalize_capabilities
 
-    assert normalize_capabilities(policies[("user", "carol")].capabilities, allow_empty=True) == []
-
-    # Cancelled occurrences (a status v2 does not know) go back as dead letters that say so.
+def check_cancelled_go_back_as_dead_letters(new, before):
+    """Cancelled occurrences (a status v2 does not know) go back as dead letters that say so;
+    everything else comes back as it was."""
+    Occurrence = new.get_model(APP, "Occurrence")
     settled = T0 + timedelta(hours=1)
     Occurrence.objects.filter(pk="occ_carol-noop_1").update(status="cancelled", settled_at=settled)
     Occurrence.objects.filter(pk="occ_zoe-every_1").update(

@@ -11,8 +11,14 @@ from typing import Any, TypeVar
 
 from ..authority import normalize_principal
 from ..exceptions import InvalidArgument
-from ..identity import MAX_ATTEMPTS_LIMIT, key_label, normalize_identifier, normalize_int, retry_delays_ms
-from ..registry import timeout_ms
+from ..identity import (
+    MAX_ATTEMPTS_LIMIT,
+    key_label,
+    normalize_identifier,
+    normalize_int,
+    retry_delays_ms,
+    timeout_ms,
+)
 
 # Each queue of a DurableBackend is one handler kind: ``runscheduler --queues`` claims only
 # those kinds, and the kind is the capability that a task's principal must hold.

@@ -9,6 +9,7 @@ import json
 import sys
 import time
 from collections import Counter
+from typing import Any
 
 import django
 
@@ -64,12 +65,34 @@ def exercise(tag: str) -> dict:
     claim_batch, claim, settle (succeeded, failed for good, failed to retry), and the rows
     leased before the migration settled."""
     import django_durable_scheduler as scheduler
-    from django_durable_scheduler import dialect, enqueuing
     from django_durable_scheduler.models import Event, Job, Occurrence
 
     facts: dict = {"module": scheduler.__file__, "schema": schema()}
     facts["before"] = {"occurrences": Occurrence.objects.count(), "events": Event.objects.count()}
     first_event = Event.objects.order_by("-event_id").values_list("event_id", flat=True).first() or 0
+    inserted = enqueue_steps(tag, facts)
+    enqueued = list(
+        Event.objects.filter(event_id__gt=first_event, event_type="occurrence_enqueued").values_list(
+            "occurrence_id", flat=True
+        )
+    )
+    facts["enqueued_events"] = {"count": len(enqueued), "for_inserted_rows": set(enqueued) == inserted}
+    claim_and_settle_steps(f"w-{tag}", tag, facts)
+    facts["after"] = {
+        "occurrences": Occurrence.objects.count(),
+        "statuses": dict(Counter(Occurrence.objects.values_list("status", flat=True))),
+        "events": Event.objects.count(),
+        "jobs": Job.objects.count(),
+    }
+    facts.update(edited_columns(tag, inserted, first_event))
+    return facts
+
+
+def enqueue_steps(tag: str, facts: dict[str, Any]) -> set[str]:
+    """enqueue, enqueue_many and a new job's first enqueue; the ids of the rows they inserted."""
+    import django_durable_scheduler as scheduler
+    from django_durable_scheduler import dialect, enqueuing
+    from django_durable_scheduler.models import Occurrence
 
     one, d1 = scheduler.enqueue("job-a", scheduled_for=BASE_MS + 1000, trigger_key=f"{tag}-1")
     remembered = ("default", "job-a") in enqueuing._REMEMBERED
@@ -93,17 +116,17 @@ def exercise(tag: str) -> dict:
     scheduler.create_job(f"job-{tag}", "reports.send", authority=AUTHORITY)
     other, d4 = scheduler.enqueue(f"job-{tag}", scheduled_for=BASE_MS + 3000, trigger_key="x")
     facts["other_job_deduplicated"] = d4
-
     inserted = {one.pk, two.pk, other.pk} | {occ.pk for occ, dedup in many if not dedup}
     facts["inserted"] = len(inserted)
-    enqueued = list(
-        Event.objects.filter(event_id__gt=first_event, event_type="occurrence_enqueued").values_list(
-            "occurrence_id", flat=True
-        )
-    )
-    facts["enqueued_events"] = {"count": len(enqueued), "for_inserted_rows": set(enqueued) == inserted}
+    return inserted
 
-    owner = f"w-{tag}"
+
+def claim_and_settle_steps(owner: str, tag: str, facts: dict[str, Any]) -> None:
+    """claim_batch and claim; settle three of the batch and the single one three ways; then
+    settle the rows leased before the migration, by their owners."""
+    import django_durable_scheduler as scheduler
+    from django_durable_scheduler.models import Occurrence
+
     leased_before = list(
         Occurrence.objects.filter(status="running").values_list("pk", "lease_owner", "fence")
     )
@@ -135,14 +158,13 @@ def exercise(tag: str) -> dict:
         "count": len(leased_before),
     }
 
-    facts["after"] = {
-        "occurrences": Occurrence.objects.count(),
-        "statuses": dict(Counter(Occurrence.objects.values_list("status", flat=True))),
-        "events": Event.objects.count(),
-        "jobs": Job.objects.count(),
-    }
-    # The columns of the edited models, where they exist: their values in the rows written in
-    # this phase and in all rows.
+
+def edited_columns(tag: str, inserted: set[str], first_event: int) -> dict[str, Any]:
+    """The columns of the edited models, where they exist: their values in the rows written in
+    this phase and in all rows."""
+    from django_durable_scheduler.models import Event, Job, Occurrence
+
+    facts: dict[str, Any] = {}
     for model, field, mine in (
         (Occurrence, "urgency", Occurrence.objects.filter(pk__in=inserted)),
         (Occurrence, "lane", Occurrence.objects.filter(pk__in=inserted)),
