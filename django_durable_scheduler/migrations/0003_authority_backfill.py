@@ -1,9 +1,9 @@
-"""The seed's v2 backfill: one authority policy per principal, and every job and pending
+"""The authority backfill (schema v2): one authority policy per principal, and every job and pending
 occurrence bound to revision 1 of its principal's policy.
 
 Batched by primary key so memory stays bounded by the batch size plus one entry per
 principal, whatever the number of occurrences. Terminal occurrences are validated but
-neither rebound nor allowed to widen a policy (the seed's rule).
+neither rebound nor allowed to widen a policy (a settled occurrence keeps the authority it ran with).
 
 The envelope rules are written out here, as they stood when this migration was written,
 rather than imported from ``authority.py``: the backfill must read a v1 envelope tomorrow
