@@ -176,12 +176,13 @@ def create_job(
         if Job.objects.using(alias).filter(pk=job_id).exists():
             raise Conflict(f"job {job_id!r} already exists", {"job_id": job_id})
         job = Job(job_id=job_id, revision=1, created_at=now, updated_at=now, **fields)
+        job.next_fire_at = initial_fire_time(job.trigger, now=now, anchor=now)
+        # The first write: every argument has been checked by now.
         if job.authority is None:
             job.authority = _default_authority(job_id, job.kind, alias)
         else:
             _warn_without_policy(job_id, job.authority, alias)
         job.authority = _bind_current(job.authority, alias)
-        job.next_fire_at = initial_fire_time(job.trigger, now=now, anchor=now)
         try:
             with transaction.atomic(using=alias):
                 job.save(using=alias, force_insert=True)

@@ -44,6 +44,7 @@ from .authority import (
 from .dialect import alias_for, write_transaction
 from .exceptions import AuthorityPolicyConflict, InvalidArgument
 from .identity import (
+    MAX_IDENTIFIER_LENGTH,
     column_max,
     from_ms,
     normalize_bool,
@@ -682,6 +683,14 @@ def bind_to_current_policy(authority: dict[str, Any], using: str | None = None) 
 
 # Concurrent first uses of the default principal race to create or widen its policy.
 _GRANT_ATTEMPTS = 5
+_GRANT_NOTE = "durable_scheduler: job {} has no authority envelope"
+
+
+def _grant_note(job_id: str) -> str:
+    """The history's ``changed_by`` for a default grant. A job id may take the column's whole
+    length, so a long one is cut to fit: the job must not be refused for its note."""
+    room = MAX_IDENTIFIER_LENGTH - len(_GRANT_NOTE.format(""))
+    return _GRANT_NOTE.format(job_id if len(job_id) <= room else job_id[: room - 3] + "...")
 
 
 def grant_default(capability: str, *, job_id: str, using: str | None = None) -> AuthorityPolicy:
@@ -713,7 +722,7 @@ def grant_default(capability: str, *, job_id: str, using: str | None = None) -> 
                 max_units=policy.max_units if policy else DEFAULT_MAX_UNITS,
                 enabled=policy.enabled if policy else True,
                 expected_revision=policy.revision if policy else 0,
-                changed_by=f"durable_scheduler: job {job_id} has no authority envelope",
+                changed_by=_grant_note(job_id),
                 using=using,
             )
         except AuthorityPolicyConflict:

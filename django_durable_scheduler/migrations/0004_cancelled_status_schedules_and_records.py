@@ -1,4 +1,4 @@
-"""Everything the scheduler adds to the seed's v2 tables, up to today's models.
+"""Everything the scheduler adds to the v2 tables of 0001-0003, up to today's models.
 
 - The ``cancelled`` status: an occurrence withdrawn before it ran (terminal, so settled).
 - ``Occurrence.principal_key``, the fair claim's partition (canonical JSON of the authority
@@ -27,8 +27,14 @@
 Expand, then data, then contract: the checks that would refuse ``cancelled`` come off and the
 new columns and tables go in; the data steps fill them; then the checks come back in their new
 form and the indexes are built over the filled columns. Backward runs the same steps in the
-opposite order: the ``cancelled`` occurrences become dead letters before the seed's checks
+opposite order: the ``cancelled`` occurrences become dead letters before the v2 checks
 come back.
+
+What this migration does stays fixed, whatever the app becomes: the data steps read the
+historical models and the frozen helpers beside it (``_batch``, ``_first_fire_time``), and the
+index names are written out. Its one import from the app is ``constraints``: ``OneOf`` and
+``SameTruth`` are part of the checks' declaration in the model state, which Django refers to
+by import path (as to a custom field) and compares with the models' own to find changes.
 """
 
 from __future__ import annotations
@@ -38,9 +44,11 @@ from typing import Any
 
 import django.db.models.deletion
 from django.db import migrations, models
+from django.utils import timezone
 
 import django_durable_scheduler.constraints
 from django_durable_scheduler.migrations._batch import batches, update_columns
+from django_durable_scheduler.migrations._first_fire_time import first_fire_time
 
 APP = "durable_scheduler"
 
@@ -59,8 +67,8 @@ def fill_principal_keys(apps: Any, schema_editor: Any) -> None:
 
 
 def cancelled_to_dead_letter(apps: Any, schema_editor: Any) -> None:
-    """Backward only: a status the seed's v2 does not know. Cancelled occurrences become dead
-    letters (both terminal and settled, so the seed's checks hold again); the cancellation
+    """Backward only: a status the v2 schema does not know. Cancelled occurrences become dead
+    letters (both terminal and settled, so the v2 checks hold again); the cancellation
     stays visible in ``last_error``."""
     Occurrence = apps.get_model(APP, "Occurrence")
     alias = schema_editor.connection.alias
@@ -76,55 +84,45 @@ def cancelled_to_dead_letter(apps: Any, schema_editor: Any) -> None:
 
 
 def first_fire_times(apps: Any, schema_editor: Any) -> None:
-    """Each scheduled job's first fire time, strictly after now.
-
-    This step alone calls the app's live code (``triggers.validate_trigger`` and
-    ``schedules.initial_fire_time``), deliberately. The answer needs the whole trigger engine
-    (cron through croniter, IANA zones, daylight-saving rules, catch-up windows): too much to
-    freeze here. And ``next_fire_at`` is a cache of the live engine's answer, which the
-    scheduler computes again from the trigger whenever the trigger changes: a frozen copy
-    could only store a time that the running code would not have chosen.
-    """
-    from django.utils import timezone
-
-    from django_durable_scheduler.exceptions import InvalidArgument
-    from django_durable_scheduler.schedules import initial_fire_time
-    from django_durable_scheduler.triggers import validate_trigger
-
+    """Each scheduled job's first fire time, strictly after now, by the trigger rules of 0.1.0
+    frozen in ``_first_fire_time`` (a stored trigger those rules refuse never fires; update_job
+    can repair it). The scheduler computes ``next_fire_at`` again whenever a trigger changes."""
     Job = apps.get_model(APP, "Job")
     now = timezone.now()
     for rows in batches(Job, schema_editor.connection.alias, ["trigger", "created_at"]):
         scheduled = []
         for row in rows:
-            try:
-                trigger = validate_trigger(row.trigger or {})
-            except InvalidArgument:
-                continue  # an invalid stored trigger never fires; update_job can repair it
-            row.next_fire_at = initial_fire_time(trigger, now=now, anchor=row.created_at)
+            row.next_fire_at = first_fire_time(row.trigger or {}, now=now, anchor=row.created_at)
             if row.next_fire_at is not None:
                 scheduled.append(row)
         update_columns(Job, schema_editor, scheduled, "next_fire_at")
 
 
-# The keys whose PostgreSQL ``varchar_pattern_ops`` twins go, as (model, field). The twins of
-# the three foreign keys above went with their single-column indexes.
+# PostgreSQL's ``varchar_pattern_ops`` twins of the occurrences' and reservations' keys, as
+# Django named and made them when the keys were created (0001, 0002). The twins of the three
+# foreign keys above went with their single-column indexes.
 PATTERN_TWINS = (
-    ("occurrence", "occurrence_id"),
-    ("occurrence", "idempotency_key"),
-    ("authorityreservation", "occurrence"),
-    ("authorityreservation", "job"),
+    (
+        "durable_scheduler_occurrences_occurrence_id_331942e6_like",
+        "durable_scheduler_occurrences",
+        "occurrence_id",
+    ),
+    (
+        "durable_scheduler_occurrences_idempotency_key_a3b85d19_like",
+        "durable_scheduler_occurrences",
+        "idempotency_key",
+    ),
+    (
+        "durable_scheduler_author_occurrence_id_f2da3fa3_like",
+        "durable_scheduler_authority_reservations",
+        "occurrence_id",
+    ),
+    (
+        "durable_scheduler_authority_reservations_job_id_124e9323_like",
+        "durable_scheduler_authority_reservations",
+        "job_id",
+    ),
 )
-
-
-def _pattern_twins(apps: Any, schema_editor: Any) -> Any:
-    for model_name, field_name in PATTERN_TWINS:
-        model = apps.get_model(APP, model_name)
-        field = model._meta.get_field(field_name)
-        yield (
-            model,
-            field,
-            schema_editor._create_index_name(model._meta.db_table, [field.column], suffix="_like"),
-        )
 
 
 def drop_pattern_twins(apps: Any, schema_editor: Any) -> None:
@@ -135,26 +133,25 @@ def drop_pattern_twins(apps: Any, schema_editor: Any) -> None:
     prefix, and each is one more index written on every insert and status change of these
     rows. A later ``AlterField`` on these columns works with or without the twins: Django
     drops one with ``DROP INDEX IF EXISTS``, and makes one only where the ``AlterField`` adds
-    an index or changes the column's type (tests/test_migrations.py runs such changes). Names
-    and statements come from the schema editor, as Django makes them. Other databases have no
-    such indexes.
+    an index or changes the column's type (tests/test_migrations.py runs such changes). Other
+    databases have no such indexes.
     """
     if schema_editor.connection.vendor != "postgresql":
         return
-    for model, _, name in _pattern_twins(apps, schema_editor):
-        schema_editor.execute(schema_editor._delete_index_sql(model, name))  # IF EXISTS
+    quote = schema_editor.quote_name
+    for name, _, _ in PATTERN_TWINS:
+        schema_editor.execute(f"DROP INDEX IF EXISTS {quote(name)}")
 
 
 def restore_pattern_twins(apps: Any, schema_editor: Any) -> None:
     """Backward: each twin as Django makes it, unless a later change has made it already."""
     if schema_editor.connection.vendor != "postgresql":
         return
-    connection = schema_editor.connection
-    for model, field, name in _pattern_twins(apps, schema_editor):
-        with connection.cursor() as cursor:
-            present = connection.introspection.get_constraints(cursor, model._meta.db_table)
-        if name not in present:
-            schema_editor.execute(schema_editor._create_like_index_sql(model, field))
+    quote = schema_editor.quote_name
+    for name, table, column in PATTERN_TWINS:
+        schema_editor.execute(
+            f"CREATE INDEX IF NOT EXISTS {quote(name)} ON {quote(table)} ({quote(column)} varchar_pattern_ops)"
+        )
 
 
 TERMINAL = ("succeeded", "dead_letter", "cancelled")
@@ -164,7 +161,7 @@ class Migration(migrations.Migration):
     dependencies = [(APP, "0003_authority_backfill")]
 
     operations = [
-        # Expand. The seed's status, lease and settled checks come off: the first two would
+        # Expand. The v2 status, lease and settled checks come off: the first two would
         # refuse ``cancelled``, and all three come back below in their compact form.
         migrations.RemoveConstraint(model_name="occurrence", name="dsch_occ_status_valid"),
         migrations.RemoveConstraint(model_name="occurrence", name="dsch_occ_running_has_lease"),

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -17,6 +22,12 @@ from ...tasks.handlers import durable_queues
 from ...tasks.options import queue_kind
 from ...worker import Worker, default_worker_id
 from . import DATABASE_HELP, database_alias
+
+logger = logging.getLogger("django_durable_scheduler")
+
+# While the database does not answer: how often to try again, and to say so again.
+RETRY_SECONDS = 1.0
+WARN_EVERY_SECONDS = 30.0
 
 
 def _positive_int(text: str) -> int:
@@ -96,6 +107,8 @@ class Command(BaseCommand):
         registry.autodiscover()
         kinds = self.selected_kinds(options["kinds"], options["queues"])
         using = alias_for(options["database"])
+        if not wait_for_database(using):
+            return  # stopped by a signal before the database answered
         self.check_migrated(using)
         try:
             declared.sync_declared_jobs(using=using)  # create/update the jobs declared in code
@@ -153,3 +166,51 @@ class Command(BaseCommand):
                 f"runscheduler: database '{using}' has no table {Occurrence._meta.db_table}: run "
                 f"`manage.py migrate --database {using}`, with routers whose allow_migrate lets this app in"
             )
+
+
+def wait_for_database(using: str) -> bool:
+    """Wait until a connection to ``using`` opens: a worker may boot before its database (as
+    in a compose file). Says so in one WARNING line at the first failure and every
+    ``WARN_EVERY_SECONDS``; returns False when SIGTERM or SIGINT comes first."""
+    connection = connections[using]
+    stopped: list[int] = []
+    with _on_signals(stopped.append):
+        started = time.monotonic()
+        warned_at: float | None = None
+        while not stopped:
+            try:
+                connection.ensure_connection()
+                return True
+            except DatabaseError as exc:
+                now = time.monotonic()
+                if warned_at is None or now - warned_at >= WARN_EVERY_SECONDS:
+                    warned_at = now
+                    logger.warning(
+                        "runscheduler: waiting for database '%s' to answer (%.0f s so far, retrying every "
+                        "%g s): %s",
+                        using,
+                        now - started,
+                        RETRY_SECONDS,
+                        " ".join(str(exc).split()),
+                    )
+            # Short sleeps: a signal handler only records the signal (it may run while this
+            # thread holds any lock, so it takes none), and the loop looks at it this often.
+            retry_at = time.monotonic() + RETRY_SECONDS
+            while not stopped and time.monotonic() < retry_at:
+                time.sleep(0.05)
+    return False
+
+
+@contextmanager
+def _on_signals(record: Callable[[int], None]) -> Iterator[None]:
+    """SIGTERM and SIGINT are passed to ``record`` within the block (in the main thread only:
+    elsewhere signals cannot be caught); the previous handlers come back after it."""
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for stop in (signal.SIGTERM, signal.SIGINT):
+            previous[stop] = signal.signal(stop, lambda signum, _frame: record(signum))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
