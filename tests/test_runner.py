@@ -497,3 +497,33 @@ def test_a_part_the_runner_cannot_run_fails_its_leg(matrix, monkeypatch, capsys)
     assert run.main(["--legs", "sqlite", "--jobs", "1"]) == 1
     out = capsys.readouterr().out
     assert "failed (leg: the runner failed: FileNotFoundError('/venv/bin/python'))" in out
+
+
+@pytest.mark.skipif(not (devenv.ROOT / devenv.PACKAGE).is_dir(), reason="run from the wheel's test stage")
+def test_the_wheel_must_hold_every_file_of_the_package(tmp_path):
+    import zipfile
+
+    shipped = sorted(
+        str(path.relative_to(devenv.ROOT))
+        for path in (devenv.ROOT / devenv.PACKAGE).rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    )
+    assert f"{devenv.PACKAGE}/__init__.py" in shipped
+    whole, short = tmp_path / "whole.whl", tmp_path / "short.whl"
+    for wheel, names in ((whole, shipped), (short, [n for n in shipped if not n.endswith("py.typed")])):
+        with zipfile.ZipFile(wheel, "w") as archive:
+            for name in names:
+                archive.writestr(name, "")
+    assert devenv.missing_from_wheel(whole) == []
+    assert devenv.missing_from_wheel(short) == [f"{devenv.PACKAGE}/py.typed"]
+
+
+def test_the_tests_are_staged_without_the_package(tmp_path):
+    stage = devenv.stage_tests(tmp_path / "stage")
+    assert (stage / "tests" / "test_runner.py").is_file()
+    assert (stage / "example_project" / "run.py").is_file()
+    assert {p.name for p in stage.iterdir()} == {"tests", "example_project", "pyproject.toml", "README.md"}
+    assert not list(stage.rglob("__pycache__")) and not list(stage.rglob("*.sqlite3"))
+    # Staged again, it starts afresh.
+    (stage / "tests" / "stale.py").write_text("")
+    assert not (devenv.stage_tests(stage) / "tests" / "stale.py").exists()
