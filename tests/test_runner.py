@@ -386,11 +386,18 @@ def test_every_leg_in_its_parts(matrix, capsys):
         assert env.items() >= dict(leg.env).items()
 
 
-def test_one_lane_runs_every_leg_whole(matrix, capsys):
+def test_one_lane_runs_every_leg_whole(matrix, capsys, monkeypatch):
     _, runs, _ = matrix
+    # Whatever selected the tests of the run this one is part of.
+    monkeypatch.setenv("DSCH_TEST_SHARD", "2")
+    monkeypatch.setenv("DSCH_SERVER_RESTART_TESTS", "skip")
+    monkeypatch.setenv("DSCH_PG_PREPARED", "1")
     assert run.main(["--jobs", "1"]) == 0
     assert [name for name, _, _ in runs] == list(legs.LEG_ORDER)
-    assert all("DSCH_TEST_SHARD" not in env for _, env, _ in runs)
+    for name, env, _ in runs:
+        assert "DSCH_TEST_SHARD" not in env
+        assert env.get("DSCH_SERVER_RESTART_TESTS") == dict(LEG[name].env).get("DSCH_SERVER_RESTART_TESTS")
+        assert env.get("DSCH_PG_PREPARED") == dict(LEG[name].env).get("DSCH_PG_PREPARED")
     assert last_line(capsys) == "6 passed, 0 failed"
 
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .. import devenv
-from .legs import POOLER_TEST_DATABASE, Leg
+from .legs import LEGS, POOLER_TEST_DATABASE, RESTART_ENV, SHARD_ENV, Leg
 from .results import Result
 
 ROOT = devenv.ROOT
@@ -24,8 +24,18 @@ MARIADB_PROBE = (
     " connect_timeout=5).close()"
 )
 # PYTHONDONTWRITEBYTECODE would have every worker process the tests start compile the
-# package again, and pytest rewrite every test module on each run.
-DROPPED_ENV = ("DATABASE_URL", "VIRTUAL_ENV", "PYTHONHOME", "PYTHONDONTWRITEBYTECODE")
+# package again, and pytest rewrite every test module on each run. What selects a leg's tests
+# and options is the leg's to set, never inherited (a pytest run of the runner's own tests
+# inside a share would otherwise run every leg it fakes as that share).
+DROPPED_ENV = (
+    "DATABASE_URL",
+    "VIRTUAL_ENV",
+    "PYTHONHOME",
+    "PYTHONDONTWRITEBYTECODE",
+    *{name for leg in LEGS for name, _ in leg.env},
+    SHARD_ENV,
+    RESTART_ENV,
+)
 
 
 def say(message: str) -> None:
