@@ -290,10 +290,15 @@ def build_package(python: Path, outdir: Path) -> Path:
     if run([str(python), "-m", "twine", "check", "--strict", *map(str, built)], quiet=True) != 0:
         raise SetupError("twine check failed (output above)")
     (wheel,) = (path for path in built if path.suffix == ".whl")
-    missing = sorted(_package_files() - _wheel_files(wheel))
+    missing = missing_from_wheel(wheel)
     if missing:
         raise SetupError(f"the wheel lacks {len(missing)} files of the package, e.g. {missing[0]}")
     return wheel
+
+
+def missing_from_wheel(wheel: Path) -> list[str]:
+    """The package's files (as git tracks them) that ``wheel`` lacks, sorted."""
+    return sorted(_package_files() - _wheel_files(wheel))
 
 
 def _package_files() -> set[str]:
@@ -336,17 +341,17 @@ def imported_from(venv: Venv, cwd: Path) -> Path:
     return Path(proc.stdout.strip()).parent
 
 
-def stage_tests() -> Path:
+def stage_tests(stage: Path = WHEEL_STAGE) -> Path:
     """A fresh copy of ``tests/``, what tests run (``example_project/``, the README's blocks)
-    and ``pyproject.toml`` (pytest's settings) in WHEEL_STAGE."""
-    shutil.rmtree(WHEEL_STAGE, ignore_errors=True)
-    WHEEL_STAGE.mkdir()
+    and ``pyproject.toml`` (pytest's settings) in ``stage``."""
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.sqlite3*")
     for tree in ("tests", "example_project"):
-        shutil.copytree(ROOT / tree, WHEEL_STAGE / tree, ignore=ignore)
+        shutil.copytree(ROOT / tree, stage / tree, ignore=ignore)
     for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, WHEEL_STAGE / name)
-    return WHEEL_STAGE
+        shutil.copy2(ROOT / name, stage / name)
+    return stage
 
 
 # ----------------------------------------------------------------------- PgBouncer

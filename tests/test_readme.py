@@ -60,6 +60,36 @@ def manage_commands() -> list[str]:
     return [command for _, command in sorted(found)]
 
 
+TRY_IT = "## Try it, develop it"
+
+
+def try_it_commands() -> list[list[str]]:
+    """The commands of the README's "Try it, develop it" part, without their comments."""
+    part = README.split(TRY_IT, 1)[1].split("\n## ", 1)[0]
+    lines = (line for m in FENCE.finditer(part) if m["lang"] == "bash" for line in m["body"].splitlines())
+    return [line.split("#", 1)[0].split() for line in lines if line.strip()]
+
+
+def test_the_readme_opens_with_what_the_app_is_then_how_to_try_it():
+    # What the app is and who it is for, in prose; then the two commands; then the quickstart.
+    title, opening = README.split("\n\n", 2)[:2]
+    assert title == "# django-durable-scheduler"
+    assert opening.startswith("A reusable Django app for ") and "```" not in opening
+    assert README.index(TRY_IT) < README.index("## Quickstart")
+    assert try_it_commands() == [["python3", "example_project/run.py"], ["python3", "tests/run.py"]]
+    for _, script in try_it_commands():
+        assert (ROOT / script).is_file(), script
+
+
+@pytest.mark.skipif(not (ROOT / ".ci" / "run").exists(), reason="no .ci/run beside these tests")
+def test_ci_runs_the_readme_test_command():
+    (test_command,) = (command for command in try_it_commands() if command[1] == "tests/run.py")
+    (ci_call,) = (
+        line.split() for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("exec ")
+    )
+    assert ci_call[1:] == [*test_command, "--require-all", "--install-system-deps"]
+
+
 class Project:
     def __init__(self, where: Path) -> None:
         self.dir = where
