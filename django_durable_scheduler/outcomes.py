@@ -228,6 +228,19 @@ class OutcomeReporter:
             )
             return None
 
+    def give_back(self, runs: list[Run], why: str) -> None:
+        """Release the leases of ``runs`` unsettled (another worker may run them now), and
+        forget them; their handlers, if running, see ``ctx.lease_lost``."""
+        for run in runs:
+            occurrence = run.occurrence
+            try:
+                kernel.release(occurrence.pk, owner=self.worker_id, fence=occurrence.fence, using=self.using)
+                logger.warning("gave up the lease on %s %s", occurrence.pk, why)
+            except (SchedulerError, DatabaseError) as exc:
+                logger.warning("could not give up the lease on %s: %s", occurrence.pk, exc)
+            run.context.mark_lease_lost()
+            self.held.forget(run)
+
     def _report(self, finished: list[Run], results: list[Occurrence | LeaseLost | None]) -> None:
         for run, settled in zip(finished, results, strict=True):
             ctx = run.context

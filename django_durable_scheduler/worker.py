@@ -39,7 +39,6 @@ from django.db import DatabaseError, connections
 
 from . import conf, kernel, metrics, registry, reservations, wakeup
 from .dialect import alias_for
-from .exceptions import SchedulerError
 from .heartbeat import Heartbeat
 from .models import Occurrence
 from .outcomes import OutcomeReporter
@@ -63,6 +62,22 @@ def _handler_units(occurrence: Occurrence) -> reservations.Units:
     """The units of the occurrence's handler registration (1 without a handler)."""
     handler = registry.get_handler(occurrence.claimed_kind or "")
     return handler.units if handler is not None else 1
+
+
+def _listen(
+    using: str | None, announce: Callable[[], None], poll_interval: float, stays: bool
+) -> tuple[wakeup.Listener | wakeup.SocketListener, threading.Thread] | None:
+    """Start the ``dsch-listen`` thread that calls ``announce`` on each wake-up, where the
+    database has wake-ups, the settings want them and the worker ``stays`` (not --once or
+    --burst); returns it with its listener."""
+    listener = wakeup.listener(alias_for(using), announce, logger)
+    if not conf.settings.LISTEN and listener.supported:
+        logger.info("wake-ups off (DURABLE_SCHEDULER_LISTEN = False): polling every %.2f s", poll_interval)
+    elif listener.supported and stays and listener.open():
+        thread = threading.Thread(target=listener.run, name="dsch-listen", daemon=True)
+        thread.start()
+        return listener, thread
+    return None
 
 
 class Waker:
@@ -159,7 +174,18 @@ class Turn:
 
     asked: int = 0  # how many its claim asked for (0: it did not claim)
     claimed: int = 0  # how many the claim returned (runnable or refused)
+    held: int = 0  # how many the worker held at its end
     drained: bool = False  # it claimed none, held none, and nothing is due
+
+    @property
+    def empty(self) -> bool:
+        """It claimed and got nothing, while holding nothing."""
+        return bool(self.asked) and not self.claimed and not self.held
+
+    @property
+    def held_elsewhere(self) -> bool:
+        """Its claim came back empty while work is due: other claimers hold it."""
+        return self.empty and not self.drained
 
 
 class Worker:
@@ -218,8 +244,7 @@ class Worker:
         self._signals = StopOnSignal(self.stop, grace)
         self._principal_cursor: str | None = None
         self._kinds: list[str] = []
-        self._listener: wakeup.Listener | wakeup.SocketListener | None = None
-        self._listener_thread: threading.Thread | None = None
+        self._listener: tuple[wakeup.Listener | wakeup.SocketListener, threading.Thread] | None = None
         self._exit_code = 0
 
     @property
@@ -273,8 +298,8 @@ class Worker:
                 # means nothing else was claimable just now; claiming again at once would
                 # only keep the GIL from the handler threads starting what was claimed.
                 continue
-            held_elsewhere = bool(turn.asked) and not turn.claimed and not self.held and not turn.drained
-            self._sleep(self.pacer.wait(self._idle_wait(), held_elsewhere=held_elsewhere))
+            idle = self.pacer.idle_wait(time.monotonic(), lambda: kernel.next_due_at(using=self.using))
+            self._sleep(self.pacer.wait(idle, held_elsewhere=turn.held_elsewhere))
             self._gather()
         self._shutdown()
         return self._exit_code
@@ -290,15 +315,8 @@ class Worker:
         )
         # Listening before the first heartbeat: a worker that shows as started already hears
         # the wake-ups of enqueues made from then on.
-        listener = wakeup.listener(alias_for(self.using), self.waker.announce, logger)
-        if not conf.settings.LISTEN and listener.supported:
-            logger.info(
-                "wake-ups off (DURABLE_SCHEDULER_LISTEN = False): polling every %.2f s", self.poll_interval
-            )
-        elif listener.supported and not (self.once or self.burst) and listener.open():
-            self._listener = listener
-            self._listener_thread = threading.Thread(target=listener.run, name="dsch-listen", daemon=True)
-            self._listener_thread.start()
+        stays = not (self.once or self.burst)
+        self._listener = _listen(self.using, self.waker.announce, self.poll_interval, stays)
         self.heartbeat.start(kinds)
         self.pool.start()
 
@@ -325,11 +343,13 @@ class Worker:
             turn.claimed = len(self.claim(turn.asked, self._kinds))
             if turn.claimed:
                 self.pacer.turn_took(time.monotonic() - started)
-            if not turn.claimed and not self.held:
+            turn.held = len(self.held)
+            if turn.empty:
                 # Empty may mean "locked by another claimer", not "nothing due".
                 turn.drained = not kernel.has_due(kinds=self._kinds, using=self.using)
         if woken:
             self._maintain()
+        turn.held = len(self.held)
         return turn
 
     def _last(self, turn: Turn) -> bool:
@@ -338,7 +358,7 @@ class Worker:
         if self.once or self.pacer.done(held=len(self.held), processed=self.processed):
             self._drain(None)
             return True
-        return self.burst and bool(turn.asked) and not turn.claimed and not self.held and turn.drained
+        return self.burst and turn.empty and turn.drained
 
     def _give_up(self) -> None:
         """Every handler thread is stuck: settle what finished (the timeouts among it), give
@@ -360,9 +380,6 @@ class Worker:
 
     def _free(self) -> int:
         return self.pacer.free(held=len(self.held), processed=self.processed, stuck=self.pool.stuck)
-
-    def _idle_wait(self) -> float:
-        return self.pacer.idle_wait(time.monotonic(), lambda: kernel.next_due_at(using=self.using))
 
     def _sleep(self, timeout: float) -> None:
         """Sleep up to ``timeout`` seconds, or until the first run's deadline, unless or until
@@ -422,24 +439,14 @@ class Worker:
         # Stuck: no thread is left to finish anything; settle what has finished, no more.
         self._drain(0 if self._exit_code == EXIT_STUCK else self.grace)
         self.pool.drop_queued()
-        self._release(self.held.runs(), "after the grace period")
+        self.reporter.give_back(self.held.runs(), "after the grace period")
         self.pool.stop()
-        if self._listener is not None and self._listener_thread is not None:
-            self._listener.stop()
-            self._listener_thread.join(timeout=5)
+        if self._listener is not None:
+            listener, thread = self._listener
+            listener.stop()
+            thread.join(timeout=5)
         self.heartbeat.stop()
         connections.close_all()
-
-    def _release(self, held: list[Run], why: str) -> None:
-        for run in held:
-            occurrence = run.occurrence
-            try:
-                kernel.release(occurrence.pk, owner=self.worker_id, fence=occurrence.fence, using=self.using)
-                logger.warning("gave up the lease on %s %s", occurrence.pk, why)
-            except (SchedulerError, DatabaseError) as exc:
-                logger.warning("could not give up the lease on %s: %s", occurrence.pk, exc)
-            run.context.mark_lease_lost()
-            self.held.forget(run)
 
     # ------------------------------------------------------------------ claiming
 
