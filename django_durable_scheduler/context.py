@@ -34,6 +34,11 @@ class ExecutionContext:
         """True once the lease is known lost: stop; the result would be refused."""
         return self._lease_lost.is_set()
 
+    def mark_lease_lost(self) -> None:
+        """Record that the lease is gone (the worker found it lost, timed the run out or gave
+        it back): from now on ``lease_lost`` is True, and the handler should stop."""
+        self._lease_lost.set()
+
     def record_metadata(self, value: Any) -> None:
         """Persist ``value`` (JSON, <= 64 KiB) on the occurrence now. Raises
         ``SchedulerError`` (``SCHEDULER_LEASE_LOST`` once the lease is gone)."""
@@ -53,5 +58,5 @@ class ExecutionContext:
                 self.occurrence_id, owner=self.owner, fence=self.fence, using=self.using, **values
             )
         except LeaseLost:
-            self._lease_lost.set()
+            self.mark_lease_lost()
             raise

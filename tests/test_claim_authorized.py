@@ -118,9 +118,9 @@ def test_the_workers_claim_turn_is_one_commit(clock, commits, registered):
         scheduler.enqueue("j", scheduled_for=clock(), trigger_key=f"t{i}")
     worker = Worker(worker_id=OWNER, concurrency=3)
     commits[0] = 0
-    claimed = worker._claim(3, ["one.commit"])
+    claimed = worker.claim(3, ["one.commit"])
     assert commits[0] == 1
-    assert len(claimed) == 3 and worker._queue.qsize() == 3  # all three handed to the handler threads
+    assert len(claimed) == 3 and worker.pool.queued == 3  # all three handed to the handler threads
     assert AuthorityReservation.objects.filter(status="reserved").count() == 3
     assert calls == []
 

@@ -138,16 +138,15 @@ def test_a_denial_logs_a_warning_and_a_deferral_an_info_with_the_reason(log):
 
 
 def test_every_thread_stuck_is_one_error(log):
-    worker = Worker(worker_id="w-obs", concurrency=1)
-    make("hang", "test.hang")
-    (claimed,) = scheduler.claim_batch(owner="w-obs", lease=30, limit=1)
-    (running,) = worker._hold([claimed])
-    worker._stuck.add(running)
-    worker._give_up()
+    scheduler.ensure_policy(AUTHORITY)
+    scheduler.create_job("hang", "test.hang", authority=AUTHORITY)
+    scheduler.enqueue("hang", scheduled_for=1_700_000_000_000, trigger_key="t", payload={"seconds": 2})
+    worker = Worker(worker_id="w-obs", concurrency=1, poll_interval=0.05)
+    assert worker.run() == EXIT_STUCK  # its one thread is stuck past the 0.3 s timeout
     (record,) = [r for r in log.records if r.name == LOG and r.levelno >= logging.ERROR]
     assert record.levelno == logging.ERROR
     assert "all 1 handler threads are stuck" in record.getMessage() and "test.hang" in record.getMessage()
-    assert worker._exit_code == EXIT_STUCK
+    assert worker.stopping
 
 
 # --------------------------------------------------------------------------- signals
@@ -270,6 +269,6 @@ def test_without_the_otel_extra_nothing_is_measured_and_runs_go_on(monkeypatch):
     (occ,) = make("ok", "test.ok")
     assert metrics.get() is None
     worker = Worker(worker_id="w-obs", burst=True, concurrency=2, poll_interval=0.05)
-    assert worker._metrics is None
+    assert worker.instruments is None
     assert worker.run() == 0
     assert Occurrence.objects.get(pk=occ.pk).status == "succeeded"

@@ -12,10 +12,12 @@ import pytest
 from django.db import DataError, OperationalError, connection
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import kernel, registry
+from django_durable_scheduler import kernel, outcomes, registry
 from django_durable_scheduler.exceptions import InvalidArgument
 from django_durable_scheduler.leases import MAX_ERROR_MESSAGE, MAX_TRACEBACK, storable_text
 from django_durable_scheduler.models import Occurrence
+from django_durable_scheduler.outcomes import OutcomeReporter
+from django_durable_scheduler.runs import Held, Run
 from django_durable_scheduler.worker import Worker
 
 from .conftest import AUTHORITY
@@ -102,19 +104,26 @@ def test_runscheduler_fails_each_poison_outcome_alone_and_runs_the_rest(workers)
 
 
 @pytest.fixture
-def worker():
+def reporter():
     registry.autodiscover()
-    return Worker(worker_id="w-poison", concurrency=4)
+    return OutcomeReporter(held=Held(lambda: None), worker_id="w-poison", sender=Worker)
 
 
-def hold(worker: Worker, outcomes: list[dict]) -> list:
+def hold(reporter: OutcomeReporter, outcomes: list[dict]) -> list:
     """Claim one occurrence per outcome and hand each its outcome, as if its handler had run."""
     occurrences = enqueue("held", ["ok"] * len(outcomes))
-    claimed = {row.pk: row for row in kernel.claim_batch(owner=worker.worker_id, lease=60, limit=50)}
-    running = worker._hold([claimed[occ.pk] for occ in occurrences])
-    for item, outcome in zip(running, outcomes, strict=True):
-        worker._finish(item, outcome)
-    return [item.occurrence.pk for item in running]
+    claimed = {row.pk: row for row in kernel.claim_batch(owner=reporter.worker_id, lease=60, limit=50)}
+    owner = reporter.worker_id
+    runs = [Run.of(claimed[occ.pk], owner=owner, using=None, default_timeout=None) for occ in occurrences]
+    reporter.held.add(runs)
+    for run, outcome in zip(runs, outcomes, strict=True):
+        reporter.held.finish(run, outcome)
+    return [run.occurrence.pk for run in runs]
+
+
+def settled_all(held: Held) -> bool:
+    """Nothing held (so nothing renewed) and no outcome waiting for a settle."""
+    return len(held) == 0 and held.finished == 0
 
 
 @contextlib.contextmanager
@@ -135,10 +144,10 @@ def statuses(ids):
     return [Occurrence.objects.get(pk=pk).status for pk in ids]
 
 
-def test_a_batch_the_database_refuses_is_settled_one_by_one(worker, caplog):
+def test_a_batch_the_database_refuses_is_settled_one_by_one(reporter, caplog):
     marker = "refused-by-the-database"
     ids = hold(
-        worker,
+        reporter,
         [
             {"status": "succeeded", "result": {"n": 1}},
             {"status": "succeeded", "result": {"value": marker}},
@@ -147,7 +156,7 @@ def test_a_batch_the_database_refuses_is_settled_one_by_one(worker, caplog):
         ],
     )
     with caplog.at_level(logging.INFO, logger=LOG), refusing(marker):
-        worker._flush()
+        reporter.flush()
     assert statuses(ids) == ["succeeded", "dead_letter", "retry_wait", "succeeded"]
     assert [Occurrence.objects.get(pk=pk).result for pk in (ids[0], ids[3])] == [{"n": 1}, {"n": 3}]
     poison = Occurrence.objects.get(pk=ids[1])
@@ -156,17 +165,17 @@ def test_a_batch_the_database_refuses_is_settled_one_by_one(worker, caplog):
         "message": "the handler's outcome could not be stored: DataError: this database refuses the value",
     }
     assert Occurrence.objects.get(pk=ids[2]).last_error == {"type": "RuntimeError", "message": "boom"}
-    assert not worker._running and not worker._finished
+    assert settled_all(reporter.held)
     fallbacks = [r for r in caplog.records if "settling them one by one" in r.getMessage()]
     assert len(fallbacks) == 1, caplog.text
 
 
-def test_an_occurrence_whose_failure_is_refused_too_is_left_to_its_lease(worker, caplog, clock):
-    ids = hold(worker, [{"status": "succeeded", "result": n} for n in range(3)])
+def test_an_occurrence_whose_failure_is_refused_too_is_left_to_its_lease(reporter, caplog, clock):
+    ids = hold(reporter, [{"status": "succeeded", "result": n} for n in range(3)])
     with caplog.at_level(logging.INFO, logger=LOG), refusing(ids[1]):  # every write of one row
-        worker._flush()
+        reporter.flush()
     assert statuses(ids) == ["succeeded", "running", "succeeded"]
-    assert not worker._running and not worker._finished  # no longer renewed, not retried
+    assert settled_all(reporter.held)  # no longer renewed, not retried
     given_up = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert len(given_up) == 1, caplog.text
     assert ids[1] in given_up[0].getMessage() and "expire" in given_up[0].getMessage()
@@ -176,48 +185,48 @@ def test_an_occurrence_whose_failure_is_refused_too_is_left_to_its_lease(worker,
     assert again is not None and (again.pk, again.attempt, again.fence) == (ids[1], 2, 2)
 
 
-def test_outcomes_wait_while_the_database_does_not_answer(worker, monkeypatch):
-    ids = hold(worker, [{"status": "succeeded", "result": n} for n in range(3)])
-    monkeypatch.setattr(worker, "_database_answers", lambda: False)
+def test_outcomes_wait_while_the_database_does_not_answer(reporter, monkeypatch):
+    ids = hold(reporter, [{"status": "succeeded", "result": n} for n in range(3)])
+    monkeypatch.setattr(outcomes, "database_answers", lambda using: False)
 
     def down(execute, sql, params, many, context):
         raise OperationalError("server closed the connection unexpectedly")
 
     with connection.execute_wrapper(down), pytest.raises(OperationalError):
-        worker._flush()
+        reporter.flush()
     # An outage is nobody's fault: every outcome is kept, and the next turn settles them.
     assert statuses(ids) == ["running"] * 3
-    assert len(worker._finished) == 3 and len(worker._running) == 3
-    worker._flush()
+    assert reporter.held.finished == 3 and len(reporter.held) == 3
+    reporter.flush()
     assert statuses(ids) == ["succeeded"] * 3
-    assert not worker._running and not worker._finished
+    assert settled_all(reporter.held)
 
 
-def test_a_result_the_worker_lets_through_but_settle_refuses_fails_alone(worker, monkeypatch):
+def test_a_result_the_worker_lets_through_but_settle_refuses_fails_alone(reporter, monkeypatch):
     # As if the worker's own check had missed it: settle's input contract refuses the NUL.
     monkeypatch.setattr(kernel, "storable_result", lambda result: result)
     ids = hold(
-        worker,
+        reporter,
         [
             {"status": "succeeded", "result": "fine"},
             {"status": "succeeded", "result": {"text": "a\x00b"}},
             {"status": "succeeded", "result": "also fine"},
         ],
     )
-    worker._flush()
+    reporter.flush()
     assert statuses(ids) == ["succeeded", "dead_letter", "succeeded"]
     error = Occurrence.objects.get(pk=ids[1]).last_error
     assert error["type"] == "UnstorableOutcome"
     assert error["message"].startswith("the handler's outcome could not be stored: ")
 
 
-def test_bad_outcomes_are_failed_before_the_settle(worker, caplog):
+def test_bad_outcomes_are_failed_before_the_settle(reporter, caplog):
     class Unprintable(Exception):
         def __str__(self):
             raise RuntimeError("no text")
 
     ids = hold(
-        worker,
+        reporter,
         [
             {"status": "succeeded", "result": float("nan")},
             {"status": "succeeded", "result": ["ok"]},
@@ -227,7 +236,7 @@ def test_bad_outcomes_are_failed_before_the_settle(worker, caplog):
         ],
     )
     with caplog.at_level(logging.INFO, logger=LOG):
-        worker._flush()
+        reporter.flush()
     assert "one by one" not in caplog.text  # one batch: nothing reached the database unchecked
     rows = [Occurrence.objects.get(pk=pk) for pk in ids]
     assert [row.status for row in rows] == [

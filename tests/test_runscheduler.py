@@ -103,12 +103,12 @@ worker = Worker(worker_id="sig", poll_interval=60)
 worker.install_signal_handlers()
 # The main thread holds the wake-up event's lock, as it does inside Event.wait and Event.clear;
 # the handler runs here, in this thread. (It used to call Event.set: it waited forever.)
-with worker._wake._cond:
+with worker.waker.event._cond:
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.2)
 print("handler returned", flush=True)
 deadline = time.monotonic() + 20
-while not (worker._stopping.is_set() and worker._wake.is_set()):  # stop() sets both, in turn
+while not (worker.stopping and worker.waker.event.is_set()):  # stop() sets both, in turn
     assert time.monotonic() < deadline, "the signal did not stop the worker"
     time.sleep(0.01)
 print("stopping", flush=True)

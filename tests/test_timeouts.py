@@ -14,7 +14,8 @@ import django_durable_scheduler as scheduler
 from django_durable_scheduler import registry
 from django_durable_scheduler.exceptions import InvalidArgument
 from django_durable_scheduler.models import Job, Occurrence
-from django_durable_scheduler.worker import EXIT_STUCK, _timeout_of
+from django_durable_scheduler.runs import timeout_of
+from django_durable_scheduler.worker import EXIT_STUCK
 
 from .conftest import AUTHORITY
 from .procs.runner import Workers, wait_for
@@ -113,10 +114,10 @@ def test_the_jobs_timeout_overrides_the_handlers_which_overrides_the_setting(set
     settings.DURABLE_SCHEDULER_HANDLER_TIMEOUT = 5
     claimed = {o.job_id: o for o in scheduler.claim_batch(owner="w", lease=30, limit=10)}
     assert Job.objects.get(pk="own").timeout_ms == 2000
-    assert _timeout_of(claimed["own"], 5.0) == 2.0
-    assert _timeout_of(claimed["handler"], 5.0) == 0.3
-    assert _timeout_of(claimed["default"], 5.0) == 5.0
-    assert _timeout_of(claimed["default"], None) is None
+    assert timeout_of(claimed["own"], 5.0) == 2.0
+    assert timeout_of(claimed["handler"], 5.0) == 0.3
+    assert timeout_of(claimed["default"], 5.0) == 5.0
+    assert timeout_of(claimed["default"], None) is None
 
 
 @pytest.mark.parametrize("value", [0, -1, "5", True, timedelta(days=40)])

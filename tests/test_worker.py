@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -9,7 +11,7 @@ import pytest
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import registry
 from django_durable_scheduler.models import Occurrence
-from django_durable_scheduler.worker import HOLD_AHEAD, Worker, claim_ahead
+from django_durable_scheduler.worker import Waker, Worker
 
 from .conftest import AUTHORITY
 
@@ -115,77 +117,68 @@ def test_worker_heartbeat_row():
     assert row.stopped_at is not None and row.concurrency == 3 and "test.ok" in row.kinds
 
 
-def test_claim_ahead_follows_the_handlers_speed_from_the_first_runs():
-    worker = Worker(worker_id="w", concurrency=4)
-    assert worker._capacity() == 4  # nothing run yet: no claim-ahead
-    worker._learn(0.001)
-    # 1 ms handlers: HOLD_AHEAD (50 ms) of work per thread (the average is 1 ms give or
-    # take a float's last digit, hence the range).
-    assert 4 * 49 <= worker._capacity() <= 4 * 50
-    for _ in range(40):
-        worker._learn(0.5)  # the handlers became slow: no claim-ahead
-    assert worker._capacity() == 4
-    for _ in range(3):
-        worker._learn(0.0)
-    assert worker._capacity() == 4  # a few fast runs move a long average only part of the way
-    for _ in range(200):
-        worker._learn(0.0099)
-    assert worker._capacity() == 4 * 5  # 50 ms / 9.9 ms, rounded down
+def test_the_worker_counts_what_it_processed_and_stops_on_request():
+    make("test.ok", 3)
+    worker = Worker(worker_id="w", max_occurrences=3, concurrency=2, poll_interval=0.05)
+    assert (worker.processed, worker.stopping) == (0, False)
+    assert worker.run() == 0
+    assert worker.processed == 3
+    stopped = Worker(worker_id="w2", poll_interval=300)
+    stopped.stop()
+    assert stopped.stopping and stopped.waker.event.is_set()
+    assert stopped.run() == 0  # stopped before its first turn: it exits at once
 
 
-def test_claim_ahead_is_sized_by_the_work_not_by_the_thread_count():
-    def ahead(concurrency=1, handler=0.001, turn=0.0, lease=30.0, max_batch=500):
-        sizes = {"handler_seconds": handler, "turn_seconds": turn, "lease": lease, "max_batch": max_batch}
-        return claim_ahead(concurrency=concurrency, **sizes)
+# --------------------------------------------------------------------------- the wake-up latch
 
-    assert ahead(concurrency=3, handler=0.05) == 3, "slow handlers: no claim-ahead"
-    assert ahead(concurrency=3, handler=2.0, turn=5.0) == 3
-    # One thread and near-instant handlers: as large a batch as MAX_CLAIM_BATCH allows.
-    assert ahead(handler=0.00002) == 500
-    assert ahead(handler=0.00002, max_batch=64) == 64
-    assert ahead(handler=0.0, max_batch=64) == 64
-    # HOLD_AHEAD of work per thread, or TURNS_AHEAD turns of it when turns take longer.
-    assert ahead(handler=0.001) == round(HOLD_AHEAD / 0.001)
-    assert ahead(handler=0.001, turn=0.1) == 200
-    assert ahead(concurrency=4, handler=0.001, turn=0.1) == 500
-    # Never more than a quarter of the lease of queued work per thread.
-    assert ahead(handler=0.001, turn=10.0, lease=0.4) == 100
-    assert ahead(handler=0.001, turn=10.0, lease=0.4, concurrency=2) == 200
-    # Never fewer than one per thread.
-    assert ahead(concurrency=6, handler=0.049, lease=0.01) == 6
+
+def sleeper(waker: Waker, free: list[int], busy: bool = False) -> threading.Thread:
+    """The loop's sleep, in a thread: it may claim while ``free[0]`` slots are free."""
+    thread = threading.Thread(
+        target=waker.sleep,
+        args=(300,),
+        kwargs={"busy": lambda: busy, "can_claim": lambda: free[0] > 0},
+        daemon=True,
+    )
+    thread.start()
+    return thread
 
 
 def test_a_wake_up_is_kept_until_a_claim_can_take_it():
     """The listener's wake-up is latched: one that comes while no slot is free still ends the
     sleep of the first turn that has a slot, and only a claim clears it."""
-    import threading
-
-    worker = Worker(worker_id="w", concurrency=1)
-    worker._kinds = ["test.ok"]
-
-    def sleeper() -> threading.Thread:
-        thread = threading.Thread(target=worker._sleep, args=(300,), daemon=True)
-        thread.start()
-        return thread
-
-    worker._running["busy"] = object()  # type: ignore[assignment]  # the one slot is taken
-    worker._announced()
-    assert not worker._turn_due(), "no free slot: the turn waits for one"
-    thread = sleeper()
+    waker = Waker()
+    free = [0]  # the one slot is taken
+    waker.announce()
+    thread = sleeper(waker, free)
     thread.join(0.2)
     assert thread.is_alive(), "a full worker sleeps on"
-    del worker._running["busy"]
-    worker._wake.set()  # the handler finished (its outcome settled)
+    free[0] = 1
+    waker.ring()  # the handler finished (its outcome settled)
     thread.join(30)
     assert not thread.is_alive()
-    assert worker._new_work.is_set() and worker._turn_due(), "the wake-up outlived the full turn"
-    thread = sleeper()
+    assert waker.announced, "the wake-up outlived the full turn"
+    thread = sleeper(waker, free)
     thread.join(30)
     assert not thread.is_alive(), "a latched wake-up and a free slot: no sleep"
-    worker._new_work.clear()  # what a claim does first
-    thread = sleeper()
+    waker.claiming()  # what a claim does first
+    assert not waker.announced
+    thread = sleeper(waker, free)
     thread.join(0.2)
     assert thread.is_alive()
-    worker._announced()  # a wake-up in the middle of the sleep ends it
+    waker.announce()  # a wake-up in the middle of the sleep ends it
     thread.join(30)
     assert not thread.is_alive()
+
+
+def test_the_sleep_ends_at_its_limit_and_not_at_all_when_there_is_work():
+    waker = Waker()
+    started = time.monotonic()
+    waker.sleep(300, busy=lambda: False, can_claim=lambda: True, limit=lambda timeout: 0.05)
+    assert 0.04 <= time.monotonic() - started < 30, "a run's deadline cuts the sleep"
+    thread = sleeper(waker, [0], busy=True)  # outcomes to settle, or stopping
+    thread.join(30)
+    assert not thread.is_alive()
+    waker.event.set()
+    waker.sleep(0.01, busy=lambda: False, can_claim=lambda: False)
+    assert not waker.event.is_set(), "the sleep clears the event before it looks"

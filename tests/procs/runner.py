@@ -48,6 +48,10 @@ class Worker:
         self._handle.flush()
         return self.log.read_text(errors="replace")[-tail:]
 
+    def close(self) -> None:
+        """Close the log file the process writes to."""
+        self._handle.close()
+
 
 class Workers:
     """Spawns ``python -m django runscheduler`` against the test database."""
@@ -87,7 +91,7 @@ class Workers:
             try:
                 worker.proc.wait(timeout=30)
             finally:
-                worker._handle.close()
+                worker.close()
 
 
 def granted(principal_id: str) -> dict:
