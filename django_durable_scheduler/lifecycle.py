@@ -75,7 +75,7 @@ class Attempt(StrEnum):
 LEASE_LOST = LeaseLost.code
 INVALID_STATE = InvalidState.code
 NOT_SELECTED = "not selected"  # the claim or sweep query leaves the row alone
-DEDUPLICATED = "the row with its identity"  # enqueue returns it, writing nothing
+DEDUPLICATED = "the existing row, deduplicated"  # an enqueue of an identity already stored
 
 LEASE_FREED = ("lease_owner", "lease_expires_at")
 LEASE_TAKEN = ("status", "attempt", "fence", "lease_owner", "lease_expires_at", "updated_at")
@@ -114,7 +114,7 @@ TRANSITIONS: tuple[Transition, ...] = (
     #   sets, event, fence, attempt, otherwise
     T(A.ENQUEUE, (), "", QUEUED,
       (), OCCURRENCE_ENQUEUED, Fence.NONE, Attempt.NONE, DEDUPLICATED, new_row=True),
-    T(A.CLAIM, (QUEUED, RETRY_WAIT), "due, job enabled", RUNNING,
+    T(A.CLAIM, (QUEUED, RETRY_WAIT), "due (available_at <= now), job enabled", RUNNING,
       LEASE_TAKEN, OCCURRENCE_CLAIMED, Fence.ADVANCES, Attempt.USES, NOT_SELECTED),
     T(A.RECLAIM, (RUNNING,), "lease expired, attempt < max_attempts", RUNNING,
       LEASE_TAKEN, OCCURRENCE_RECLAIMED, Fence.ADVANCES, Attempt.USES, NOT_SELECTED),
