@@ -157,32 +157,57 @@ _ATTEMPT = {
 }
 
 
+@dataclass(frozen=True)
+class _Writes:
+    """What a transition's UPDATE writes, worked out once from its row: ``fixed`` values,
+    the ``timed`` columns that take the time of the write, the ``needed`` ones its writer
+    gives."""
+
+    fixed: dict[str, Any]
+    timed: tuple[str, ...]
+    needed: frozenset[str]
+    sets: frozenset[str]
+
+
+def _writes_of(transition: Transition) -> _Writes:
+    fixed: dict[str, Any] = {}
+    timed: list[str] = []
+    needed: set[str] = set()
+    for column in transition.sets:
+        if column == "status" and transition.target is not None:
+            fixed[column] = transition.target
+        elif column in ("updated_at", "settled_at"):
+            timed.append(column)
+        elif column in LEASE_FREED and transition.target != RUNNING:
+            fixed[column] = None
+        elif column == "attempt" and transition.attempt is not Attempt.NONE:
+            fixed[column] = _ATTEMPT[transition.attempt]
+        elif column == "fence" and transition.fence is Fence.ADVANCES:
+            fixed[column] = F("fence") + 1
+        else:
+            needed.add(column)
+    return _Writes(fixed, tuple(timed), frozenset(needed), frozenset(transition.sets))
+
+
+_WRITES = {transition.action: _writes_of(transition) for transition in TRANSITIONS}
+
+
 def writes(action: Action, now: datetime, **given: Any) -> dict[str, Any]:
     """The column values the ``action``'s UPDATE writes: exactly its ``sets``. The table
     decides the status, the times (``now``), the freed lease, the attempt and the fence;
     the writer gives the rest (a result, an error, ``available_at``, a new lease) in
-    ``given``. A column the table does not set, or one it cannot decide and was not given,
-    is a bug in the writer: ``TypeError``."""
-    transition = TRANSITION[action]
-    extra = given.keys() - set(transition.sets)
-    if extra:
-        raise TypeError(f"{action} does not set {', '.join(sorted(extra))}")
-    values: dict[str, Any] = {}
-    for column in transition.sets:
-        if column in given:
-            values[column] = given[column]
-        elif column == "status" and transition.target is not None:
-            values[column] = transition.target
-        elif column in ("updated_at", "settled_at"):
-            values[column] = now
-        elif column in LEASE_FREED:
-            values[column] = None
-        elif column == "attempt" and transition.attempt is not Attempt.NONE:
-            values[column] = _ATTEMPT[transition.attempt]
-        elif column == "fence" and transition.fence is Fence.ADVANCES:
-            values[column] = F("fence") + 1
-        else:
-            raise TypeError(f"{action} needs a value for {column}")
+    ``given``. A column the table does not set, or one it needs and was not given, is a
+    bug in the writer: ``TypeError``. Settling calls this per occurrence, so the work is
+    done once, in ``_WRITES``."""
+    plan = _WRITES[action]
+    if not plan.needed <= given.keys() <= plan.sets:
+        extra = sorted(given.keys() - plan.sets)
+        if extra:
+            raise TypeError(f"{action} does not set {', '.join(extra)}")
+        raise TypeError(f"{action} needs a value for {', '.join(sorted(plan.needed - given.keys()))}")
+    values = {**plan.fixed, **given}
+    for column in plan.timed:
+        values[column] = now
     return values
 
 
@@ -233,16 +258,19 @@ def refusal(
     now: datetime | None = None,
 ) -> SchedulerError | None:
     """Why ``current`` (None: not found) may not make the ``action`` transition, or None if
-    it may. A fenced transition needs the lease held by ``owner`` at ``fence`` at ``now``
-    (``LeaseLost``); any other needs the row (``NotFound``) in one of its source statuses
-    (``InvalidState``)."""
+    it may: the transition's ``otherwise``. A fenced one needs the lease held by ``owner``
+    at ``fence`` at ``now`` (``LeaseLost``); the others need the row (``NotFound``) in one
+    of their source statuses (``InvalidState``). The claim, the sweep and the enqueue pick
+    their rows by query and never ask."""
     transition = TRANSITION[action]
-    if transition.fence is Fence.CHECKS:
+    if transition.otherwise == LEASE_LOST:
         if now is None:
             raise TypeError(f"{action} checks the lease: give now")
         if current is None or not holds_lease(current, owner, fence, now):
             return lease_lost(occurrence_id, current, owner, fence, now)
         return None
+    if transition.otherwise != INVALID_STATE:
+        raise TypeError(f"{action} is not asked for on one occurrence ({transition.otherwise})")
     if current is None:
         return NotFound(f"occurrence {occurrence_id!r} does not exist", {"occurrence_id": occurrence_id})
     if current.status not in transition.source:

@@ -64,7 +64,7 @@ def test_writes_sets_exactly_the_table_columns():
         extra = {k: v for k, v in given.items() if k in t.sets}
         if t.action in (Action.CLAIM, Action.RECLAIM):
             extra.update(lease_owner=OWNER, lease_expires_at=now)
-        assert tuple(lifecycle.writes(t.action, now, **extra)) == t.sets, t.action
+        assert set(lifecycle.writes(t.action, now, **extra)) == set(t.sets), t.action
 
 
 def test_writes_refuses_a_column_the_table_does_not_set_or_cannot_decide():
@@ -72,6 +72,8 @@ def test_writes_refuses_a_column_the_table_does_not_set_or_cannot_decide():
         lifecycle.writes(Action.CANCEL, CLOCK_START, last_error=None, result=1)
     with pytest.raises(TypeError, match="needs a value for last_error"):
         lifecycle.writes(Action.CANCEL, CLOCK_START)
+    with pytest.raises(TypeError, match="not asked for"):  # a query picks the claim's rows
+        lifecycle.refusal(Action.CLAIM, "occ-x", None)
 
 
 # --------------------------------------------------------------------------- the rows, in every status
