@@ -677,22 +677,14 @@ class OccurrenceAdmin(ReadOnlyAdmin):
         dead = (OccurrenceStatus.DEAD_LETTER,)
         if (page := self._confirmed(request, queryset, "retry", dead)) is not None:
             return page
-        now = conf.now()
         done = skipped = again = 0
         failures: list[str] = []
-        rows = queryset.values_list("occurrence_id", "job_id", "status", "scheduled_for", "payload")
-        for occurrence_id, job_id, status, scheduled_for, payload in rows.iterator():
+        for occurrence_id, status in queryset.values_list("occurrence_id", "status").iterator():
             if status != OccurrenceStatus.DEAD_LETTER:
                 skipped += 1
                 continue
             try:
-                _, deduplicated = kernel.enqueue(
-                    job_id,
-                    scheduled_for=scheduled_for,
-                    trigger_key=f"retry:{occurrence_id}",
-                    available_at=now,
-                    payload=payload,
-                )
+                _, deduplicated = kernel.retry_dead_letter(occurrence_id)
             except SchedulerError as exc:
                 failures.append(f"{occurrence_id}: {exc}")
                 continue

@@ -1,5 +1,6 @@
-"""Enqueue: entering occurrences (one, many, once per trigger) and withdrawing pending ones
-(cancel). Part of the kernel, the only writer of occurrence state.
+"""Enqueue: entering occurrences (one, many, once per trigger, the retry of a dead letter),
+making pending ones due now and withdrawing them (cancel). Part of the kernel, the only
+writer of occurrence state; each change is a transition of ``lifecycle.TRANSITIONS``.
 
 An occurrence's identity is derived from its job's revision, its slot and trigger key
 (``identity.py``), so enqueueing the same slot twice finds the first occurrence instead of
@@ -19,12 +20,11 @@ from django.db import IntegrityError, connections, transaction
 from . import conf, dialect
 from .authority import principal_key
 from .budgets import settle_cancelled
-from .events import OCCURRENCE_CANCELLED, OCCURRENCE_ENQUEUED, OCCURRENCE_MADE_DUE, new_event
+from .events import new_event
 from .exceptions import (
     DataCorrupt,
     IdempotencyPayloadMismatch,
     InvalidArgument,
-    InvalidState,
     JobDisabled,
     NotFound,
 )
@@ -42,8 +42,9 @@ from .identity import (
     to_ms,
 )
 from .jobs import get_job
+from .lifecycle import TRANSITION, Action, check, writes
 from .metrics import count_enqueued
-from .models import PENDING_STATUSES, Event, Job, Occurrence, OccurrenceStatus
+from .models import Event, Job, Occurrence, OccurrenceStatus
 from .wakeup import notify_new_work
 
 MAX_CANCEL_REASON = 1024
@@ -111,7 +112,7 @@ class _Builder:
     def event(occurrence: Occurrence) -> Event:
         return new_event(
             occurrence.job_id,
-            OCCURRENCE_ENQUEUED,
+            TRANSITION[Action.ENQUEUE].event,
             occurrence.created_at,
             occurrence_id=occurrence.occurrence_id,
             data={
@@ -434,15 +435,16 @@ def run_now(occurrence_id: str, *, reason: str | None = None, using: str | None 
     reason = _reason(reason)
     now = conf.now()
     with dialect.write_transaction(using) as alias:
-        occurrence = _locked_pending(occurrence_id, "made due", alias)
+        occurrence = _locked(Action.RUN_NOW, occurrence_id, alias)
         previous = occurrence.available_at
         if previous > now:
-            occurrence.available_at = now
-            occurrence.updated_at = now
-            occurrence.save(using=alias, update_fields=["available_at", "updated_at"])
+            values = writes(Action.RUN_NOW, now, available_at=now)
+            for name, value in values.items():
+                setattr(occurrence, name, value)
+            occurrence.save(using=alias, update_fields=list(values))
             new_event(
                 occurrence.job_id,
-                OCCURRENCE_MADE_DUE,
+                TRANSITION[Action.RUN_NOW].event,
                 now,
                 occurrence_id=occurrence_id,
                 data={"reason": reason, "previousAvailableAt": iso_ms(previous), "status": occurrence.status},
@@ -461,20 +463,12 @@ def _reason(reason: str | None) -> str | None:
     return reason
 
 
-def _locked_pending(occurrence_id: str, verb: str, alias: str) -> Occurrence:
-    """The occurrence, locked, if it is queued or retry_wait: only those can be ``verb``."""
-    try:
-        occurrence = Occurrence.objects.using(alias).select_for_update().get(pk=occurrence_id)
-    except Occurrence.DoesNotExist:
-        raise NotFound(
-            f"occurrence {occurrence_id!r} does not exist", {"occurrence_id": occurrence_id}
-        ) from None
-    if occurrence.status not in PENDING_STATUSES:
-        raise InvalidState(
-            f"occurrence {occurrence_id!r} is {occurrence.status}; "
-            f"only queued or retry_wait occurrences can be {verb}",
-            {"occurrence_id": occurrence_id, "status": occurrence.status},
-        )
+def _locked(action: Action, occurrence_id: str, alias: str) -> Occurrence:
+    """The occurrence, locked, if it may make the ``action`` transition (else ``NotFound`` or
+    ``InvalidState``)."""
+    occurrence = Occurrence.objects.using(alias).select_for_update().filter(pk=occurrence_id).first()
+    check(action, occurrence_id, occurrence)
+    assert occurrence is not None  # check refuses a missing row
     return occurrence
 
 
@@ -484,19 +478,41 @@ def cancel(occurrence_id: str, *, reason: str | None = None, using: str | None =
     reason = _reason(reason)
     now = conf.now()
     with dialect.write_transaction(using) as alias:
-        occurrence = _locked_pending(occurrence_id, "cancelled", alias)
+        occurrence = _locked(Action.CANCEL, occurrence_id, alias)
         previous = occurrence.status
-        occurrence.status = OccurrenceStatus.CANCELLED
-        occurrence.settled_at = now
-        occurrence.updated_at = now
-        occurrence.last_error = {"code": "SCHEDULER_CANCELLED", "message": reason}
-        occurrence.save(using=alias, update_fields=["status", "settled_at", "updated_at", "last_error"])
+        values = writes(Action.CANCEL, now, last_error={"code": "SCHEDULER_CANCELLED", "message": reason})
+        for name, value in values.items():
+            setattr(occurrence, name, value)
+        occurrence.save(using=alias, update_fields=list(values))
         settle_cancelled([occurrence_id], reason, now, alias)
         new_event(
             occurrence.job_id,
-            OCCURRENCE_CANCELLED,
+            TRANSITION[Action.CANCEL].event,
             now,
             occurrence_id=occurrence_id,
             data={"reason": reason, "previousStatus": previous},
         ).save(using=alias)
     return occurrence
+
+
+def retry_dead_letter(occurrence_id: str, *, using: str | None = None) -> tuple[Occurrence, bool]:
+    """Enqueue a new occurrence of a dead letter's job with its payload and slot, due now,
+    under trigger key ``retry:<occurrence_id>``; the dead letter stays as history. Returns
+    ``(occurrence, deduplicated)``: retrying the same dead letter again, before its job's
+    revision changes, finds the same new occurrence. ``InvalidState`` unless it is a dead
+    letter; ``JobDisabled`` if its job is disabled."""
+    occurrence_id = normalize_identifier(occurrence_id, "occurrence_id")
+    now = conf.now()
+    with dialect.write_transaction(using) as alias:
+        # Locked: the dead letter is read once, and nothing else moves it meanwhile.
+        dead = _locked(Action.RETRY_DEAD_LETTER, occurrence_id, alias)
+        scheduled_ms = to_ms(dead.scheduled_for, "scheduled_for")
+        return insert_occurrence(
+            get_job(dead.job_id, using=alias),
+            scheduled_ms=scheduled_ms,
+            trigger_key=f"retry:{occurrence_id}",
+            available_ms=to_ms(now, "available_at"),
+            payload=dead.payload,
+            now=now,
+            alias=alias,
+        )

@@ -16,7 +16,7 @@ from . import conf
 from .authority import default_authority, normalize_authority
 from .budgets import settle_cancelled
 from .dialect import alias_for, insert_rows, write_transaction
-from .events import JOB_CREATED, JOB_UPDATED, OCCURRENCE_CANCELLED, SLOT_SKIPPED, new_event
+from .events import JOB_CREATED, JOB_UPDATED, SLOT_SKIPPED, new_event
 from .exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
 from .identity import (
     MAX_ATTEMPTS_LIMIT,
@@ -31,7 +31,8 @@ from .identity import (
     retry_max_delay_ms,
     timeout_ms,
 )
-from .models import PENDING_STATUSES, Job, Occurrence, OccurrenceStatus
+from .lifecycle import TRANSITION, Action, writes
+from .models import PENDING_STATUSES, Job, Occurrence
 from .policies import bind_to_current_policy, get_policy, grant_default
 from .schedules import MISFIRE_GRACE, catchup_window, expired_one_off, initial_fire_time
 from .triggers import validate_trigger
@@ -318,11 +319,9 @@ def _cancel_schedule(
 ) -> list[str]:
     ids = [pk for pk, _ in pending]
     if ids:
+        # The rows were selected (and locked) pending: the cancel transition's source.
         Occurrence.objects.using(alias).filter(pk__in=ids).update(
-            status=OccurrenceStatus.CANCELLED,
-            settled_at=now,
-            updated_at=now,
-            last_error={"code": "SCHEDULER_CANCELLED", "message": reason},
+            **writes(Action.CANCEL, now, last_error={"code": "SCHEDULER_CANCELLED", "message": reason})
         )
         settle_cancelled(ids, reason, now, alias)
         insert_rows(
@@ -330,7 +329,7 @@ def _cancel_schedule(
             [
                 new_event(
                     job.job_id,
-                    OCCURRENCE_CANCELLED,
+                    TRANSITION[Action.CANCEL].event,
                     now,
                     occurrence_id=pk,
                     data={"reason": reason, "previousStatus": status},

@@ -4,19 +4,28 @@ It is four modules, one per concept, gathered here under one name:
 
 - ``jobs``: job definitions and edits (``create_job``, ``update_job``);
 - ``enqueuing``: entering and withdrawing occurrences (``enqueue``, ``enqueue_many``,
-  ``enqueue_once_per_trigger``, ``cancel``);
+  ``enqueue_once_per_trigger``, ``retry_dead_letter``, ``run_now``, ``cancel``);
 - ``materialize``: schedule slots becoming occurrences (``materialize_due``);
 - ``leases``: claim, renew, settle, release, and the authority verdicts (``deny``,
   ``defer``) that end a claim.
 
-Every operation is one short transaction that also appends the event recording it. They
+What each operation may do to an occurrence is a row of ``lifecycle.TRANSITIONS``. Every
+operation is one short transaction that also appends the event recording it. They
 may run inside a caller's ``transaction.atomic()``: then they join it, and their effects
 exist exactly when the caller commits.
 """
 
 from __future__ import annotations
 
-from .enqueuing import JOB_PAYLOAD, cancel, enqueue, enqueue_many, enqueue_once_per_trigger, run_now
+from .enqueuing import (
+    JOB_PAYLOAD,
+    cancel,
+    enqueue,
+    enqueue_many,
+    enqueue_once_per_trigger,
+    retry_dead_letter,
+    run_now,
+)
 from .events import history
 from .identity import MAX_ATTEMPTS_LIMIT
 from .jobs import (
@@ -72,6 +81,7 @@ __all__ = [
     "record_execution",
     "release",
     "renew",
+    "retry_dead_letter",
     "run_now",
     "set_declared_in",
     "settle",

@@ -15,9 +15,9 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from django.db.models import Case, F, PositiveSmallIntegerField, Q, QuerySet, When
+from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Greatest
 
 from . import conf
@@ -32,15 +32,9 @@ from .claim_query import (
 )
 from .dialect import alias_for, insert_rows, lock_rows, write_transaction
 from .events import (
-    AUTHORITY_DEFERRED,
-    AUTHORITY_DENIED,
     OCCURRENCE_CLAIMED,
-    OCCURRENCE_DEAD_LETTERED,
     OCCURRENCE_RECLAIMED,
-    OCCURRENCE_RELEASED,
     OCCURRENCE_RENEWED,
-    OCCURRENCE_RETRY_SCHEDULED,
-    OCCURRENCE_SUCCEEDED,
     new_event,
 )
 from .exceptions import InvalidArgument, LeaseLost, SchedulerError
@@ -56,7 +50,12 @@ from .identity import (
     to_duration_ms,
     to_ms,
 )
-from .models import Job, Occurrence, OccurrenceStatus
+from .lifecycle import TRANSITION, Action, refusal, writes
+
+# The fence rule, also used by the authority checks as leases.holds_lease and leases.lease_lost.
+from .lifecycle import holds_lease as holds_lease
+from .lifecycle import lease_lost as lease_lost
+from .models import TERMINAL_STATUSES, Job, Occurrence, OccurrenceStatus
 
 MAX_LEASE_MS = conf.MAX_LEASE_MS
 MAX_RESULT_BYTES = 64 * 1024
@@ -89,14 +88,8 @@ def _kinds(kinds: Any) -> list[str] | None:
 def _dead_letter_rows(rows: Sequence[Occurrence], now: datetime, alias: str, *, reason: str) -> None:
     error = {"code": "SCHEDULER_LEASE_EXPIRED", "message": "lease expired on the final attempt"}
     ids = [row.pk for row in rows]
-    Occurrence.objects.using(alias).filter(pk__in=ids).update(
-        status=OccurrenceStatus.DEAD_LETTER,
-        lease_owner=None,
-        lease_expires_at=None,
-        settled_at=now,
-        updated_at=now,
-        last_error=error,
-    )
+    expire = TRANSITION[Action.EXPIRE]
+    Occurrence.objects.using(alias).filter(pk__in=ids).update(**writes(Action.EXPIRE, now, last_error=error))
     settle_reservations(
         ids, OccurrenceStatus.DEAD_LETTER, {"status": "dead_letter", "error": error}, now, alias
     )
@@ -105,7 +98,7 @@ def _dead_letter_rows(rows: Sequence[Occurrence], now: datetime, alias: str, *, 
         [
             new_event(
                 row.job_id,
-                OCCURRENCE_DEAD_LETTERED,
+                expire.event,
                 now,
                 occurrence_id=row.pk,
                 owner_id=row.lease_owner,
@@ -118,7 +111,8 @@ def _dead_letter_rows(rows: Sequence[Occurrence], now: datetime, alias: str, *, 
 
 
 def dead_letter_expired(*, limit: int = 500, using: str | None = None) -> int:
-    """Dead-letter running occurrences whose lease expired on their final attempt."""
+    """Dead-letter running occurrences whose lease expired on their final attempt (the
+    ``expire`` transition)."""
     limit = normalize_int(limit, "limit", minimum=1, maximum=conf.settings.MAX_CLAIM_BATCH)
     now = conf.now()
     expired = Occurrence.objects.using(alias_for(using)).filter(
@@ -305,40 +299,6 @@ def claim(
 
 
 # --------------------------------------------------------------------------- renew / settle
-
-
-def lease_lost(
-    occurrence_id: str, current: Occurrence | None, owner: str, fence: int, now: datetime
-) -> LeaseLost:
-    if current is None:
-        reason = "not_found"
-    elif current.status != OccurrenceStatus.RUNNING:
-        reason = "not_running"
-    elif current.lease_owner != owner:
-        reason = "wrong_owner"
-    elif current.fence != fence:
-        reason = "wrong_fence"
-    else:
-        reason = "lease_expired"
-    details: dict[str, Any] = {
-        "occurrence_id": occurrence_id,
-        "reason": reason,
-        "owner": owner,
-        "fence": fence,
-    }
-    if current is not None:
-        details.update(status=current.status, current_fence=current.fence)
-    return LeaseLost(f"lease on occurrence {occurrence_id!r} is lost ({reason.replace('_', ' ')})", details)
-
-
-def holds_lease(occurrence: Occurrence, owner: str, fence: int, now: datetime) -> bool:
-    return (
-        occurrence.status == OccurrenceStatus.RUNNING
-        and occurrence.lease_owner == owner
-        and occurrence.fence == fence
-        and occurrence.lease_expires_at is not None
-        and occurrence.lease_expires_at > now
-    )
 
 
 def _held(alias: str, occurrence_id: str, owner: str, fence: int, now: datetime) -> QuerySet[Occurrence]:
@@ -636,13 +596,8 @@ def _group_key(values: dict[str, Any]) -> str:
     return json.dumps(values, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def _settle_held(
-    specs: Sequence[_Outcome], owner: str, now: datetime, alias: str
-) -> list[Occurrence | LeaseLost]:
-    """The body of settle/settle_many, inside the transaction: lock the rows, refuse those
-    whose lease is not held, then one UPDATE per group of rows that get the same values,
-    the reservations settled and one event per row, in bulk."""
-    locked = {
+def _lock_settled(specs: Sequence[_Outcome], alias: str) -> dict[str, Occurrence]:
+    return {
         row.pk: row
         for row in Occurrence.objects.using(alias)
         .select_for_update()
@@ -650,6 +605,12 @@ def _settle_held(
         .order_by("pk")
         .only(*LEASE_FIELDS)
     }
+
+
+def _backoff_delays(
+    specs: Sequence[_Outcome], locked: dict[str, Occurrence], alias: str
+) -> dict[str, tuple[int, int]]:
+    """(base, max) retry delay of the jobs whose failed occurrences retry at their backoff."""
     needs_backoff = {
         locked[spec.occurrence_id].job_id
         for spec in specs
@@ -659,44 +620,65 @@ def _settle_held(
         and spec.retry_ms is None
     }
     # Read, not locked: locking the job row would serialize every settle of a job.
-    delays = {
+    return {
         job_id: (base_ms, max_ms)
         for job_id, base_ms, max_ms in Job.objects.using(alias)
         .filter(pk__in=needs_backoff)
         .values_list("pk", "retry_base_delay_ms", "retry_max_delay_ms")
     }
+
+
+def _settle_action(spec: _Outcome, current: Occurrence | None) -> Action:
+    if spec.outcome == "succeeded":
+        return Action.SETTLE_SUCCEEDED
+    if spec.retryable and current is not None and current.attempt < current.max_attempts:
+        return Action.SETTLE_RETRY
+    return Action.SETTLE_DEAD_LETTER
+
+
+def _settle_values(
+    action: Action, spec: _Outcome, current: Occurrence, delays: dict[str, tuple[int, int]], now: datetime
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The columns ``action`` writes on ``current``, and its event's data."""
+    data: dict[str, Any] = {"attempt": current.attempt, "maxAttempts": current.max_attempts}
+    if action is Action.SETTLE_SUCCEEDED:
+        return writes(action, now, result=spec.result), data
+    if action is Action.SETTLE_RETRY:
+        if spec.retry_ms is None:
+            base_ms, max_ms = delays[current.job_id]
+            available = now + timedelta(milliseconds=backoff_delay_ms(current.attempt, base_ms, max_ms))
+        else:
+            available = max(now, from_ms(spec.retry_ms))
+        data["retryAt"] = iso_ms(available)
+        return writes(action, now, available_at=available, last_error=spec.error), data
+    data["reason"] = "max_attempts" if spec.retryable else "not_retryable"
+    return writes(action, now, last_error=spec.error), data
+
+
+def _settle_held(
+    specs: Sequence[_Outcome], owner: str, now: datetime, alias: str
+) -> list[Occurrence | LeaseLost]:
+    """The body of settle/settle_many, inside the transaction: lock the rows, refuse those
+    whose lease is not held, then one UPDATE per group of rows that get the same values,
+    the reservations settled and one event per row, in bulk."""
+    locked = _lock_settled(specs, alias)
+    delays = _backoff_delays(specs, locked, alias)
     out: list[Occurrence | LeaseLost] = []
     updates: dict[str, tuple[dict[str, Any], list[str]]] = {}
     terminal: dict[str, tuple[str, dict[str, Any], list[str]]] = {}
     pending_events: list[tuple[Occurrence, str, dict[str, Any], int]] = []
     for spec in specs:
         current = locked.get(spec.occurrence_id)
-        if current is None or not holds_lease(current, owner, spec.fence, now):
-            out.append(lease_lost(spec.occurrence_id, current, owner, spec.fence, now))
+        action = _settle_action(spec, current)
+        refused = refusal(action, spec.occurrence_id, current, owner=owner, fence=spec.fence, now=now)
+        if refused is not None or current is None:
+            out.append(cast(LeaseLost, refused))  # a fenced transition's only refusal
             continue
-        data: dict[str, Any] = {"attempt": current.attempt, "maxAttempts": current.max_attempts}
-        values: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None, "updated_at": now}
-        if spec.outcome == "succeeded":
-            values.update(status=OccurrenceStatus.SUCCEEDED, result=spec.result, settled_at=now)
-            event_type = OCCURRENCE_SUCCEEDED
-        elif spec.retryable and current.attempt < current.max_attempts:
-            if spec.retry_ms is None:
-                base_ms, max_ms = delays[current.job_id]
-                available = now + timedelta(milliseconds=backoff_delay_ms(current.attempt, base_ms, max_ms))
-            else:
-                available = max(now, from_ms(spec.retry_ms))
-            values.update(status=OccurrenceStatus.RETRY_WAIT, available_at=available, last_error=spec.error)
-            event_type = OCCURRENCE_RETRY_SCHEDULED
-            data["retryAt"] = iso_ms(available)
-        else:
-            values.update(status=OccurrenceStatus.DEAD_LETTER, last_error=spec.error, settled_at=now)
-            event_type = OCCURRENCE_DEAD_LETTERED
-            data["reason"] = "max_attempts" if spec.retryable else "not_retryable"
+        values, data = _settle_values(action, spec, current, delays, now)
         for name, value in values.items():
             setattr(current, name, value)
-        group = _group_key(values)
-        updates.setdefault(group, (values, []))[1].append(current.pk)
-        if current.status != OccurrenceStatus.RETRY_WAIT:
+        updates.setdefault(_group_key(values), (values, []))[1].append(current.pk)
+        if current.status in TERMINAL_STATUSES:
             outcome_data: dict[str, Any] = {"status": current.status}
             if current.status == OccurrenceStatus.SUCCEEDED:
                 outcome_data["result"] = spec.result
@@ -704,7 +686,7 @@ def _settle_held(
                 outcome_data["error"] = spec.error
             key = _group_key(outcome_data)
             terminal.setdefault(key, (current.status, outcome_data, []))[2].append(current.pk)
-        pending_events.append((current, event_type, data, spec.fence))
+        pending_events.append((current, TRANSITION[action].event, data, spec.fence))
         out.append(current)
     for values, ids in updates.values():
         Occurrence.objects.using(alias).filter(pk__in=ids).update(**values)
@@ -729,21 +711,31 @@ def _settle_held(
     return out
 
 
-def _requeue_unattempted(occurrence_id: str, *, available: datetime, now: datetime, alias: str) -> None:
+def _requeue_unattempted(
+    action: Action,
+    current: Occurrence,
+    *,
+    owner: str,
+    fence: int,
+    available: datetime,
+    now: datetime,
+    alias: str,
+    data: dict[str, Any] | None = None,
+) -> None:
     """Back to queued, due at ``available``, lease dropped, and the claim's attempt given
-    back (the fence stays: it only ever grows)."""
-    Occurrence.objects.using(alias).filter(pk=occurrence_id).update(
-        status=OccurrenceStatus.QUEUED,
-        attempt=Case(
-            When(attempt__gt=0, then=F("attempt") - 1),
-            default=F("attempt"),
-            output_field=PositiveSmallIntegerField(),
-        ),
-        lease_owner=None,
-        lease_expires_at=None,
-        available_at=available,
-        updated_at=now,
+    back (the fence stays: it only ever grows); the ``release`` and ``defer`` transitions."""
+    Occurrence.objects.using(alias).filter(pk=current.pk).update(
+        **writes(action, now, available_at=available)
     )
+    new_event(
+        current.job_id,
+        TRANSITION[action].event,
+        now,
+        occurrence_id=current.pk,
+        owner_id=owner,
+        fence=fence,
+        data=data,
+    ).save(using=alias)
 
 
 def release(occurrence_id: str, *, owner: str, fence: int, using: str | None = None) -> Occurrence:
@@ -752,11 +744,10 @@ def release(occurrence_id: str, *, owner: str, fence: int, using: str | None = N
     occurrence_id, owner, fence = lease_args(occurrence_id, owner, fence)
     now = conf.now()
     with write_transaction(using) as alias:
-        current = _take_held(occurrence_id, owner, fence, now, alias)
-        _requeue_unattempted(occurrence_id, available=now, now=now, alias=alias)
-        new_event(
-            current.job_id, OCCURRENCE_RELEASED, now, occurrence_id=occurrence_id, owner_id=owner, fence=fence
-        ).save(using=alias)
+        current = _take_held(Action.RELEASE, occurrence_id, owner, fence, now, alias)
+        _requeue_unattempted(
+            Action.RELEASE, current, owner=owner, fence=fence, available=now, now=now, alias=alias
+        )
         current.refresh_from_db(using=alias)
     return current
 
@@ -797,10 +788,14 @@ def _details(details: Any) -> dict[str, Any]:
     return normalize_json(details, "details", max_bytes=MAX_RESULT_BYTES)  # type: ignore[no-any-return]
 
 
-def _take_held(occurrence_id: str, owner: str, fence: int, now: datetime, alias: str) -> Occurrence:
+def _take_held(
+    action: Action, occurrence_id: str, owner: str, fence: int, now: datetime, alias: str
+) -> Occurrence:
+    """The occurrence, locked, if ``owner`` holds its lease at ``fence`` (else ``LeaseLost``)."""
     current = Occurrence.objects.using(alias).select_for_update().filter(pk=occurrence_id).first()
-    if current is None or not holds_lease(current, owner, fence, now):
-        raise lease_lost(occurrence_id, current, owner, fence, now)
+    refused = refusal(action, occurrence_id, current, owner=owner, fence=fence, now=now)
+    if refused is not None or current is None:
+        raise cast(LeaseLost, refused)
     return current
 
 
@@ -828,30 +823,17 @@ def deny(
     summary = _normalize_error(f"authority denied: {reason}" + (f": {message}" if message else ""), "message")
     now = conf.now()
     with write_transaction(using) as alias:
-        current = _take_held(occurrence_id, owner, fence, now, alias)
+        current = _take_held(Action.DENY, occurrence_id, owner, fence, now, alias)
         error = {
             "code": code,
             "reason": reason,
             "details": detail_value,
             **(summary or {}),
         }
-        current.status = OccurrenceStatus.DEAD_LETTER
-        current.lease_owner = None
-        current.lease_expires_at = None
-        current.settled_at = now
-        current.updated_at = now
-        current.last_error = error
-        current.save(
-            using=alias,
-            update_fields=[
-                "status",
-                "lease_owner",
-                "lease_expires_at",
-                "settled_at",
-                "updated_at",
-                "last_error",
-            ],
-        )
+        values = writes(Action.DENY, now, last_error=error)
+        for name, value in values.items():
+            setattr(current, name, value)
+        current.save(using=alias, update_fields=list(values))
         settled = settle_reservations(
             [occurrence_id],
             OccurrenceStatus.DEAD_LETTER,
@@ -869,7 +851,7 @@ def deny(
         data.update(settled.get(occurrence_id, {}))
         new_event(
             current.job_id,
-            AUTHORITY_DENIED,
+            TRANSITION[Action.DENY].event,
             now,
             occurrence_id=occurrence_id,
             owner_id=owner,
@@ -895,17 +877,17 @@ def defer(
     detail_value = _details(details)
     now = conf.now()
     with write_transaction(using) as alias:
-        current = _take_held(occurrence_id, owner, fence, now, alias)
+        current = _take_held(Action.DEFER, occurrence_id, owner, fence, now, alias)
         available = max(now, from_ms(until_ms))
-        _requeue_unattempted(occurrence_id, available=available, now=now, alias=alias)
-        new_event(
-            current.job_id,
-            AUTHORITY_DEFERRED,
-            now,
-            occurrence_id=occurrence_id,
-            owner_id=owner,
+        _requeue_unattempted(
+            Action.DEFER,
+            current,
+            owner=owner,
             fence=fence,
+            available=available,
+            now=now,
+            alias=alias,
             data={"until": iso_ms(available), "details": detail_value},
-        ).save(using=alias)
+        )
         current.refresh_from_db(using=alias)
     return current

@@ -1,0 +1,298 @@
+"""The occurrence lifecycle table (``lifecycle.TRANSITIONS``) against the kernel, on the real
+database: every (status, action) pair. An allowed pair must end in the table's status, write
+exactly its columns, append its event and follow its fence and attempt rules; a refused one
+must get the table's refusal and write nothing. And docs/design.md's diagram must be the one
+the table generates."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_durable_scheduler import kernel, lifecycle
+from django_durable_scheduler.exceptions import InvalidState, LeaseLost, NotFound
+from django_durable_scheduler.lifecycle import TRANSITION, TRANSITIONS, Action, Attempt, Fence, Transition
+from django_durable_scheduler.models import TERMINAL_STATUSES, Event, Occurrence, OccurrenceStatus
+
+from .conftest import CLOCK_START, ROOT
+
+OWNER = "worker-1"
+LEASE = 600  # seconds; CLAIM looks 60 s later, while these leases still hold
+FAR = timedelta(days=1)  # a pending row not due before every lease here has expired
+KEY = "t"
+
+
+# --------------------------------------------------------------------------- the table itself
+
+
+def test_every_action_has_one_transition():
+    assert [t.action for t in TRANSITIONS] == list(Action)
+    assert set(TRANSITION) == set(Action)
+
+
+def test_every_status_is_reached_and_terminal_ones_are_left_only_by_a_new_occurrence():
+    reached = {t.target for t in TRANSITIONS if t.target is not None}
+    assert reached == set(OccurrenceStatus)
+    for t in TRANSITIONS:
+        if set(t.source) & set(TERMINAL_STATUSES):
+            assert t.new_row and t.sets == (), t.action
+
+
+def test_fence_and_attempt_rules_are_consistent():
+    for t in TRANSITIONS:
+        if t.fence is Fence.CHECKS:  # only a lease holder can be checked
+            assert t.source == (OccurrenceStatus.RUNNING,) and t.otherwise == lifecycle.LEASE_LOST
+        assert ("fence" in t.sets) == (t.fence is Fence.ADVANCES), t.action
+        assert ("attempt" in t.sets) == (t.attempt is not Attempt.NONE), t.action
+        assert ("status" in t.sets) == (t.target is not None and not t.new_row), t.action
+        if t.target in TERMINAL_STATUSES and not t.new_row:
+            assert "settled_at" in t.sets, t.action
+        if t.target != OccurrenceStatus.RUNNING and OccurrenceStatus.RUNNING in t.source:
+            assert {"lease_owner", "lease_expires_at"} <= set(t.sets), t.action
+
+
+def test_writes_sets_exactly_the_table_columns():
+    now = CLOCK_START
+    given: dict[str, Any] = {"result": None, "last_error": None, "available_at": now}
+    for t in TRANSITIONS:
+        extra = {k: v for k, v in given.items() if k in t.sets}
+        if t.action in (Action.CLAIM, Action.RECLAIM):
+            extra.update(lease_owner=OWNER, lease_expires_at=now)
+        assert set(lifecycle.writes(t.action, now, **extra)) == set(t.sets), t.action
+
+
+def test_writes_refuses_a_column_the_table_does_not_set_or_cannot_decide():
+    with pytest.raises(TypeError, match="does not set result"):
+        lifecycle.writes(Action.CANCEL, CLOCK_START, last_error=None, result=1)
+    with pytest.raises(TypeError, match="needs a value for last_error"):
+        lifecycle.writes(Action.CANCEL, CLOCK_START)
+    with pytest.raises(TypeError, match="not asked for"):  # a query picks the claim's rows
+        lifecycle.refusal(Action.CLAIM, "occ-x", None)
+
+
+# --------------------------------------------------------------------------- the rows, in every status
+
+
+def _enqueue(clock, *, available_in: timedelta = timedelta(0)) -> tuple[Occurrence, bool]:
+    return kernel.enqueue(
+        "job-a", scheduled_for=CLOCK_START, trigger_key=KEY, available_at=clock() + available_in
+    )
+
+
+def _claim() -> Occurrence:
+    (row,) = kernel.claim_batch(owner=OWNER, lease=LEASE, sweep_expired=False)
+    return row
+
+
+def _settle(row: Occurrence, outcome: str, **kwargs: Any) -> Occurrence:
+    return kernel.settle(row.pk, owner=OWNER, fence=row.fence, outcome=outcome, **kwargs)
+
+
+def make(status: OccurrenceStatus, clock, action: Action) -> Occurrence:
+    """An occurrence in ``status``, shaped so that ``action``'s condition holds where the
+    status allows it: not yet due for run_now and for the actions that wait for leases to
+    expire (so those requests do not claim it instead), on its final attempt for expire."""
+    later = FAR if action in (Action.RUN_NOW, Action.RECLAIM, Action.EXPIRE) else timedelta(0)
+    if status == OccurrenceStatus.QUEUED:
+        return _enqueue(clock, available_in=later)[0]
+    if status == OccurrenceStatus.CANCELLED:
+        return kernel.cancel(_enqueue(clock)[0].pk, reason="set up")
+    _enqueue(clock)
+    row = _claim()
+    if status == OccurrenceStatus.RUNNING:
+        while action is Action.EXPIRE and row.attempt < row.max_attempts:
+            _settle(row, "failed", error="again", retry_at=clock())
+            row = _claim()
+        return row
+    if status == OccurrenceStatus.RETRY_WAIT:
+        return _settle(row, "failed", error="boom", retry_at=clock() + max(later, timedelta(seconds=30)))
+    if status == OccurrenceStatus.SUCCEEDED:
+        return _settle(row, "succeeded", result={"ok": True})
+    return _settle(row, "failed", error="boom", retryable=False)
+
+
+def request(action: Action, row: Occurrence | None, clock, *, fence: int | None = None) -> Any:
+    """Ask the kernel for ``action`` on ``row`` through its public API."""
+    pk = row.pk if row is not None else "occ-missing"
+    held: dict[str, Any] = {"owner": OWNER, "fence": fence or max(row.fence if row is not None else 1, 1)}
+    if action is Action.ENQUEUE:
+        return _enqueue(clock)
+    if action is Action.CLAIM:
+        clock.advance(60)
+        return kernel.claim_batch(owner=OWNER, lease=LEASE, limit=10, sweep_expired=False)
+    if action is Action.RECLAIM:
+        clock.advance(LEASE + 1)
+        return kernel.claim_batch(owner=OWNER, lease=LEASE, limit=10, sweep_expired=False)
+    if action is Action.EXPIRE:
+        clock.advance(LEASE + 1)
+        return kernel.dead_letter_expired()
+    if action is Action.SETTLE_SUCCEEDED:
+        return kernel.settle(pk, outcome="succeeded", result={"n": 1}, **held)
+    if action is Action.SETTLE_RETRY:
+        return kernel.settle(pk, outcome="failed", error="boom", **held)
+    if action is Action.SETTLE_DEAD_LETTER:
+        return kernel.settle(pk, outcome="failed", error="boom", retryable=False, **held)
+    if action is Action.DENY:
+        return kernel.deny(
+            pk, code="SCHEDULER_AUTHORITY_PERMISSION_DENIED", reason="permission_denied", **held
+        )
+    if action is Action.DEFER:
+        return kernel.defer(pk, until=clock() + timedelta(hours=1), **held)
+    if action is Action.RELEASE:
+        return kernel.release(pk, **held)
+    if action is Action.CANCEL:
+        return kernel.cancel(pk, reason="walked")
+    if action is Action.RUN_NOW:
+        return kernel.run_now(pk, reason="walked")
+    assert action is Action.RETRY_DEAD_LETTER
+    return kernel.retry_dead_letter(pk)
+
+
+# --------------------------------------------------------------------------- what a request wrote
+
+
+def snapshot() -> tuple[list[Any], int]:
+    return list(Occurrence.objects.order_by("pk").values()), Event.objects.count()
+
+
+def updated_columns(queries: CaptureQueriesContext) -> set[str]:
+    """The occurrence columns that the captured UPDATE statements set (an UPDATE anywhere in
+    a statement, as a claim written as one statement may hold it)."""
+    quote = connection.ops.quote_name
+    head = f"UPDATE {quote(Occurrence._meta.db_table)} SET "
+    columns: set[str] = set()
+    for query in queries.captured_queries:
+        for part in query["sql"].split(head)[1:]:
+            assignments = re.split(" WHERE | FROM | RETURNING ", part)[0]
+            columns |= {
+                f.name
+                for f in Occurrence._meta.concrete_fields
+                if f"{quote(str(f.column))} = " in assignments
+            }
+    return columns
+
+
+def inserted_occurrence(queries: CaptureQueriesContext) -> bool:
+    table = connection.ops.quote_name(Occurrence._meta.db_table)
+    # Anywhere in the statement: PostgreSQL's guarded enqueue inserts inside a WITH.
+    return any(f"INSERT INTO {table} " in q["sql"] for q in queries.captured_queries)
+
+
+PAIRS = [(None, Action.ENQUEUE)] + [(status, action) for action in Action for status in OccurrenceStatus]
+
+
+def _allowed(status: OccurrenceStatus | None, transition: Transition) -> bool:
+    return (status in transition.source) if status is not None else not transition.source
+
+
+@pytest.mark.parametrize(
+    ("status", "action"), PAIRS, ids=[f"{status or 'new'}-{action}" for status, action in PAIRS]
+)
+def test_every_status_and_action_against_the_table(job, clock, status, action):
+    transition = TRANSITION[action]
+    row = make(status, clock, action) if status is not None else None
+    if _allowed(status, transition):
+        check_allowed(transition, row, clock)
+    else:
+        check_refused(transition, row, clock)
+
+
+def check_refused(transition: Transition, row: Occurrence | None, clock) -> None:
+    assert row is not None
+    before = snapshot()
+    expected = {lifecycle.LEASE_LOST: LeaseLost, lifecycle.INVALID_STATE: InvalidState}.get(
+        transition.otherwise
+    )
+    if expected is not None:
+        with pytest.raises(expected) as caught:
+            request(transition.action, row, clock)
+        assert caught.value.code == transition.otherwise
+    else:
+        result = request(transition.action, row, clock)
+        if transition.otherwise == lifecycle.DEDUPLICATED:
+            assert result == (row, True)
+        else:
+            assert transition.otherwise == lifecycle.NOT_SELECTED
+            assert result in ([], 0)
+    assert snapshot() == before, "a refused request wrote"
+
+
+def check_allowed(transition: Transition, row: Occurrence | None, clock) -> None:
+    if transition.fence is Fence.CHECKS:
+        # The fence rule: the same request at another fence is refused and writes nothing.
+        assert row is not None
+        before = snapshot()
+        with pytest.raises(LeaseLost):
+            request(transition.action, row, clock, fence=row.fence + 1)
+        assert snapshot() == before
+    if row is not None:
+        row = Occurrence.objects.get(pk=row.pk)
+    last_event = Event.objects.order_by("-event_id").values_list("event_id", flat=True).first() or 0
+    before_rows = snapshot()[0]
+    with CaptureQueriesContext(connection) as queries:
+        request(transition.action, row, clock)
+    now = clock()
+    events = list(Event.objects.filter(event_id__gt=last_event).order_by("event_id"))
+    assert [e.event_type for e in events] == [transition.event]
+    if transition.new_row:
+        assert inserted_occurrence(queries) and updated_columns(queries) == set()
+        known = {r["occurrence_id"] for r in before_rows}
+        (subject,) = Occurrence.objects.exclude(pk__in=known)
+        assert subject.status == transition.target and subject.attempt == 0
+        assert list(Occurrence.objects.filter(pk__in=known).order_by("pk").values()) == before_rows
+    else:
+        assert row is not None
+        assert updated_columns(queries) == set(transition.sets)
+        subject = Occurrence.objects.get(pk=row.pk)
+        assert subject.status == (transition.target or row.status)
+        step = {Attempt.USES: 1, Attempt.GIVES_BACK: -1, Attempt.NONE: 0}[transition.attempt]
+        assert subject.attempt == row.attempt + step
+        assert subject.fence == row.fence + (transition.fence is Fence.ADVANCES)
+        assert subject.updated_at == now
+        if "settled_at" in transition.sets:
+            assert subject.settled_at == now
+        if subject.status != OccurrenceStatus.RUNNING:
+            assert subject.lease_owner is None and subject.lease_expires_at is None
+    assert events[0].occurrence_id == subject.pk
+
+
+def test_a_missing_occurrence_is_not_found_or_its_lease_lost(job, clock):
+    for action in (Action.CANCEL, Action.RUN_NOW, Action.RETRY_DEAD_LETTER):
+        with pytest.raises(NotFound):
+            request(action, None, clock)
+    with pytest.raises(LeaseLost) as caught:
+        request(Action.SETTLE_SUCCEEDED, None, clock)
+    assert caught.value.details["reason"] == "not_found"
+
+
+def test_settle_many_writes_one_update_per_group_with_the_table_columns(job, clock):
+    for key in ("a", "b", "c"):
+        kernel.enqueue("job-a", scheduled_for=CLOCK_START, trigger_key=key)
+    rows = kernel.claim_batch(owner=OWNER, lease=LEASE, limit=3, sweep_expired=False)
+    with CaptureQueriesContext(connection) as queries:
+        kernel.settle_many(
+            [{"occurrence_id": r.pk, "fence": r.fence, "outcome": "succeeded"} for r in rows], owner=OWNER
+        )
+    table = connection.ops.quote_name(Occurrence._meta.db_table)
+    assert sum(f"UPDATE {table} " in q["sql"] for q in queries.captured_queries) == 1
+    assert updated_columns(queries) == set(TRANSITION[Action.SETTLE_SUCCEEDED].sets)
+
+
+# --------------------------------------------------------------------------- the picture
+
+
+def test_design_doc_shows_the_lifecycle_the_table_generates():
+    spec = importlib.util.spec_from_file_location("lifecycle_diagram", ROOT / "docs" / "lifecycle_diagram.py")
+    assert spec is not None and spec.loader is not None
+    diagram = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(diagram)
+    written = diagram.current_block((ROOT / "docs" / "design.md").read_text(encoding="utf-8"))
+    assert written == diagram.render(), (
+        f"docs/design.md's lifecycle block differs from lifecycle.TRANSITIONS: run `{diagram.COMMAND}`"
+    )
