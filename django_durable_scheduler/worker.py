@@ -45,7 +45,7 @@ from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connections
 
-from . import conf, kernel, metrics, registry, reservations, signals, wakeup
+from . import claiming, conf, kernel, metrics, registry, reservations, signals, wakeup
 from .authority import principal_label
 from .context import ExecutionContext
 from .dialect import alias_for
@@ -631,7 +631,7 @@ class Worker:
         Denied ones are dead-lettered, deferred ones wait for their window (both written in
         that transaction); a failing units function is the occurrence's durable failure.
         Returns everything claimed, in claim order."""
-        batch = reservations.claim_authorized(
+        batch = claiming.claim_authorized(
             owner=self.worker_id,
             lease=self.lease,
             limit=asked,
