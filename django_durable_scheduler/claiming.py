@@ -6,13 +6,14 @@ have work, reads each one's first due rows, locks them without blocking other cl
 them running and appends their events; :func:`claim_authorized` then has
 ``reservations.authorize_claimed`` charge or refuse them in the same transaction.
 
-The SQL is written out below, one statement per purpose, in the form each database gets:
-PostgreSQL and SQLite read the partial indexes (a loose index scan over the principals, one
-index range per principal and status); MySQL/MariaDB, which have no partial indexes, read the
-claim index with plain ``GROUP BY`` (the portable form). ``{o.status}``-style names are the
-models' columns, filled in once per database connection from ``_meta``; the statuses are
-written as literals because SQLite uses a partial index only when the query's own terms imply
-its predicate; every other value is a bound parameter.
+The SQL is written out below, one statement per purpose; ``_STATEMENTS`` says which each
+database gets. PostgreSQL and SQLite read the partial indexes (a loose index scan over the
+principals, one index range per principal and status); MySQL/MariaDB, which have no partial
+indexes, list the principals with a ``GROUP BY`` over the claim index (the portable form).
+``{o.status}``-style names are the models' columns (``o`` occurrences, ``j`` jobs, ``e``
+events), filled in from ``_meta`` once per connection; the statuses are written as literals
+because SQLite uses a partial index only when the query's own terms imply its predicate;
+every other value is a bound parameter.
 """
 
 from __future__ import annotations
