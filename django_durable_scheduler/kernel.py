@@ -1,13 +1,14 @@
 """The transactional kernel: the only code that writes occurrence state.
 
-It is four modules, one per concept, gathered here under one name:
+It is five modules, one per concept, gathered here under one name:
 
 - ``jobs``: job definitions and edits (``create_job``, ``update_job``);
 - ``enqueuing``: entering and withdrawing occurrences (``enqueue``, ``enqueue_many``,
   ``enqueue_once_per_trigger``, ``retry_dead_letter``, ``run_now``, ``cancel``);
 - ``materialize``: schedule slots becoming occurrences (``materialize_due``);
-- ``leases``: claim, renew, settle, release, and the authority verdicts (``deny``,
-  ``defer``) that end a claim.
+- ``claiming``: taking due occurrences fairly (``claim``, ``claim_batch``, ``has_due``);
+- ``leases``: renew, settle, release, and the authority verdicts (``deny``, ``defer``) that
+  end a claim.
 
 What each operation may do to an occurrence is a row of ``lifecycle.TRANSITIONS``. Every
 operation is one short transaction that also appends the event recording it. They
@@ -17,6 +18,7 @@ exist exactly when the caller commits.
 
 from __future__ import annotations
 
+from .claiming import claim, claim_batch, has_due
 from .enqueuing import (
     JOB_PAYLOAD,
     cancel,
@@ -40,12 +42,9 @@ from .jobs import (
 from .leases import (
     backoff_delay_ms,
     check_result,
-    claim,
-    claim_batch,
     dead_letter_expired,
     defer,
     deny,
-    has_due,
     record_execution,
     release,
     renew,

@@ -1,6 +1,7 @@
-"""Leases: claim, renew, settle and release occurrences, and the authority verdicts that end a
-claim without running it (deny, defer). Part of the kernel, the only writer of occurrence
-state: each operation is one short transaction that appends the event recording it.
+"""Leases: renew, settle and release claimed occurrences (claiming is ``claiming``'s), and the
+authority verdicts that end a claim without running it (deny, defer). Part of the kernel, the
+only writer of occurrence state: each operation is one short transaction that appends the
+event recording it.
 
 A lease is held by (owner, fence) until it expires at ``lease_expires_at <= now``; every
 operation on a held occurrence checks all three, so a worker that lost its lease can never
@@ -12,28 +13,18 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from django.db.models import F, Q, QuerySet
+from django.db.models import F, QuerySet
 from django.db.models.functions import Greatest
 
 from . import conf
 from .budgets import settle_reservations
-from .claim_query import (
-    LEASE_FIELDS,
-    claim_candidates,
-    last_claimed_principal,
-    pending_due,
-    reclaim_due,
-    waiting_principals,
-)
 from .dialect import alias_for, insert_rows, lock_rows, write_transaction
 from .events import (
-    OCCURRENCE_CLAIMED,
-    OCCURRENCE_RECLAIMED,
     OCCURRENCE_RENEWED,
     new_event,
 )
@@ -64,6 +55,18 @@ MAX_FENCE = column_max(Occurrence, "fence")
 MAX_TRACEBACK = 4 * MAX_ERROR_MESSAGE
 MAX_ERROR_DEPTH = 8
 _UNSET: Any = object()
+# What settling reads of each held row under the lock: its state, lease, attempts and job
+# (the returned occurrences load the rest on first access).
+LEASE_FIELDS = (
+    "occurrence_id",
+    "job_id",
+    "status",
+    "attempt",
+    "max_attempts",
+    "fence",
+    "lease_owner",
+    "lease_expires_at",
+)
 
 
 def _lease_ms(lease: Any) -> int:
@@ -74,15 +77,7 @@ def _owner(owner: Any) -> str:
     return normalize_identifier(owner, "owner")
 
 
-def _kinds(kinds: Any) -> list[str] | None:
-    if kinds is None:
-        return None
-    if isinstance(kinds, str) or not isinstance(kinds, Iterable):
-        raise InvalidArgument("kinds", "must be a list of kinds or None")
-    return sorted({normalize_identifier(k, f"kinds[{i}]", max_length=128) for i, k in enumerate(kinds)})
-
-
-# --------------------------------------------------------------------------- claim
+# --------------------------------------------------------------------------- expired leases
 
 
 def _dead_letter_rows(rows: Sequence[Occurrence], now: datetime, alias: str, *, reason: str) -> None:
@@ -133,169 +128,6 @@ def dead_letter_expired(*, limit: int = 500, using: str | None = None) -> int:
         if rows:
             _dead_letter_rows(rows, now, alias, reason="lease_expired")
     return len(rows)
-
-
-def _due(now: datetime) -> Q:
-    return pending_due(now) | reclaim_due(now)
-
-
-def _job_filter(kinds: list[str] | None) -> Q:
-    condition = Q(job__enabled=True)
-    if kinds is not None:
-        condition &= Q(job__kind__in=kinds)
-    return condition
-
-
-@dataclass(frozen=True)
-class ClaimPlan:
-    """A checked claim request and what was read before its transaction (see
-    :func:`plan_claim`)."""
-
-    owner: str
-    now: datetime
-    expires: datetime
-    kinds: list[str] | None
-    limit: int
-    after_principal: str | None
-    waiting: dict[str, datetime]
-
-
-def plan_claim(
-    *,
-    owner: str,
-    lease: float | timedelta,
-    limit: int = 1,
-    kinds: Iterable[str] | None = None,
-    after_principal: str | None = None,
-    sweep_expired: bool = True,
-    using: str | None = None,
-) -> ClaimPlan | None:
-    """The arguments of :func:`claim_batch` checked, and the principals with work read
-    before the transaction; None when nobody has any (an idle worker's every turn is then one
-    statement and no transaction). The rows are re-checked under the lock anyway."""
-    owner = _owner(owner)
-    lease_ms = _lease_ms(lease)
-    limit = normalize_int(limit, "limit", minimum=1, maximum=conf.settings.MAX_CLAIM_BATCH)
-    kind_list = _kinds(kinds)
-    if after_principal is not None and not isinstance(after_principal, str):
-        # Only compared with principal keys in Python, never stored or sent to the database.
-        raise InvalidArgument("after_principal", "must be a principal key (a string) or None")
-    if normalize_bool(sweep_expired, "sweep_expired"):
-        # The worker sweeps on its own schedule instead of before every claim.
-        dead_letter_expired(using=using)
-    now = conf.now()
-    waiting = waiting_principals(alias_for(using), now)
-    if not waiting:
-        return None
-    if after_principal is None and len(waiting) > 1:  # with one principal there is no turn to take
-        after_principal = last_claimed_principal(alias_for(using))
-    return ClaimPlan(
-        owner, now, now + timedelta(milliseconds=lease_ms), kind_list, limit, after_principal, waiting
-    )
-
-
-def claim_planned(
-    plan: ClaimPlan, alias: str, *, before_lock: Callable[[list[str]], None] | None = None
-) -> list[Occurrence]:
-    """The body of :func:`claim_batch`, inside the caller's write transaction on ``alias``:
-    lock the fair batch, make it running and append its events. ``before_lock`` is called
-    with the candidates' principal keys before any occurrence row is locked (see
-    ``claim_query.claim_candidates``)."""
-    owner, now, expires = plan.owner, plan.now, plan.expires
-    rows = claim_candidates(
-        alias, now, plan.kinds, plan.limit, plan.after_principal, plan.waiting, before_lock=before_lock
-    )
-    if not rows:
-        return []
-    ids = [row.pk for row in rows]
-    Occurrence.objects.using(alias).filter(pk__in=ids).update(
-        status=OccurrenceStatus.RUNNING,
-        attempt=F("attempt") + 1,
-        fence=F("fence") + 1,
-        lease_owner=owner,
-        lease_expires_at=expires,
-        updated_at=now,
-    )
-    events = []
-    for row in rows:
-        reclaimed = row.status == OccurrenceStatus.RUNNING
-        data: dict[str, Any] = {
-            "attempt": row.attempt + 1,
-            "maxAttempts": row.max_attempts,
-            "leaseExpiresAt": iso_ms(expires),
-        }
-        if reclaimed:
-            data.update(previousOwner=row.lease_owner, previousFence=row.fence)
-        events.append(
-            new_event(
-                row.job_id,
-                OCCURRENCE_RECLAIMED if reclaimed else OCCURRENCE_CLAIMED,
-                now,
-                occurrence_id=row.pk,
-                owner_id=owner,
-                fence=row.fence + 1,
-                data=data,
-            )
-        )
-        row.status = OccurrenceStatus.RUNNING
-        row.attempt += 1
-        row.fence += 1
-        row.lease_owner = owner
-        row.lease_expires_at = expires
-        row.updated_at = now
-    insert_rows(alias, events)
-    return list(rows)
-
-
-def claim_batch(
-    *,
-    owner: str,
-    lease: float | timedelta,
-    limit: int = 1,
-    kinds: Iterable[str] | None = None,
-    after_principal: str | None = None,
-    sweep_expired: bool = True,
-    using: str | None = None,
-) -> list[Occurrence]:
-    """Claim up to ``limit`` due occurrences in one transaction, fairly across principals:
-    the first due occurrence of every principal before the second of any, principals in
-    round-robin order after ``after_principal`` (the ``principal_key`` served last). Without
-    one, the rotation continues after the principal of the newest claim in the event log,
-    so separate calls from any number of processes go round the principals too.
-
-    Due: queued/retry_wait whose time has come, or running with an expired lease and
-    attempts left (a reclaim). Each becomes running with attempt+1 and fence+1.
-    """
-    plan = plan_claim(
-        owner=owner,
-        lease=lease,
-        limit=limit,
-        kinds=kinds,
-        after_principal=after_principal,
-        sweep_expired=sweep_expired,
-        using=using,
-    )
-    if plan is None:
-        return []
-    with write_transaction(using) as alias:
-        return claim_planned(plan, alias)
-
-
-def has_due(*, kinds: Iterable[str] | None = None, using: str | None = None) -> bool:
-    """Whether anything is claimable now (a read without locks: rows another claimer holds
-    count too)."""
-    kind_list = _kinds(kinds)
-    now = conf.now()
-    return Occurrence.objects.using(alias_for(using)).filter(_due(now) & _job_filter(kind_list)).exists()
-
-
-def claim(
-    *, owner: str, lease: float | timedelta, kinds: Iterable[str] | None = None, using: str | None = None
-) -> Occurrence | None:
-    """Claim the next due occurrence, or return None when nothing is due: a batch of one
-    (:func:`claim_batch`), so successive claims go round the principals with due work."""
-    rows = claim_batch(owner=owner, lease=lease, limit=1, kinds=kinds, using=using)
-    return rows[0] if rows else None
 
 
 # --------------------------------------------------------------------------- renew / settle

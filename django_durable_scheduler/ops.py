@@ -187,8 +187,8 @@ class Status:
 
 
 def _due(now: datetime) -> Q:
-    # What a worker would claim now (claim_query.pending_due and reclaim_due), and the
-    # final-attempt lease expiries too: those are work as well (the next claim dead-letters them).
+    # What a worker would claim now (claiming.has_due), and the final-attempt lease
+    # expiries too: those are work as well (the next claim dead-letters them).
     return Q(status__in=PENDING_STATUSES, available_at__lte=now) | Q(
         status=OccurrenceStatus.RUNNING, lease_expires_at__lte=now
     )

@@ -2,8 +2,9 @@
 
 ``reserve_authority`` is the seed's reservation primitive. ``authorize`` runs between the
 claim of an occurrence and its handler's start: the policy checks in the SPEC's order, then
-a reservation (or the reuse of the one a previous attempt made); the worker runs it in the
-claim's own transaction (``claim_authorized``). Denials
+a reservation (or the reuse of the one a previous attempt made); the worker's claim runs
+it in the claim's own transaction (``claiming.claim_authorized`` calls
+:func:`authorize_claimed`). Denials
 dead-letter the occurrence without retry (``leases.deny``); an exhausted budget puts it
 back to wait for the next window without using an attempt (``leases.defer``). The charge
 itself is ``budgets.charge``.
@@ -19,9 +20,9 @@ the order ``set_policy`` uses too (see ``policies.py``).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db.models import Q
@@ -305,13 +306,19 @@ def _lock_policies(keys: set[tuple[str, str]], alias: str) -> dict[tuple[str, st
     }
 
 
+# The policies a transaction has locked, by (principal type, principal id).
+LockedPolicies = dict[tuple[str, str], AuthorityPolicy]
+# A verdict in progress: (index of the item, the locked occurrence, why it is refused).
+_Refusal = tuple[int, Occurrence, SchedulerError]
+
+
 def _authorize_locked(
     items: list[tuple[Occurrence, int]],
     owner: str,
     now: datetime,
     alias: str,
     *,
-    already: tuple[dict[tuple[str, str], AuthorityPolicy], dict[str, Occurrence]] | None = None,
+    already: tuple[LockedPolicies, dict[str, Occurrence]] | None = None,
 ) -> list[Authorization | LeaseLost]:
     """Inside the transaction: lock the principals' policy rows (sorted, so concurrent
     authorizers cannot deadlock, and before the occurrence rows, the order ``set_policy``
@@ -339,7 +346,7 @@ def _authorize_locked(
         .order_by("pk")
     }
     verdicts: list[Authorization | LeaseLost] = [Authorization(RESERVED)] * len(items)
-    refused: list[tuple[int, Occurrence, SchedulerError]] = []
+    refused: list[_Refusal] = []
     charges: dict[tuple[str, str], list[tuple[int, Occurrence, int]]] = {}
     for index, (occurrence, units) in enumerate(items):
         held = locked.get(occurrence.pk)
@@ -361,6 +368,19 @@ def _authorize_locked(
             refused.append((index, held, exc))
             continue
         charges.setdefault(key, []).append((index, held, units))
+    refused += _charge(charges, policies, now, alias)
+    _write_refusals(items, refused, verdicts, owner, alias)
+    return verdicts
+
+
+def _charge(
+    charges: dict[tuple[str, str], list[tuple[int, Occurrence, int]]],
+    policies: LockedPolicies,
+    now: datetime,
+    alias: str,
+) -> list[_Refusal]:
+    """Charge each principal's passing items to its budget; the ones it refuses."""
+    refused: list[_Refusal] = []
     groups = list(charges.items())
     charged = budgets.charge(
         [(policies[key], [(held, units) for _, held, units in group]) for key, group in groups], now, alias
@@ -372,6 +392,18 @@ def _authorize_locked(
         for (index, held, _), result in zip(group, outcome, strict=True):
             if isinstance(result, AuthorityBudgetExhausted):
                 refused.append((index, held, result))
+    return refused
+
+
+def _write_refusals(
+    items: list[tuple[Occurrence, int]],
+    refused: list[_Refusal],
+    verdicts: list[Authorization | LeaseLost],
+    owner: str,
+    alias: str,
+) -> None:
+    """Write each refusal through the lease code (an exhausted budget defers, the rest deny)
+    and record its verdict."""
     for index, held, why in sorted(refused, key=lambda item: item[0]):
         fence = items[index][0].fence
         if isinstance(why, AuthorityBudgetExhausted):
@@ -391,7 +423,6 @@ def _authorize_locked(
                 using=alias,
             )
             verdicts[index] = Authorization(DENIED, denied.last_error)
-    return verdicts
 
 
 def _claimed(occurrence: Any, field: str) -> tuple[Occurrence, int]:
@@ -457,10 +488,10 @@ def authorize_batch(
 
 @dataclass(frozen=True)
 class AuthorizedClaim:
-    """What :func:`claim_authorized` claimed: ``claimed`` (all of it, in claim order),
-    ``runnable`` (reserved or reused: the handlers
-    may start), ``refused`` (denied or deferred, already written, with their verdict) and
-    ``unpriced`` (held, but the units function failed: the caller settles them as failed)."""
+    """What a claimed batch came to (``claiming.claim_authorized``): ``claimed`` (all of it,
+    in claim order), ``runnable`` (reserved or reused: the handlers may start), ``refused``
+    (denied or deferred, already written, with their verdict) and ``unpriced`` (held, but
+    the units function failed: the caller settles them as failed)."""
 
     claimed: list[Occurrence]
     runnable: list[Occurrence]
@@ -478,60 +509,36 @@ def _principals_of(keys: list[str]) -> set[tuple[str, str]]:
     return found
 
 
-def claim_authorized(
-    *,
+def lock_policies_of(principal_keys: list[str], alias: str) -> LockedPolicies:
+    """Lock the policy rows of the principals with these ``principal_key`` values, sorted:
+    what a claim does before it locks any occurrence, so that it takes the locks in the order
+    ``set_policy`` and :func:`authorize` do."""
+    return _lock_policies(_principals_of(principal_keys), alias)
+
+
+def authorize_claimed(
+    claimed: list[Occurrence],
+    units_of: Callable[[Occurrence], Units] | None,
     owner: str,
-    lease: float | timedelta,
-    limit: int = 1,
-    kinds: Iterable[str] | None = None,
-    units_of: Callable[[Occurrence], Units] | None = None,
-    after_principal: str | None = None,
-    sweep_expired: bool = True,
-    using: str | None = None,
+    policies: LockedPolicies,
+    alias: str,
 ) -> AuthorizedClaim:
-    """:func:`leases.claim_batch` and :func:`authorize_batch` in one transaction (one commit
-    between a due occurrence and its handler's start), with the same rules: the batch is
-    claimed fairly, then each claimed occurrence is authorized, denied (dead-lettered) or
-    deferred (queued again until its window ends, no attempt used) before the commit.
-
-    ``units_of(occurrence)`` gives the units of the occurrence's handler registration (an
-    int or a function of the occurrence, as ``resolve_units`` takes); default 1. Both run
-    inside the transaction, while it holds its locks: they should only look at the
-    occurrence. The principals' policy rows are locked before any occurrence row, the order
-    ``set_policy`` and :func:`authorize` use, so neither can wait on this in a cycle.
-    """
-    if units_of is not None and not callable(units_of):
-        raise InvalidArgument("units_of", "must be a function of the occurrence or None")
-    plan = leases.plan_claim(
-        owner=owner,
-        lease=lease,
-        limit=limit,
-        kinds=kinds,
-        after_principal=after_principal,
-        sweep_expired=sweep_expired,
-        using=using,
-    )
-    if plan is None:
-        return AuthorizedClaim([], [], [], [])
-    policies: dict[tuple[str, str], AuthorityPolicy] = {}
-    with write_transaction(using) as alias:
-
-        def lock_policies(keys: list[str]) -> None:
-            policies.update(_lock_policies(_principals_of(keys), alias))
-
-        claimed = leases.claim_planned(plan, alias, before_lock=lock_policies)
-        items: list[tuple[Occurrence, int]] = []
-        unpriced: list[tuple[Occurrence, InvalidArgument]] = []
-        for occurrence in claimed:
-            try:
-                units = resolve_units(1 if units_of is None else units_of(occurrence), occurrence)
-            except InvalidArgument as exc:
-                unpriced.append((occurrence, exc))
-                continue
-            items.append((occurrence, units))
-        # The claim locked these policies and occurrences and made this owner their holder.
-        already = (policies, {occurrence.pk: occurrence for occurrence in claimed})
-        verdicts = _authorize_locked(items, plan.owner, conf.now(), alias, already=already) if items else []
+    """Authorize a batch just claimed by ``owner``, inside the claim's transaction on
+    ``alias``, which has locked ``policies`` (:func:`lock_policies_of`) and the occurrences:
+    price each with ``units_of`` (default 1), then check, charge, deny or defer it as
+    :func:`authorize_batch` does."""
+    items: list[tuple[Occurrence, int]] = []
+    unpriced: list[tuple[Occurrence, InvalidArgument]] = []
+    for occurrence in claimed:
+        try:
+            units = resolve_units(1 if units_of is None else units_of(occurrence), occurrence)
+        except InvalidArgument as exc:
+            unpriced.append((occurrence, exc))
+            continue
+        items.append((occurrence, units))
+    # The claim locked these policies and occurrences and made this owner their holder.
+    already = (policies, {occurrence.pk: occurrence for occurrence in claimed})
+    verdicts = _authorize_locked(items, owner, conf.now(), alias, already=already) if items else []
     runnable: list[Occurrence] = []
     refused: list[tuple[Occurrence, Authorization]] = []
     for (occurrence, units), verdict in zip(items, verdicts, strict=True):

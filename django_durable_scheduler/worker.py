@@ -37,7 +37,7 @@ from types import FrameType
 
 from django.db import DatabaseError, connections
 
-from . import conf, kernel, metrics, registry, reservations, wakeup
+from . import claiming, conf, kernel, metrics, registry, reservations, wakeup
 from .dialect import alias_for
 from .heartbeat import Heartbeat
 from .models import Occurrence
@@ -456,7 +456,7 @@ class Worker:
         threads. Denied ones are dead-lettered, deferred ones wait for their window (both
         written in that transaction); a failing units function is the occurrence's durable
         failure. Returns everything claimed, in claim order."""
-        batch = reservations.claim_authorized(
+        batch = claiming.claim_authorized(
             owner=self.worker_id,
             lease=self.lease,
             limit=limit,

@@ -1,4 +1,4 @@
-"""Claiming and authorizing in one transaction (``reservations.claim_authorized``, what the
+"""Claiming and authorizing in one transaction (``claiming.claim_authorized``, what the
 worker runs each turn): one commit between a due occurrence and its handler's start, with
 the verdicts, budget accounting and fairness of ``claim_batch`` followed by
 ``authorize_batch``."""
@@ -12,7 +12,7 @@ import pytest
 from django.db import connection, transaction
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import reservations
+from django_durable_scheduler import claiming, reservations
 from django_durable_scheduler.models import AuthorityReservation, AuthorityUsage, Event, Occurrence
 from django_durable_scheduler.worker import Worker
 
@@ -70,7 +70,7 @@ def commits(monkeypatch):
 def test_one_commit_claims_and_authorizes_a_batch(clock, commits):
     world(clock)
     commits[0] = 0
-    batch = reservations.claim_authorized(owner=OWNER, lease=60, limit=8)
+    batch = claiming.claim_authorized(owner=OWNER, lease=60, limit=8)
     assert commits[0] == 1
     assert len(batch.claimed) == 8
     verdicts = {row.pk: (principal(row), result.verdict) for row, result in batch.refused}
@@ -129,7 +129,7 @@ def test_verdicts_match_claim_then_authorize(clock):
     """The same world through both paths gives the same verdicts per principal."""
     world(clock)
     with transaction.atomic():  # rolled back: the two-step path then gets the same rows
-        batch = reservations.claim_authorized(owner=OWNER, lease=60, limit=8)
+        batch = claiming.claim_authorized(owner=OWNER, lease=60, limit=8)
         one = sorted(
             [(principal(row), "reserved") for row in batch.runnable]
             + [(principal(row), result.verdict) for row, result in batch.refused]
@@ -143,9 +143,9 @@ def test_verdicts_match_claim_then_authorize(clock):
 
 def test_fair_across_principals(clock):
     world(clock)
-    first = reservations.claim_authorized(owner=OWNER, lease=60, limit=3)
+    first = claiming.claim_authorized(owner=OWNER, lease=60, limit=3)
     assert sorted(principal(row) for row in first.claimed) == ["ann", "bea", "cid"]
-    second = reservations.claim_authorized(
+    second = claiming.claim_authorized(
         owner=OWNER, lease=60, limit=2, after_principal=first.claimed[-1].principal_key
     )
     assert sorted(principal(row) for row in second.claimed) == ["ann", "cid"]
@@ -161,7 +161,7 @@ def test_units_per_kind_and_a_failing_units_function(clock):
         raise ValueError("no price")
 
     units = {"k.cheap": 1, "k.dear": lambda occurrence: 7, "k.broken": fails}
-    batch = reservations.claim_authorized(
+    batch = claiming.claim_authorized(
         owner=OWNER, lease=60, limit=3, units_of=lambda occurrence: units[occurrence.claimed_kind]
     )
     assert sorted(row.job_id for row in batch.runnable) == ["cheap", "dear"]
@@ -177,17 +177,17 @@ def test_a_retry_reuses_its_reservation(clock):
     scheduler.set_policy("user", "ann", capabilities=["x.run"], window=3600, max_runs=1, max_units=10)
     scheduler.create_job("j", "k", authority=authority_for("ann", "x.run"), max_attempts=3)
     occ, _ = scheduler.enqueue("j", scheduled_for=clock(), trigger_key="t")
-    (first,) = reservations.claim_authorized(owner=OWNER, lease=60).runnable
+    (first,) = claiming.claim_authorized(owner=OWNER, lease=60).runnable
     scheduler.settle(
         first.pk, owner=OWNER, fence=first.fence, outcome="failed", error="flaky", retry_at=clock()
     )
-    again = reservations.claim_authorized(owner=OWNER, lease=60)
+    again = claiming.claim_authorized(owner=OWNER, lease=60)
     assert [row.pk for row in again.runnable] == [occ.pk] and again.runnable[0].attempt == 2
     assert list(AuthorityUsage.objects.values_list("runs", flat=True)) == [1]  # no second charge
 
 
 def test_nothing_due_is_empty(clock):
-    batch = reservations.claim_authorized(owner=OWNER, lease=60, limit=5)
+    batch = claiming.claim_authorized(owner=OWNER, lease=60, limit=5)
     assert (batch.claimed, batch.runnable, batch.refused, batch.unpriced) == ([], [], [], [])
 
 
@@ -206,7 +206,7 @@ def test_bad_input_writes_nothing(clock, kwargs, field):
     world(clock)
     before = snapshot()
     with pytest.raises(scheduler.InvalidArgument) as info:
-        reservations.claim_authorized(**{"owner": OWNER, "lease": 60, **kwargs})
+        claiming.claim_authorized(**{"owner": OWNER, "lease": 60, **kwargs})
     assert info.value.details["field"] == field
     assert snapshot() == before
 

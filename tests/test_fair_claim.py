@@ -10,7 +10,7 @@ import pytest
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler.authority import principal_key
-from django_durable_scheduler.claim_query import CURSOR_EVENTS, last_claimed_principal
+from django_durable_scheduler.claiming import CURSOR_EVENTS, last_claimed_principal
 from django_durable_scheduler.models import Event
 
 from .conftest import authority_for

@@ -19,7 +19,7 @@ import django
 
 def main() -> None:
     django.setup()
-    from django_durable_scheduler import kernel, reservations
+    from django_durable_scheduler import claiming, kernel, reservations
     from django_durable_scheduler.exceptions import AuthorityBudgetExhausted
 
     owner, mode, revision, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -30,7 +30,7 @@ def main() -> None:
     lines: list[str] = []
     empty = 0
     while empty < 3 and mode == "claim_authorized":
-        got = reservations.claim_authorized(owner=owner, lease=600, limit=batch)
+        got = claiming.claim_authorized(owner=owner, lease=600, limit=batch)
         if not got.claimed:
             empty += 1
             time.sleep(0.05)
