@@ -790,7 +790,7 @@ def _frame_name(frame: str) -> str:
     if not match:
         return frame
     func, path = match.groups()
-    for marker in ("site-packages/", "lib/python3.11/", "/work/main/"):
+    for marker in ("site-packages/", "lib/python3.11/", f"{ROOT}/"):
         if marker in path:
             path = path.split(marker, 1)[1]
             break

@@ -1,5 +1,5 @@
 """Budgets: charging runs against a principal's per-window usage, and settling the
-reservations those charges made (SPEC section 7).
+reservations those charges made (``docs/design.md``, "Budgets and reservations").
 
 This sits below the lease code: the kernel settles reservations when an occurrence ends,
 and authorization (``reservations.py``) charges them, each inside its own transaction.
@@ -207,7 +207,7 @@ def settle_reservations(
     """Settle the ``reserved`` reservations of occurrences that reached a terminal status.
 
     Called by the kernel inside its transaction. Returns, by occurrence id, the event data
-    the seed adds for each settled reservation (policy revision and units).
+    the terminal event carries for each settled reservation (policy revision and units).
     """
     if not occurrence_ids:
         return {}

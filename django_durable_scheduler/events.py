@@ -10,7 +10,7 @@ from .dialect import alias_for
 from .identity import normalize_identifier, normalize_int
 from .models import Event
 
-# The seed's nine event types, then ours.
+# The nine event types of the portable audit trail, then ours.
 JOB_CREATED = "job_created"
 JOB_UPDATED = "job_updated"
 OCCURRENCE_ENQUEUED = "occurrence_enqueued"

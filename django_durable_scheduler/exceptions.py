@@ -1,7 +1,7 @@
 """The scheduler's exceptions: one class per stable ``SCHEDULER_*`` code.
 
 Every error raised by the public API is a :class:`SchedulerError`. Its ``code`` is the
-seed's string code (portable across implementations), ``details`` a JSON-able dict
+stable string code (portable across implementations), ``details`` a JSON-able dict
 that names what went wrong (``field`` for bad input, ``expected``/``actual`` for
 conflicts).
 """

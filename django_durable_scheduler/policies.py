@@ -1,4 +1,4 @@
-"""Authority policies: what a principal may do and how much of it per window (SPEC section 7).
+"""Authority policies: what a principal may do and how much of it per window.
 
 A policy belongs to one principal (``principal_type``, ``principal_id``). Every change is
 compare-and-set on the policy's revision, bumps it, appends the new revision's full content
@@ -592,7 +592,7 @@ def set_policy(
     changed_by: str | None = None,
     using: str | None = None,
 ) -> AuthorityPolicy:
-    """Create or replace the principal's policy (SPEC sections 7 and 8).
+    """Create or replace the principal's policy (``docs/design.md``, "Authority checks").
 
     ``expected_revision`` makes it compare-and-set (0: the policy must not exist yet);
     a mismatch raises ``SCHEDULER_AUTHORITY_POLICY_CONFLICT`` with ``expected_revision``
@@ -664,7 +664,7 @@ def ensure_policy(
 
 def bind_to_current_policy(authority: dict[str, Any], using: str | None = None) -> dict[str, Any]:
     """Bind a normalized envelope to its principal's current policy revision whenever the
-    principal has a policy, covered or not (SPEC section 7): then a capability the policy
+    principal has a policy, covered or not: then a capability the policy
     lacks is denied ``permission_denied`` with the missing list, and a later change that
     grants it rebinds the envelope. Without a policy it is returned as given (denied
     ``policy_required`` until a policy exists; ``set_policy`` binds it then). For

@@ -1,7 +1,8 @@
-"""Authority reservations: charging a run against its principal's budget (SPEC section 7).
+"""Authority reservations: charging a run against its principal's budget
+(``docs/design.md``, "Authority checks" and "Budgets and reservations").
 
-``reserve_authority`` is the seed's reservation primitive. ``authorize`` runs between the
-claim of an occurrence and its handler's start: the policy checks in the SPEC's order, then
+``reserve_authority`` is the reservation primitive on its own. ``authorize`` runs between the
+claim of an occurrence and its handler's start: the policy checks in their order, then
 a reservation (or the reuse of the one a previous attempt made); the worker's claim runs
 it in the claim's own transaction (``claiming.claim_authorized`` calls
 :func:`authorize_claimed`). Denials
@@ -198,7 +199,7 @@ def reserve_authority(
     occurrence_id: str, *, policy_revision: int, units: int = 1, using: str | None = None
 ) -> AuthorityReservation:
     """Reserve one run and ``units`` units of the running occurrence's principal budget,
-    under policy revision ``policy_revision`` (the seed's ``reserveAuthority``).
+    under policy revision ``policy_revision``.
 
     An existing reservation of the occurrence with the same job, principal, revision and
     units is returned (``.deduplicated`` is True; no second charge); any other is
@@ -269,7 +270,7 @@ def _policy_key(authority: dict[str, Any]) -> tuple[str, str]:
 
 
 def _check_held(held: Occurrence, policy: AuthorityPolicy | None) -> AuthorityPolicy:
-    """Checks 1 and 2 of SPEC section 7 on a held occurrence; raises the denial."""
+    """The first two authority checks (policy exists and is enabled, envelope bound to its current revision) on a held occurrence; raises the denial."""
     authority = held.authority
     principal = authority["principal"]
     policy = _require(policy, principal)
@@ -432,7 +433,7 @@ def _claimed(occurrence: Any, field: str) -> tuple[Occurrence, int]:
 
 
 def authorize(occurrence: Occurrence, *, units: Units = 1, owner: str, using: str | None = None) -> str:
-    """Authorize a claimed occurrence before its handler runs (SPEC section 7).
+    """Authorize a claimed occurrence before its handler runs (``docs/design.md``, "Authority checks").
 
     Returns ``"reserved"`` (budget charged), ``"reused"`` (a retry keeps its reservation),
     ``"denied"`` (dead-lettered without retry: ``policy_required``, ``policy_unbound``,

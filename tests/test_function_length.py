@@ -14,17 +14,6 @@ LIMIT = 80  # lines, from ``def`` to the last line of the body, docstring and co
 # "path::qualified name": why it may stay longer. Keep it empty if at all possible.
 ALLOWED: dict[str, str] = {}
 
-# Being split on other branches of the same change; the lead empties this list once they are
-# merged (an entry that is no longer long fails the stale-entry test below, as a reminder).
-TEMPORARILY_ALLOWED: dict[str, str] = {
-    "django_durable_scheduler/worker.py::Worker.run": "the worker in parts",
-    "django_durable_scheduler/leases.py::_settle_held": "the occurrence lifecycle in one table",
-    "django_durable_scheduler/claim_query.py::claim_candidates": "the claim SQL in one place",
-    "django_durable_scheduler/reservations.py::_authorize_locked": "the claim path",
-    "tests/run.py::main": "the test runner",
-    "tests/run.py::run_legs": "the test runner",
-}
-
 
 def _functions(tree: ast.AST, prefix: str = ""):
     """(qualified name, node) of every function and method, nested ones included."""
@@ -54,13 +43,12 @@ def long_functions(root: Path = ROOT, trees: tuple[str, ...] = TREES, limit: int
 
 
 def test_no_function_over_80_lines_unless_allowed():
-    allowed = ALLOWED.keys() | TEMPORARILY_ALLOWED.keys()
-    too_long = {name: length for name, length in long_functions().items() if name not in allowed}
+    too_long = {name: length for name, length in long_functions().items() if name not in ALLOWED}
     assert not too_long, "\n".join(f"{name}: {length} lines" for name, length in sorted(too_long.items()))
 
 
 def test_every_allowed_function_is_still_long():
-    stale = (ALLOWED.keys() | TEMPORARILY_ALLOWED.keys()) - long_functions().keys()
+    stale = ALLOWED.keys() - long_functions().keys()
     assert not stale, f"no longer over {LIMIT} lines, take them off the list: {sorted(stale)}"
 
 
