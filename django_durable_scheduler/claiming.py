@@ -27,7 +27,7 @@ from typing import Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import F, Model
+from django.db.models import Model
 from django.utils.dateparse import parse_datetime
 
 from . import conf, leases, reservations
@@ -41,6 +41,7 @@ from .identity import (
     normalize_int,
     to_duration_ms,
 )
+from .lifecycle import TRANSITION, Action, writes
 from .models import Event, Job, Occurrence, OccurrenceStatus
 from .reservations import AuthorizedClaim, Units
 
@@ -625,13 +626,9 @@ def claim_planned(
     )
     if not rows:
         return []
+    # Claim and reclaim set the same columns (lifecycle.TRANSITIONS): one UPDATE for both.
     Occurrence.objects.using(alias).filter(pk__in=[row.pk for row in rows]).update(
-        status=OccurrenceStatus.RUNNING,
-        attempt=F("attempt") + 1,
-        fence=F("fence") + 1,
-        lease_owner=owner,
-        lease_expires_at=expires,
-        updated_at=now,
+        **writes(Action.CLAIM, now, lease_owner=owner, lease_expires_at=expires)
     )
     events = []
     for row in rows:
@@ -646,7 +643,7 @@ def claim_planned(
         events.append(
             new_event(
                 row.job_id,
-                OCCURRENCE_RECLAIMED if reclaimed else OCCURRENCE_CLAIMED,
+                TRANSITION[Action.RECLAIM if reclaimed else Action.CLAIM].event,
                 now,
                 occurrence_id=row.pk,
                 owner_id=owner,
