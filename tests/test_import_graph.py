@@ -11,7 +11,15 @@ import ast
 from collections import deque
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+
+# These read the repository's own tree; the Django 6 legs run a copy of tests/ beside the
+# installed wheel, where there is none.
+pytestmark = pytest.mark.skipif(
+    not (ROOT / "django_durable_scheduler").is_dir(), reason="no repository tree beside these tests"
+)
 PACKAGES = ("django_durable_scheduler", "bench")
 
 
