@@ -16,12 +16,14 @@ from django.conf import settings as django_settings
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from django_durable_scheduler import migrations as migrations_package
 from django_durable_scheduler.exceptions import InvalidArgument
 from django_durable_scheduler.migrations._first_fire_time import first_fire_time
 from django_durable_scheduler.schedules import initial_fire_time
 from django_durable_scheduler.triggers import validate_trigger
 
-MIGRATIONS = Path(__file__).resolve().parent.parent / "django_durable_scheduler" / "migrations"
+# The installed package's migrations: the Django 6 legs run these tests beside the wheel.
+MIGRATIONS = Path(migrations_package.__file__).resolve().parent
 PACKAGE = "django_durable_scheduler"
 # Classes that the model state declares checks with: Django writes their import path into a
 # migration, as it does a custom field's, and compares them with the models' own.
