@@ -270,7 +270,10 @@ def _policy_key(authority: dict[str, Any]) -> tuple[str, str]:
 
 
 def _check_held(held: Occurrence, policy: AuthorityPolicy | None) -> AuthorityPolicy:
-    """The first two authority checks (policy exists and is enabled, envelope bound to its current revision) on a held occurrence; raises the denial."""
+    """The first two authority checks on a held occurrence, raising the denial.
+
+    The policy must exist and be enabled, and the envelope must be bound to its current revision.
+    """
     authority = held.authority
     principal = authority["principal"]
     policy = _require(policy, principal)
