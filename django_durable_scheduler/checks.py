@@ -284,6 +284,37 @@ def _default_principal_problems() -> list[Problem]:
     return []
 
 
+def _retention_problems() -> list[Problem]:
+    try:
+        conf.parse_retention(conf.settings.raw("RETENTION"))
+    except ValueError as exc:
+        return [
+            (
+                "RETENTION",
+                str(exc),
+                "Ages (succeeded, cancelled, dead_letter, job_events, caller_keys) are seconds or "
+                "timedeltas, None keeps forever; period, pause and lease are seconds, batch_size "
+                "rows; None turns retention off in the workers.",
+            )
+        ]
+    return []
+
+
+def _archive_problems() -> list[Problem]:
+    try:
+        conf.parse_archive(conf.settings.raw("ARCHIVE"))
+    except ValueError as exc:
+        return [
+            (
+                "ARCHIVE",
+                str(exc),
+                'For example {"storage": "default", "prefix": "durable_scheduler/archive"}; None '
+                "(the default) archives nothing.",
+            )
+        ]
+    return []
+
+
 def _settings_problems() -> list[Problem]:
     """Every DURABLE_SCHEDULER_* setting that is wrong, in the order the settings are listed."""
     return [
@@ -299,6 +330,8 @@ def _settings_problems() -> list[Problem]:
             _listen_problems,
             _handler_timeout_problems,
             _default_principal_problems,
+            _retention_problems,
+            _archive_problems,
         )
         for problem in problems_of()
     ]

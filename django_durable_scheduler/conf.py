@@ -6,9 +6,11 @@ Reading on access (never at import) keeps ``override_settings`` working in tests
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -42,6 +44,28 @@ DEFAULTS: dict[str, Any] = {
     # How long a run may take when neither its job nor its handler says (seconds or a
     # timedelta; None: no timeout). Checked by durable_scheduler.E003.
     "HANDLER_TIMEOUT": None,
+    # What runscheduler deletes, and how (see retention.py; None: workers delete nothing). Ages
+    # are seconds or timedeltas, None keeps forever. A partial dict is completed from this one.
+    "RETENTION": {
+        "succeeded": timedelta(days=7),
+        "cancelled": timedelta(days=7),
+        # Dead letters are what someone still has to look at: kept longer.
+        "dead_letter": timedelta(days=30),
+        # Events of no occurrence (job created/updated, skipped slots).
+        "job_events": timedelta(days=30),
+        # Occurrences enqueued under a trigger key the caller chose (None: their rows stay,
+        # so that enqueueing the key again still finds them; see docs/design.md).
+        "caller_keys": None,
+        # One run per this many seconds across all workers, each batch its own transaction,
+        # a pause between batches, and the lease a killed runner's successor waits out.
+        "period": 300,
+        "batch_size": 500,
+        "pause": 0.05,
+        "lease": 120,
+    },
+    # Where retention writes what it deletes before deleting it (archive.py; None: nowhere):
+    # {"storage": <a name in STORAGES>, "prefix": <folder in that storage>}.
+    "ARCHIVE": None,
 }
 
 # What the settings may be (system check E003 holds them to it). Where run-time code takes the
@@ -54,6 +78,80 @@ MAX_HANDLER_TIMEOUT = MAX_TIMEOUT_MS // 1000
 RETRY_JITTER_BELOW = 1  # a share of the delay, less than all of it
 MIN_CLAIM_BATCH = 1
 TIME_SOURCES = ("host", "database")
+MAX_AGE = timedelta(days=36_500)
+RETENTION_AGES = ("succeeded", "cancelled", "dead_letter", "job_events", "caller_keys")
+# (key, lowest, highest) of RETENTION's numeric knobs: seconds, or rows for batch_size.
+RETENTION_LIMITS = (("period", 1, 86_400), ("batch_size", 1, 10_000), ("pause", 0, 60), ("lease", 1, 3_600))
+ARCHIVE_KEYS = ("storage", "prefix")
+
+
+@dataclass(frozen=True)
+class Retention:
+    """``DURABLE_SCHEDULER_RETENTION``, checked and completed from the defaults."""
+
+    ages: dict[str, timedelta | None]  # by terminal status, and job_events / caller_keys
+    period: float
+    batch_size: int
+    pause: float
+    lease: float
+
+
+def _age(value: Any, key: str) -> timedelta | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        age = value
+    elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        age = timedelta(seconds=value)
+    else:
+        raise ValueError(f"[{key!r}] must be None, seconds or a timedelta, not {value!r}")
+    if not timedelta(0) < age <= MAX_AGE:
+        raise ValueError(f"[{key!r}] must be more than 0 and at most {MAX_AGE.days} days, not {value!r}")
+    return age
+
+
+def parse_retention(raw: Any) -> Retention | None:
+    """The retention setting as workers apply it; ``ValueError`` naming the key when wrong."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError(f"must be None or a dict, not {raw!r}")
+    unknown = sorted(set(raw) - set(DEFAULTS["RETENTION"]), key=str)
+    if unknown:
+        raise ValueError(f"has unknown keys {unknown} (known: {', '.join(DEFAULTS['RETENTION'])})")
+    merged = {**DEFAULTS["RETENTION"], **raw}
+    ages = {key: _age(merged[key], key) for key in RETENTION_AGES}
+    numbers: dict[str, float] = {}
+    for key, low, high in RETENTION_LIMITS:
+        value = merged[key]
+        whole = key != "batch_size" or isinstance(value, int)
+        if not (
+            isinstance(value, int | float) and not isinstance(value, bool) and whole and low <= value <= high
+        ):
+            kind = "a whole number" if key == "batch_size" else "seconds"
+            raise ValueError(f"[{key!r}] must be {kind} in [{low}, {high}], not {value!r}")
+        numbers[key] = value
+    return Retention(
+        ages,
+        float(numbers["period"]),
+        int(numbers["batch_size"]),
+        float(numbers["pause"]),
+        float(numbers["lease"]),
+    )
+
+
+def parse_archive(raw: Any) -> dict[str, str] | None:
+    """The archive setting: ``{"storage": ..., "prefix": ...}`` or None; ``ValueError`` when wrong."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - set(ARCHIVE_KEYS) or "storage" not in raw:
+        raise ValueError(f"must be None or a dict with 'storage' and optionally 'prefix', not {raw!r}")
+    storage, prefix = raw["storage"], raw.get("prefix", "durable_scheduler/archive")
+    if not isinstance(storage, str) or storage not in getattr(django_settings, "STORAGES", {}):
+        raise ValueError(f"['storage'] must name an entry of STORAGES, not {storage!r}")
+    if not isinstance(prefix, str) or ".." in prefix.split("/"):
+        raise ValueError(f"['prefix'] must be a folder name in that storage, not {prefix!r}")
+    return {"storage": storage, "prefix": prefix.strip("/")}
 
 
 class Settings:
@@ -114,6 +212,15 @@ class Settings:
         if value is None:
             return None
         return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+    @property
+    def RETENTION(self) -> Retention | None:  # noqa: N802
+        """What workers delete (None: nothing); checked by durable_scheduler.E003."""
+        return parse_retention(self.raw("RETENTION"))
+
+    @property
+    def ARCHIVE(self) -> dict[str, str] | None:  # noqa: N802
+        return parse_archive(self.raw("ARCHIVE"))
 
 
 settings = Settings()

@@ -420,6 +420,27 @@ class OutcomeCount(models.Model):
         return f"{self.hour:%Y-%m-%d %H:00} {self.kind} {self.status}: {self.count}"
 
 
+class MaintenanceLease(models.Model):
+    """One row per periodic task the workers share (``retention``): which worker holds it
+    until when (one at a time across hosts; a killed holder's lease runs out), and what its
+    last run did, which the dashboard and the status command show."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    # The worker that holds it, or held it last (expires_at None: released).
+    owner = models.CharField(max_length=256, null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_started_at = models.DateTimeField(null=True, blank=True)
+    last_finished_at = models.DateTimeField(null=True, blank=True)
+    last_result = models.JSONField(null=True, blank=True, default=None)
+
+    class Meta:
+        db_table = "durable_scheduler_maintenance"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 # The jobs behind the schedules of django.tasks tasks (tasks.schedule, the admin).
 TASK_SCHEDULE_PREFIX = "task-schedule:"
 

@@ -11,21 +11,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, transaction
 from django.db.models import Case, Count, F, Min, Q, When
 
-from . import conf, dialect, rollups
+from . import conf, dialect, retention, rollups
 from .identity import from_ms, iso_ms, to_ms
 from .models import (
     PENDING_STATUSES,
-    TERMINAL_STATUSES,
     AuthorityPolicy,
-    AuthorityReservation,
     AuthorityUsage,
-    Event,
     Occurrence,
     OccurrenceStatus,
-    ReservationStatus,
     WorkerHeartbeat,
 )
 from .policies import jobs_without_policy
@@ -157,6 +152,8 @@ class Status:
     # Enabled jobs whose principal has no policy (every run denied), by "type:id".
     without_policy: dict[str, list[str]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    # The workers' last retention run (retention.py).
+    last_retention: retention.LastRun = field(default_factory=lambda: retention.LastRun(enabled=False))
 
     @property
     def healthy(self) -> bool:
@@ -183,6 +180,7 @@ class Status:
             "near_budget": [b.as_json() for b in self.near_budget],
             "disabled_waiting": self.disabled_waiting,
             "jobs_without_policy": self.without_policy,
+            "retention": self.last_retention.as_json(),
         }
 
 
@@ -327,6 +325,7 @@ def collect_status(
         near_budget=budget_usage(now, budget_percent, alias),
         disabled_waiting=disabled_waiting,
         without_policy={f"{t}:{i}": jobs for (t, i), jobs in jobs_without_policy(using=alias).items()},
+        last_retention=retention.last_run(alias, now),
     )
     if status.due and not live:
         status.problems.append(f"no live worker while {status.due} occurrence(s) are due")
@@ -380,72 +379,20 @@ def format_status(status: Status) -> str:
     if status.without_policy:
         lines.append("jobs whose principal has no policy (every run denied):")
         lines.extend(f"  {principal}: {', '.join(jobs)}" for principal, jobs in status.without_policy.items())
+    lines.append(f"retention: {status.last_retention.describe()}")
+    archived = (status.last_retention.result or {}).get("archived") or []
+    lines.extend(f"  archived {name}" for name in archived)
     lines.append("healthy" if status.healthy else "unhealthy: " + "; ".join(status.problems))
     return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- prune
 
-
-@dataclass
-class PruneResult:
-    cutoff: datetime
-    dry_run: bool
-    occurrences: int = 0
-    events: int = 0
-    reservations: int = 0
-    job_events: int = 0
-    # Old enough, but kept: their reservation's budget window is still open.
-    kept: int = 0
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "cutoff": iso_ms(self.cutoff),
-            "dry_run": self.dry_run,
-            "occurrences": self.occurrences,
-            "events": self.events,
-            "reservations": self.reservations,
-            "job_events": self.job_events,
-            "kept": self.kept,
-        }
-
-    def __str__(self) -> str:
-        verb = "would delete" if self.dry_run else "deleted"
-        text = (
-            f"{verb} {self.occurrences} occurrences settled before {iso_ms(self.cutoff)}, "
-            f"{self.events} of their events, {self.reservations} reservations, "
-            f"{self.job_events} job events"
-        )
-        if self.kept:
-            text += f"; kept {self.kept} whose budget window is still open"
-        return text
-
-
-def _open_window(ids: list[str], now: datetime, alias: str) -> set[str]:
-    """The occurrences among ``ids`` whose reservation must stay: still ``reserved``, or in
-    a budget window that has not ended (usage must keep equalling that window's
-    reservations). A reservation whose policy is gone counts as ended."""
-    reservations = list(
-        AuthorityReservation.objects.using(alias)
-        .filter(occurrence_id__in=ids)
-        .values_list("occurrence_id", "status", "principal_type", "principal_id", "window_started_at")
-    )
-    if not reservations:
-        return set()
-    windows = {
-        (ptype, pid): window_ms
-        for ptype, pid, window_ms in AuthorityPolicy.objects.using(alias)
-        .filter(principal_id__in={r[3] for r in reservations})
-        .values_list("principal_type", "principal_id", "window_ms")
-    }
-    keep = set()
-    for occurrence_id, status, ptype, pid, started in reservations:
-        window_ms = windows.get((ptype, pid))
-        if status == ReservationStatus.RESERVED or (
-            window_ms is not None and started + timedelta(milliseconds=window_ms) > now
-        ):
-            keep.add(occurrence_id)
-    return keep
+# The pruning itself is retention's (retention.py), shared with the workers; these are the
+# names the command and callers have always used.
+PruneResult = retention.PruneResult
+DEFAULT_PRUNE_BATCH = retention.DEFAULT_BATCH
+MAX_PRUNE_BATCH = retention.MAX_BATCH
 
 
 def prune(
@@ -457,69 +404,7 @@ def prune(
     using: str | None = None,
 ) -> PruneResult:
     """Delete terminal occurrences settled more than ``older_than`` ago, with their events
-    and reservations, in batches of ``batch_size`` (each its own short transaction).
-
-    Jobs are never deleted, so each job's ``last_slot_at`` keeps refusing the slots whose
-    occurrences are gone: pruning cannot make a slot fire twice. Explicit trigger keys have
-    no such guard: once pruned, ``enqueue``/``enqueue_once_per_trigger`` with the same key
-    create a new occurrence, so keep keys you dedupe on longer than the prune age. With
-    ``include_job_events``, events not tied to an occurrence (job created/updated, skipped
-    slots) older than the age go too. ``dry_run`` counts and writes nothing.
-    """
-    if not 1 <= batch_size <= MAX_PRUNE_BATCH:
-        raise ValueError(f"batch_size must be between 1 and {MAX_PRUNE_BATCH}")
-    alias = dialect.alias_for(using)
-    now = conf.now()
-    result = PruneResult(cutoff=now - older_than, dry_run=dry_run)
-    cursor = ""
-    while True:
-        with transaction.atomic(using=alias):
-            if not dry_run:
-                dialect.take_write_lock(connections[alias])
-            candidates = (
-                Occurrence.objects.using(alias)
-                .filter(status__in=TERMINAL_STATUSES, settled_at__lt=result.cutoff, pk__gt=cursor)
-                .order_by("pk")
-            )
-            if not dry_run:
-                # Terminal rows do not change, but an admin "retry" could take one back
-                # to queued: lock them (skipping rows someone else holds) while we delete.
-                candidates = dialect.lock_rows(candidates, alias)
-            ids = list(candidates.values_list("pk", flat=True)[:batch_size])
-            if not ids:
-                break
-            cursor = ids[-1]
-            keep = _open_window(ids, now, alias)
-            result.kept += len(keep)
-            doomed = [pk for pk in ids if pk not in keep]
-            if doomed and dry_run:
-                result.events += Event.objects.using(alias).filter(occurrence_id__in=doomed).count()
-                result.reservations += (
-                    AuthorityReservation.objects.using(alias).filter(occurrence_id__in=doomed).count()
-                )
-                result.occurrences += len(doomed)
-            elif doomed:
-                # Children first (they PROTECT their occurrence); nothing else points at these rows.
-                result.events += dialect.delete_rows(alias, Event, "occurrence", doomed)
-                result.reservations += dialect.delete_rows(alias, AuthorityReservation, "occurrence", doomed)
-                result.occurrences += dialect.delete_rows(alias, Occurrence, "occurrence_id", doomed)
-        if len(ids) < batch_size:
-            break
-    if include_job_events:
-        result.job_events = _prune_job_events(result.cutoff, batch_size, dry_run, alias)
-    return result
-
-
-def _prune_job_events(cutoff: datetime, batch_size: int, dry_run: bool, alias: str) -> int:
-    old = Event.objects.using(alias).filter(occurrence__isnull=True, occurred_at__lt=cutoff)
-    if dry_run:
-        return old.count()
-    total = 0
-    while True:
-        with transaction.atomic(using=alias):
-            dialect.take_write_lock(connections[alias])
-            ids = list(old.order_by("pk").values_list("pk", flat=True)[:batch_size])
-            if ids:
-                total += dialect.delete_rows(alias, Event, "event_id", ids)
-        if len(ids) < batch_size:
-            return total
+    and reservations, in batches: see :func:`retention.prune`."""
+    return retention.prune(
+        older_than, batch_size=batch_size, dry_run=dry_run, include_job_events=include_job_events, using=using
+    )

@@ -44,6 +44,7 @@ from .models import Occurrence
 from .outcomes import OutcomeReporter
 from .pacing import ClaimPacer, claim_ahead
 from .pool import EXIT_STUCK, HandlerPool, tidy_connections
+from .retention import RetentionThread
 from .runs import Held, Run, log_fields
 
 __all__ = ["EXIT_STUCK", "Waker", "Worker", "claim_ahead", "default_worker_id", "log_fields"]
@@ -240,6 +241,8 @@ class Worker:
         self.heartbeat = Heartbeat(
             worker_id=self.worker_id, held=self.held, lease=lease, concurrency=concurrency, using=using
         )
+        # Retention (DURABLE_SCHEDULER_RETENTION) on a thread of its own, in workers that stay.
+        self.retention = RetentionThread(self.worker_id, using)
         self._stopping = threading.Event()
         self._signals = StopOnSignal(self.stop, grace)
         self._principal_cursor: str | None = None
@@ -319,6 +322,8 @@ class Worker:
         self._listener = _listen(self.using, self.waker.announce, self.poll_interval, stays)
         self.heartbeat.start(kinds)
         self.pool.start()
+        if stays:
+            self.retention.start()
 
     def _turn(self) -> Turn | None:
         """Settle what finished, then claim up to the free capacity; None when every handler
@@ -445,6 +450,7 @@ class Worker:
             listener, thread = self._listener
             listener.stop()
             thread.join(timeout=5)
+        self.retention.stop()
         self.heartbeat.stop()
         connections.close_all()
 

@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 from django.db import OperationalError, transaction
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import kernel, ops
+from django_durable_scheduler import kernel, ops, retention
 from django_durable_scheduler.models import (
     AuthorityPolicy,
     AuthorityReservation,
@@ -409,7 +409,7 @@ def test_prune_batches_are_separate_transactions(job, clock, monkeypatch):
         entered.append(kwargs.get("using"))
         return real_atomic(*args, **kwargs)
 
-    monkeypatch.setattr(ops, "transaction", SimpleNamespace(atomic=counting_atomic))
+    monkeypatch.setattr(retention, "transaction", SimpleNamespace(atomic=counting_atomic))
     result = ops.prune(timedelta(minutes=30), batch_size=2)
     assert result.occurrences == 5
     assert len(entered) == 3  # 2 + 2 + 1

@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from ... import ops
+from ...archive import ArchiveError
 from . import DATABASE_HELP, database_alias
 
 
@@ -64,4 +65,7 @@ class Command(BaseCommand):
         except DatabaseError as exc:
             # Each batch is its own transaction: what was deleted before the error stays deleted.
             raise CommandError(f"scheduler_prune: database error: {ops.first_line(exc)}") from exc
+        except ArchiveError as exc:
+            # The chunk whose archive failed was not deleted; earlier chunks were, archived.
+            raise CommandError(f"scheduler_prune: archive failed, its rows were kept: {exc}") from exc
         self.stdout.write(json.dumps(result.as_json()) if options["json"] else str(result))
