@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,9 @@ if os.environ.get("DSCH_CLOCK_T0"):
     DURABLE_SCHEDULER_CLOCK = "tests.procs.clock.dilated"
 DURABLE_SCHEDULER_TIME_SOURCE = os.environ.get("DSCH_TIME_SOURCE", "host")
 DURABLE_SCHEDULER_LISTEN = os.environ.get("DSCH_LISTEN", "1") == "1"
+# Subprocess workers of the retention tests get their retention (JSON) from the environment.
+if os.environ.get("DSCH_RETENTION"):
+    DURABLE_SCHEDULER_RETENTION = json.loads(os.environ["DSCH_RETENTION"])
 if os.environ.get("DSCH_POOLER"):
     # What Django asks for behind a transaction-mode pooler: no server-side cursors.
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
