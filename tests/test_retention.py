@@ -216,7 +216,7 @@ def test_retention_never_turns_a_deduplicated_enqueue_into_a_second_run(db, cloc
     kernel.settle(held.pk, owner="w", fence=held.fence, outcome="succeeded")
     Job.objects.filter(pk="every-minute").update(enabled=False)  # no new slots meanwhile
     settle(clock, "order:42")
-    once, _ = kernel.enqueue_once_per_trigger("job-a", scheduled_for=clock(), trigger_key="nightly")
+    kernel.enqueue_once_per_trigger("job-a", scheduled_for=clock(), trigger_key="nightly")
     held = kernel.claim(owner="w", lease=60)
     kernel.settle(held.pk, owner="w", fence=held.fence, outcome="succeeded")
     settle(clock, "task:0f1e2d")
@@ -268,26 +268,15 @@ def test_one_worker_at_a_time_once_per_period(job, clock, keep_all_keys, setting
     clock.advance(301)
     held = maintenance.take("retention", "w3", now=clock(), lease=lease, period=period, alias="default")
     assert held is not None
-    assert maintenance.take("retention", "w4", now=clock(), lease=lease, period=period, alias="default") is None
+    assert (
+        maintenance.take("retention", "w4", now=clock(), lease=lease, period=period, alias="default") is None
+    )
     # Killed: its lease runs out, and the next worker takes it over once the period passed too.
     clock.advance(301)
     taken = maintenance.take("retention", "w4", now=clock(), lease=lease, period=period, alias="default")
     assert taken is not None
     assert not held.renew(clock(), lease) and not held.release(clock(), {"ok": True})
     assert taken.renew(clock(), lease) and taken.release(clock(), {"ok": True})
-
-
-def test_the_first_lease_goes_to_one_of_two_racing_inserts(db, clock):
-    period, lease = timedelta(seconds=300), timedelta(seconds=120)
-    first = maintenance.take("retention", "w1", now=clock(), lease=lease, period=period, alias="default")
-    MaintenanceLease.objects.filter(pk="retention").update(expires_at=clock() + lease)
-    assert first is not None
-    # w2 read no row (as if before w1's insert) and inserts: the key refuses it.
-    from django.db import IntegrityError, transaction
-
-    with pytest.raises(IntegrityError), transaction.atomic():
-        MaintenanceLease.objects.create(name="retention", owner="w2", expires_at=clock(), last_started_at=clock())
-    assert MaintenanceLease.objects.get().owner == "w1"
 
 
 # --------------------------------------------------------------------------- the archive
@@ -297,7 +286,10 @@ def test_the_first_lease_goes_to_one_of_two_racing_inserts(db, clock):
 def archived(settings, tmp_path, clock):
     settings.STORAGES = {
         **settings.STORAGES,
-        "archive": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": tmp_path}},
+        "archive": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": tmp_path},
+        },
     }
     settings.DURABLE_SCHEDULER_ARCHIVE = {"storage": "archive", "prefix": "history/"}
     settings.DURABLE_SCHEDULER_RETENTION = {"caller_keys": 1, "pause": 0, "job_events": 3600}

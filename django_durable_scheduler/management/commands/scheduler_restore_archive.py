@@ -29,7 +29,9 @@ def _storage_name(text: str | None) -> str:
         text = text if isinstance(text, str) else "default"
     if text not in getattr(settings, "STORAGES", {}):
         known = ", ".join(sorted(getattr(settings, "STORAGES", {}))) or "none"
-        raise CommandError(f"scheduler_restore_archive: --storage: {text!r} is not in STORAGES (it has: {known})")
+        raise CommandError(
+            f"scheduler_restore_archive: --storage: {text!r} is not in STORAGES (it has: {known})"
+        )
     return text
 
 
