@@ -12,7 +12,7 @@ kept. Jobs are never deleted, so ``Job.last_slot_at`` keeps refusing pruned slot
 Deleting is throttled so that claiming never waits on it: candidates are read without locks,
 each batch is its own short transaction that locks only its rows (skipping rows others hold),
 with a pause between batches. With an archive (:mod:`.archive`), each chunk of up to
-``ARCHIVE_CHUNK`` occurrences of one day is written and verified before its batches go.
+``CHUNK`` occurrences of one day is written and verified before its batches go.
 
 In ``runscheduler``, :class:`RetentionThread` runs it off the claim loop, on a thread with its own
 database connection, under the ``retention`` lease (:mod:`.maintenance`): one worker at a time
@@ -53,8 +53,9 @@ logger = logging.getLogger("django_durable_scheduler")
 LEASE_NAME = "retention"
 DEFAULT_BATCH = 500
 MAX_BATCH = 10_000
-# Occurrences per archive file (their events and reservations go in files of their own).
-ARCHIVE_CHUNK = 10_000
+# Candidates read per query, and occurrences per archive file (their events and
+# reservations go in files of their own); deleted in batches of the setting's batch_size.
+CHUNK = 10_000
 # Ids per query when reading a chunk's rows (under every database's limit of bound values).
 IDS_PER_QUERY = 900
 # Trigger keys the scheduler makes itself: slots (guarded by Job.last_slot_at), django.tasks
@@ -114,13 +115,21 @@ def kept_occurrences(
     return Occurrence.objects.using(alias).filter(young | _open_window(now, alias))
 
 
+def _slices(ids: list[Any]) -> Iterator[list[Any]]:
+    """``ids`` in slices that every database takes as the values of one ``IN``."""
+    for start in range(0, len(ids), IDS_PER_QUERY):
+        yield ids[start : start + IDS_PER_QUERY]
+
+
 def _kept_for_window(ids: list[str], now: datetime, alias: str) -> set[str]:
     """The occurrences among ``ids`` whose reservation must stay (see ``_open_window``)."""
-    reservations = list(
-        AuthorityReservation.objects.using(alias)
-        .filter(occurrence_id__in=ids)
+    reservations = [
+        row
+        for part in _slices(ids)
+        for row in AuthorityReservation.objects.using(alias)
+        .filter(occurrence_id__in=part)
         .values_list("occurrence_id", "status", "principal_type", "principal_id", "window_started_at")
-    )
+    ]
     if not reservations:
         return set()
     windows = {
@@ -275,7 +284,7 @@ def _candidates(
 def _prune_status(plan: Plan, status: str, cutoff: datetime, alias: str, result: PruneResult) -> None:
     """Remove the occurrences of ``status`` settled before ``cutoff``, a chunk at a time (one
     day's at most when archiving, so that a file holds one period)."""
-    chunk = ARCHIVE_CHUNK if plan.sink is not None else plan.batch_size
+    chunk = CHUNK
     after: tuple[datetime, str] | None = None
     while True:
         fetched = _candidates(status, cutoff, after, chunk, alias)
@@ -291,7 +300,8 @@ def _prune_status(plan: Plan, status: str, cutoff: datetime, alias: str, result:
             _remove(plan, (status, cutoff), day, doomed, alias, result)
         if result.stopped or (len(fetched) < chunk and len(rows) == len(fetched)):
             return
-        if not plan.dry_run and not plan.rest():
+        # A chunk of kept rows only needs no pause, but the lease must still hold.
+        if not plan.dry_run and not (plan.rest() if doomed else plan.keep_going()):
             result.stopped = True
             return
 
@@ -328,26 +338,25 @@ def _dedupe_kept(plan: Plan, rows: list[tuple[str, datetime, str]], alias: str) 
 
 def _count(doomed: list[str], status: str, alias: str, result: PruneResult) -> None:
     """A dry run's tally of what ``doomed`` would take with it."""
-    result.events += Event.objects.using(alias).filter(occurrence_id__in=doomed).count()
-    result.reservations += AuthorityReservation.objects.using(alias).filter(occurrence_id__in=doomed).count()
+    for part in _slices(doomed):
+        result.events += Event.objects.using(alias).filter(occurrence_id__in=part).count()
+        result.reservations += (
+            AuthorityReservation.objects.using(alias).filter(occurrence_id__in=part).count()
+        )
     result.occurrences += len(doomed)
     result.by_status[status] = result.by_status.get(status, 0) + len(doomed)
 
 
 def _rows(model: type[Model], column: str, ids: list[Any], alias: str) -> Iterator[Model]:
     """The rows of ``model`` whose ``column`` is one of ``ids``, a query per slice of ids."""
-    for start in range(0, len(ids), IDS_PER_QUERY):
-        chunk = ids[start : start + IDS_PER_QUERY]
-        yield from model._default_manager.using(alias).filter(**{f"{column}__in": chunk}).order_by("pk")
+    for part in _slices(ids):
+        yield from model._default_manager.using(alias).filter(**{f"{column}__in": part}).order_by("pk")
 
 
 def _any(model: type[Model], doomed: list[str], alias: str) -> bool:
     """Whether any row of ``model`` belongs to one of the ``doomed`` occurrences."""
     rows = model._default_manager.using(alias)
-    return any(
-        rows.filter(occurrence_id__in=doomed[start : start + IDS_PER_QUERY]).exists()
-        for start in range(0, len(doomed), IDS_PER_QUERY)
-    )
+    return any(rows.filter(occurrence_id__in=part).exists() for part in _slices(doomed))
 
 
 def _archive(
@@ -422,7 +431,7 @@ def _prune_job_events(plan: Plan, cutoff: datetime, alias: str, result: PruneRes
     if plan.dry_run:
         result.job_events += old.count()
         return
-    chunk = ARCHIVE_CHUNK if plan.sink is not None else plan.batch_size
+    chunk = CHUNK
     cursor = 0
     first = True
     while True:
@@ -608,7 +617,7 @@ class RetentionThread:
         self._thread = threading.Thread(target=self._run, args=(every,), name="dsch-retention", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
         """Stop after the current batch (the lease is released with what was done)."""
         self._stopping.set()
         if self._thread is not None:

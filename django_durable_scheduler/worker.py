@@ -205,6 +205,7 @@ class Worker:
         max_occurrences: int | None = None,
         grace: float = 30.0,
         using: str | None = None,
+        retention: bool = True,
     ) -> None:
         self.worker_id = worker_id or default_worker_id()
         self.concurrency = concurrency
@@ -241,8 +242,9 @@ class Worker:
         self.heartbeat = Heartbeat(
             worker_id=self.worker_id, held=self.held, lease=lease, concurrency=concurrency, using=using
         )
-        # Retention (DURABLE_SCHEDULER_RETENTION) on a thread of its own, in workers that stay.
-        self.retention = RetentionThread(self.worker_id, using)
+        # Retention (DURABLE_SCHEDULER_RETENTION) on a thread of its own, in workers that stay
+        # (--once and --burst exit before a run would be due); False leaves it to others.
+        self.retention = RetentionThread(self.worker_id, using) if retention else None
         self._stopping = threading.Event()
         self._signals = StopOnSignal(self.stop, grace)
         self._principal_cursor: str | None = None
@@ -322,7 +324,7 @@ class Worker:
         self._listener = _listen(self.using, self.waker.announce, self.poll_interval, stays)
         self.heartbeat.start(kinds)
         self.pool.start()
-        if stays:
+        if stays and self.retention is not None:
             self.retention.start()
 
     def _turn(self) -> Turn | None:
@@ -450,7 +452,8 @@ class Worker:
             listener, thread = self._listener
             listener.stop()
             thread.join(timeout=5)
-        self.retention.stop()
+        if self.retention is not None:
+            self.retention.stop()
         self.heartbeat.stop()
         connections.close_all()
 

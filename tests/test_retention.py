@@ -460,3 +460,21 @@ def test_status_and_dashboard_show_the_last_run(job, clock, archived, client):
     html = client.get(reverse("admin:durable_scheduler_schedulerdashboard_changelist")).content.decode()
     assert 'id="dsch-retention"' in html and "worker-7" in html
     assert shown["result"]["archived"][0] in html
+
+
+def test_chunks_of_one_day_each_in_files_of_their_own(job, clock, archived, monkeypatch):
+    monkeypatch.setattr(retention, "CHUNK", 2)
+    for day in range(3):
+        for i in range(3):
+            settle(clock, f"d{day}-{i}")
+        clock.advance(days=1)
+    before = snapshot(Occurrence)
+    clock.advance(days=8)
+    result = retention.run_once("w1")
+    assert result.occurrences == 9 and not Occurrence.objects.exists()
+    occurrence_files = [name for name in result.archived if "/durable_scheduler_occurrences/" in name]
+    # Two chunks a day (2 + 1 rows), never a chunk across midnight.
+    assert len(occurrence_files) == 6
+    assert {name.split("/")[2] for name in occurrence_files} == {"2026-01-05", "2026-01-06", "2026-01-07"}
+    call_command("scheduler_restore_archive", *result.archived, stdout=StringIO())
+    assert snapshot(Occurrence) == before

@@ -94,7 +94,7 @@ class Command(BaseCommand):
         model, rows = contents.model, contents.rows
         manager = model._default_manager.using(alias)
         with transaction.atomic(using=alias):
-            present = set()
+            present: set[Any] = set()
             pks = [row.pk for row in rows]
             for start in range(0, len(pks), 900):
                 present.update(manager.filter(pk__in=pks[start : start + 900]).values_list("pk", flat=True))
