@@ -16,7 +16,7 @@ from django_durable_scheduler import kernel
 from django_durable_scheduler.models import Event, MaintenanceLease, Occurrence
 
 from .conftest import AUTHORITY
-from .procs.runner import Workers, wait_for
+from .procs.runner import Workers, granted, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -93,3 +93,14 @@ def test_a_killed_runner_is_taken_over_after_its_lease(workers, clock):
     row = MaintenanceLease.objects.get(name="retention")
     assert row.last_started_at >= held.expires_at, "B took the lease before A's ran out"
     assert removed(b.output(100_000)) == {"B": left}
+
+
+def test_a_burst_worker_starts_no_retention(workers, clock):
+    history(clock, 2)
+    # Work that keeps the burst worker up for longer than a retention period.
+    scheduler.create_job("nap", "test.sleep", authority=granted("napper"), payload={"seconds": 2.5})
+    kernel.enqueue("nap", scheduled_for=clock(), trigger_key="nap")
+    burst = workers.start("--worker-id", "burst", "--burst", **retention_env(pause=0))
+    assert burst.wait(60) == 0, burst.output()
+    assert Occurrence.objects.filter(trigger_key="nap", status="succeeded").exists(), burst.output()
+    assert Occurrence.objects.filter(job_id="old").count() == 2 and not MaintenanceLease.objects.exists()
