@@ -216,11 +216,17 @@ class Settings:
     @property
     def RETENTION(self) -> Retention | None:  # noqa: N802
         """What workers delete (None: nothing); checked by durable_scheduler.E003."""
-        return parse_retention(self.raw("RETENTION"))
+        try:
+            return parse_retention(self.raw("RETENTION"))
+        except ValueError as exc:
+            raise ValueError(f"DURABLE_SCHEDULER_RETENTION {exc}") from None
 
     @property
     def ARCHIVE(self) -> dict[str, str] | None:  # noqa: N802
-        return parse_archive(self.raw("ARCHIVE"))
+        try:
+            return parse_archive(self.raw("ARCHIVE"))
+        except ValueError as exc:
+            raise ValueError(f"DURABLE_SCHEDULER_ARCHIVE {exc}") from None
 
 
 settings = Settings()

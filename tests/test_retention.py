@@ -478,3 +478,12 @@ def test_chunks_of_one_day_each_in_files_of_their_own(job, clock, archived, monk
     assert {name.split("/")[2] for name in occurrence_files} == {"2026-01-05", "2026-01-06", "2026-01-07"}
     call_command("scheduler_restore_archive", *result.archived, stdout=StringIO())
     assert snapshot(Occurrence) == before
+
+
+def test_a_bad_setting_read_at_run_time_names_itself(settings):
+    settings.DURABLE_SCHEDULER_RETENTION = {"period": -1}
+    with pytest.raises(ValueError, match=r"^DURABLE_SCHEDULER_RETENTION \['period'\] must be seconds"):
+        retention.run_once("w1")
+    settings.DURABLE_SCHEDULER_ARCHIVE = {"storage": 3}
+    with pytest.raises(ValueError, match=r"^DURABLE_SCHEDULER_ARCHIVE \['storage'\] must name"):
+        archive.sink("default")
