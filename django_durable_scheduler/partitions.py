@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from functools import partial
+from typing import Any, Protocol, TypeVar
 
-from django.db import connections, transaction
+from django.db import OperationalError, connections, transaction
 from django.db.models import Q, QuerySet
 
 from .models import Event, Occurrence
@@ -45,11 +46,19 @@ AHEAD = timedelta(days=3)
 NAME_INFIX = "_p"
 DAY_FORMAT = "%Y%m%d"
 DEFAULT_SUFFIX = "default"
-# How long partition maintenance waits for a lock before it gives up (and is tried again on
-# the next run) rather than queue the workers' inserts behind it.
-LOCK_TIMEOUT = "2s"
+# Making or dropping a partition adds or removes its foreign keys, which locks the occurrences
+# and jobs tables against writes for an instant, after the writes under way: each try waits at
+# most LOCK_TIMEOUT for its locks, so the workers' writes queued behind it wait no longer, and
+# is tried again LOCK_ATTEMPTS times (the kernel's transactions last milliseconds).
+LOCK_TIMEOUT = "200ms"
+LOCK_ATTEMPTS = 10
+LOCK_PAUSE = 0.2  # seconds between tries
+LOCK_NOT_AVAILABLE = "55P03"
 RESCUE_CHUNK = 10_000  # event ids in one statement that copies kept rows out
 ARCHIVE_CHUNK = 2_000  # rows fetched at a time for the archive
+
+
+T = TypeVar("T")
 
 
 class ArchiveSink(Protocol):
@@ -173,6 +182,20 @@ def _columns(quote: Any) -> str:
     return ", ".join(quote(f.column) for f in Event._meta.concrete_fields)
 
 
+def _retrying(step: Callable[[], T]) -> T:
+    """``step()``, tried again while it fails for want of a lock (see LOCK_TIMEOUT)."""
+    for attempt in range(1, LOCK_ATTEMPTS + 1):
+        try:
+            return step()
+        except OperationalError as exc:
+            cause = exc.__cause__
+            code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+            if code != LOCK_NOT_AVAILABLE or attempt == LOCK_ATTEMPTS:
+                raise
+        time.sleep(LOCK_PAUSE)
+    raise AssertionError("unreachable")  # the last attempt returns or raises
+
+
 def _create_one(alias: str, start: datetime, end: datetime) -> str | None:
     """In one transaction: the partition of what [start, end) no partition holds yet, with the
     default partition's rows of that range moved into it; its name, or None if none was needed."""
@@ -214,7 +237,7 @@ def ensure_ahead(alias: str, now: datetime) -> list[str]:
     made = []
     start = day_start(now)
     while start <= now + AHEAD:
-        name = _create_one(alias, start, start + PERIOD)
+        name = _retrying(partial(_create_one, alias, start, start + PERIOD))
         if name is not None:
             made.append(name)
         start += PERIOD
@@ -252,15 +275,15 @@ def _archive(archive: ArchiveSink, alias: str, part: Partition, rescued: set[int
 def _detach_and_drop(alias: str, part: Partition, rescued: list[int]) -> float:
     """The locked step: detach the partition, copy the rows to keep back into the parent
     (where no partition holds their day now, so the default partition takes them), drop it.
-    Returns the seconds the parent was locked."""
+    Returns the seconds the parent was locked, from the moment the detach had its lock."""
     connection = connections[alias]
     quote = connection.ops.quote_name
     parent, table, columns = quote(_table()), quote(part.name), _columns(quote)
     key = quote(str(Event._meta.get_field("event_id").column))
     with transaction.atomic(using=alias), connection.cursor() as cursor:
         cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-        locked = time.monotonic()
         cursor.execute(f"ALTER TABLE {parent} DETACH PARTITION {table}")
+        locked = time.monotonic()
         for begin in range(0, len(rescued), RESCUE_CHUNK):
             cursor.execute(
                 f"INSERT INTO {parent} ({columns}) SELECT {columns} FROM {table} WHERE {key} = ANY(%s)",
@@ -295,7 +318,7 @@ def drop_before(
         total = rows.count()
         if archive is not None:
             _archive(archive, alias, part, set(rescued))
-        done.lock_seconds += _detach_and_drop(alias, part, rescued)
+        done.lock_seconds += _retrying(partial(_detach_and_drop, alias, part, rescued))
         done.partitions.append(part.name)
         done.rows += total - len(rescued)
         done.rescued += len(rescued)

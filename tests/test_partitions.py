@@ -9,12 +9,14 @@ test starts from what ``migrate`` leaves."""
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.apps import apps as global_apps
 from django.contrib.admin.utils import quote
-from django.db import connection
+from django.db import OperationalError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.urls import reverse
 
@@ -252,3 +254,41 @@ def test_migration_converts_a_filled_table_in_place(clock, admin_client):
     assert new.pk == before[-1]["event_id"] + 1
     for pk in (before[0]["event_id"], before[-1]["event_id"], new.pk):
         assert admin_client.get(reverse(f"admin:{APP}_event_change", args=[pk])).status_code == 200
+
+
+def hold_occurrence(pk: str, seconds: float, started: threading.Event) -> None:
+    """Another worker's transaction: an occurrence row written and held for ``seconds``."""
+    from django.db import connection as own  # this thread's connection
+
+    try:
+        with transaction.atomic():
+            Occurrence.objects.filter(pk=pk).update(priority=1)
+            started.set()
+            time.sleep(seconds)
+    finally:
+        own.close()
+
+
+@postgresql_only
+def test_partition_maintenance_waits_out_a_writer_or_gives_up_whole(layout, occurrences, monkeypatch):
+    """Making a partition locks the occurrences table for an instant (its foreign key), after
+    the writes under way: a short wait a try, tried again until a writer's transaction is over;
+    a writer that outlasts every try makes it fail with nothing made."""
+    keep, _, _ = occurrences
+    for seconds, attempts in ((0.6, partitions.LOCK_ATTEMPTS), (1.5, 2)):
+        monkeypatch.setattr(partitions, "LOCK_ATTEMPTS", attempts)
+        before = partitions.partitions("default")
+        started = threading.Event()
+        writer = threading.Thread(target=hold_occurrence, args=(keep.pk, seconds, started))
+        writer.start()
+        started.wait(10)
+        try:
+            if attempts == 2:
+                with pytest.raises(OperationalError, match="lock timeout"):
+                    partitions.ensure_ahead("default", FUTURE + timedelta(days=10))
+                assert partitions.partitions("default") == before
+            else:
+                assert len(partitions.ensure_ahead("default", FUTURE)) == 4
+        finally:
+            writer.join()
+    assert Occurrence.objects.get(pk=keep.pk).priority == 1
