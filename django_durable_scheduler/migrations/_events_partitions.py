@@ -13,7 +13,10 @@ keys from the old table's own definitions and its indexes from the model state's
 (``schema_editor.add_index``): no column is written out here. Its primary key is
 (event_id, occurred_at), since PostgreSQL requires the partition key in every unique key of a
 partitioned table; ``event_id`` stays unique as one identity sequence numbers every row, the
-old table's, carried on.
+old table's, carried on. The identity is the parent's: PostgreSQL (15 tested) lets a
+partitioned table have one, used by every insert through the parent (all of this app's);
+before PostgreSQL 17 a partition has none of its own, and from 17 partitions share the
+parent's, so the old table's identity is dropped before it is attached.
 
 Frozen: never edit this to follow ``partitions.py``; a migration must do the same thing forever.
 The migration loader skips modules whose names start with an underscore.
