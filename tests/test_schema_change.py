@@ -213,6 +213,9 @@ def test_added_columns_widened_column_and_index_migrate_forward_and_back(tmp_pat
     operations, dependencies = written_operations(written)
     assert operations == OPERATIONS
     assert dependencies == [(APP, previous)]
+    # Django's sqlmigrate reads it against this database (on PostgreSQL, partitioned events).
+    sql = run(copy, url, "-m", "django", "sqlmigrate", APP, written.stem)
+    assert "source" in sql and "dsch_events_type_time" in sql
 
     # Forward, on the rows, then everything with the edited code.
     run(copy, url, "-m", "django", "migrate", "--noinput", "-v", "0")
