@@ -33,6 +33,7 @@ from typing import Any, Protocol, TypeVar
 from django.db import OperationalError, connections, transaction
 from django.db.models import Q, QuerySet
 
+from .exceptions import InvalidArgument
 from .models import Event, Occurrence
 
 # One partition a UTC day: retention is set in days, so a day is the finest step it needs and
@@ -109,6 +110,14 @@ def default_name() -> str:
 def day_start(moment: datetime) -> datetime:
     """Midnight UTC of ``moment``'s day: where its partition starts."""
     return moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def _aware(value: Any, name: str) -> datetime:
+    """``value`` if it is an aware datetime: partition bounds are instants, and a naive time
+    would be read in whatever zone the process runs in."""
+    if not isinstance(value, datetime) or value.utcoffset() is None:
+        raise InvalidArgument(name, "must be an aware datetime (a time zone set)")
+    return value
 
 
 def is_partitioned(alias: str) -> bool:
@@ -232,6 +241,7 @@ def ensure_ahead(alias: str, now: datetime) -> list[str]:
     """Make the day partitions from ``now``'s day to ``now + AHEAD``'s that are missing, each in
     its own transaction; rows the default partition holds in such a day move into it. Returns
     the names made (none where the table is not partitioned). Safe to run from every worker."""
+    now = _aware(now, "now")
     if not is_partitioned(alias):
         return []
     made = []
@@ -307,6 +317,7 @@ def drop_before(
     occurrence. With an ``archive``, the rows that go are written to it first; if it raises,
     that partition stays whole and the error propagates. Nothing where the table is not
     partitioned."""
+    cutoff = _aware(cutoff, "cutoff")
     done = Dropped()
     for part in partitions(alias):
         if part.default or part.end is None or part.end > cutoff:

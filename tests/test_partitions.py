@@ -22,6 +22,7 @@ from django.urls import reverse
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import dialect, partitions
+from django_durable_scheduler.exceptions import InvalidArgument
 from django_durable_scheduler.migrations import _events_partitions
 from django_durable_scheduler.models import Event, Occurrence
 
@@ -104,6 +105,21 @@ def test_everything_is_a_no_op_on_a_plain_table(clock):
     )
     assert dropped == partitions.Dropped()
     assert Event.objects.count() == events
+
+
+def test_times_must_be_aware(clock):
+    """On every database: a naive time is refused, naming the argument, before anything runs."""
+    naive = datetime(2031, 3, 10)
+    with pytest.raises(InvalidArgument, match=r"^now: must be an aware datetime"):
+        partitions.ensure_ahead("default", naive)
+    with pytest.raises(InvalidArgument, match=r"^cutoff: must be an aware datetime"):
+        partitions.drop_before(
+            "default", naive, kept=Occurrence.objects.none(), keep_job_events=True, archive=None
+        )
+    with pytest.raises(InvalidArgument, match=r"^cutoff: "):
+        partitions.drop_before(
+            "default", "2031-03-10", kept=Occurrence.objects.none(), keep_job_events=True, archive=None
+        )
 
 
 @postgresql_only
