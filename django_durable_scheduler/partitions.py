@@ -227,6 +227,9 @@ def _create_one(alias: str, start: datetime, end: datetime) -> str | None:
         )
         default = next((p for p in existing if p.default), None)
         if default is not None:
+            # What the attach takes anyway, taken before the move: no row of this range can
+            # reach the default partition between the move and the attach's check of it.
+            cursor.execute(f"LOCK TABLE {quote(default.name)} IN ACCESS EXCLUSIVE MODE")
             columns = _columns(quote)
             cursor.execute(
                 f"WITH moved AS (DELETE FROM {quote(default.name)}"
