@@ -37,8 +37,10 @@ from .exceptions import InvalidArgument
 from .models import Event, Occurrence
 
 # One partition a UTC day: retention is set in days, so a day is the finest step it needs and
-# each drop removes one day's rows; a year of days is a few hundred tables, well within what
-# PostgreSQL plans quickly.
+# each drop removes one day's rows. Longer periods would mean fewer partitions for the reads
+# that do not name a time (an event by id, an occurrence's events), which look in each one, but
+# would keep up to a period's rows past their retention; a retention of weeks is a few dozen
+# days.
 PERIOD = timedelta(days=1)
 # Days made ahead of now, so a worker down for this long still finds the day's partition.
 AHEAD = timedelta(days=3)
