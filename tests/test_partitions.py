@@ -308,3 +308,45 @@ def test_partition_maintenance_waits_out_a_writer_or_gives_up_whole(layout, occu
         finally:
             writer.join()
     assert Occurrence.objects.get(pk=keep.pk).priority == 1
+
+
+def hold_events_table(seconds: float, started: threading.Event) -> None:
+    """A long transaction that reads the events table: what the conversion's lock waits for."""
+    from django.db import connection as own
+
+    try:
+        with transaction.atomic(), own.cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {Event._meta.db_table} IN ACCESS SHARE MODE")
+            started.set()
+            time.sleep(seconds)
+    finally:
+        own.close()
+
+
+@postgresql_only
+def test_a_conversion_that_cannot_lock_the_table_leaves_it_as_it_was(monkeypatch):
+    """The conversion waits a bounded time for its lock; when a long transaction holds the
+    table past that, the migration fails and takes back what it prepared (the check that every
+    row is before the boundary would otherwise refuse every insert once that day came)."""
+    latest = [key for key in MigrationExecutor(connection).loader.graph.leaf_nodes() if key[0] == APP]
+    migrate(BEFORE)
+    try:
+        monkeypatch.setattr(_events_partitions, "LOCK_TIMEOUT", "100ms")
+        started = threading.Event()
+        reader = threading.Thread(target=hold_events_table, args=(1.0, started))
+        reader.start()
+        started.wait(10)
+        try:
+            with pytest.raises(OperationalError, match="lock timeout"):
+                MigrationExecutor(connection).migrate(latest)
+        finally:
+            reader.join()
+        assert not partitions.is_partitioned("default")
+        with connection.cursor() as cursor:
+            constraints = connection.introspection.get_constraints(cursor, Event._meta.db_table)
+        assert _events_partitions.CHECK not in constraints
+        assert not [name for name in constraints if "pinitial" in name]
+    finally:
+        monkeypatch.undo()
+        migrate(latest[0])
+    assert partitions.is_partitioned("default")

@@ -189,8 +189,22 @@ def forward(apps: Any, schema_editor: Any) -> None:
         return
     now = timezone.now()
     bound = boundary(connection, table, model._meta.get_field("occurred_at").column, now)
-    prepare(schema_editor, model, bound)
-    swap(schema_editor, model, bound)
+    try:
+        prepare(schema_editor, model, bound)
+        swap(schema_editor, model, bound)
+    except Exception:
+        undo_prepare(schema_editor, model)
+        raise
+
+
+def undo_prepare(schema_editor: Any, model: Any) -> None:
+    """After a failed run: the plain table as it was. The check above all must go, or every
+    insert would be refused once the boundary passes; this waits for its lock as long as it
+    takes."""
+    quote = schema_editor.connection.ops.quote_name
+    name = model._meta.db_table
+    schema_editor.execute(f"ALTER TABLE {quote(name)} DROP CONSTRAINT IF EXISTS {quote(CHECK)}")
+    schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {quote(f'{name}_{INITIAL}_pkey')}")
 
 
 def backward(apps: Any, schema_editor: Any) -> None:
