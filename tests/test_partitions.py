@@ -29,7 +29,6 @@ from django_durable_scheduler.models import Event, Occurrence
 from .conftest import AUTHORITY
 
 APP = "durable_scheduler"
-BEFORE = (APP, "0004_cancelled_status_schedules_and_records")
 PARTITIONED = (APP, "0006_events_partitioned")
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -226,6 +225,13 @@ def test_prune_deletes_events_across_partitions(layout, occurrences):
     assert not Event.objects.filter(pk__in=events.values()).exists()
 
 
+def before_partitioning():
+    """The migration 0006 follows: the schema of today but for the partitioned events."""
+    graph = MigrationExecutor(connection).loader.graph
+    (parent,) = (node.key for node in graph.node_map[PARTITIONED].parents if node.key[0] == APP)
+    return parent
+
+
 def migrate(target):
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
@@ -234,12 +240,12 @@ def migrate(target):
 
 @postgresql_only
 def test_migration_converts_a_filled_table_in_place(clock, admin_client):
-    """Back to 0004 (a plain table), events filled by SQL and through the API, forward again:
-    every row is read back the same through the ORM from the partition of everything before the
-    conversion, whose indexes are the old table's (none built under the lock), and new event
-    ids go on from the old sequence."""
+    """Back to the migration before 0006 (a plain table), events filled by SQL and through the
+    API, forward again: every row is read back the same through the ORM from the partition of
+    everything before the conversion, whose indexes are the old table's (none built under the
+    lock), and new event ids go on from the old sequence."""
     latest = [key for key in MigrationExecutor(connection).loader.graph.leaf_nodes() if key[0] == APP]
-    migrate(BEFORE)
+    migrate(before_partitioning())
     try:
         assert not partitions.is_partitioned("default")
         scheduler.create_job("job-m", "reports.send", authority=AUTHORITY)
@@ -329,7 +335,7 @@ def test_a_conversion_that_cannot_lock_the_table_leaves_it_as_it_was(monkeypatch
     table past that, the migration fails and takes back what it prepared (the check that every
     row is before the boundary would otherwise refuse every insert once that day came)."""
     latest = [key for key in MigrationExecutor(connection).loader.graph.leaf_nodes() if key[0] == APP]
-    migrate(BEFORE)
+    migrate(before_partitioning())
     try:
         monkeypatch.setattr(_events_partitions, "LOCK_TIMEOUT", "100ms")
         started = threading.Event()
