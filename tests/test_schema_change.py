@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.db import connection
 from django.db.migrations.loader import MigrationLoader
 
 from .conftest import ROOT
@@ -51,6 +52,11 @@ EDITS = (
         '            models.Index(fields=["job", "created_at"], name="dsch_occ_job_created"),\n',
     ),
     (
+        '            models.Index(fields=["occurrence", "event_id"], name="dsch_events_occurrence"),\n',
+        '            models.Index(fields=["occurrence", "event_id"], name="dsch_events_occurrence"),\n'
+        '            models.Index(fields=["event_type", "occurred_at"], name="dsch_events_type_time"),\n',
+    ),
+    (
         "    data = models.JSONField(default=dict)\n",
         "    data = models.JSONField(default=dict)\n"
         '    source = models.CharField(max_length=32, default="")\n',
@@ -63,6 +69,7 @@ OPERATIONS = {
     ("AddField", "occurrence", "lane"),
     ("AddIndex", "occurrence", "dsch_occ_job_created"),
     ("AddField", "event", "source"),
+    ("AddIndex", "event", "dsch_events_type_time"),
 }
 
 
@@ -160,6 +167,28 @@ def check_phase(facts: dict, tag: str, *, before: int, leased_by: str, leased: i
     assert facts["after"]["occurrences"] == before + 52
 
 
+def check_partitions(facts: dict, tag: str, *, with_index: bool) -> None:
+    """PostgreSQL's partitioned events (tests/procs/schema_steps.py, partition_steps): the
+    default partition and partitions made after the change hold rows of the changed model and
+    read them back, and every partition has the model's indexes (the edited one only after the
+    change). Nothing to check where events are a plain table."""
+    found = facts["partitions"]
+    if connection.vendor != "postgresql":
+        assert found == {}
+        return
+    first = found["made"][0]
+    day = first.removeprefix("durable_scheduler_events_p")
+    assert day == {"new": "20320110", "old": "20320210"}[tag] and len(found["made"]) == 4
+    assert found["where"] == {
+        "caught": found["made"][1],  # caught by the default partition, moved to its new day
+        "late": "durable_scheduler_events_pdefault",
+        "new": first,
+    }
+    assert found["read"] == {"caught": "caught", "late": "late", "new": "new"}
+    assert found["source"] == ([""] if with_index else [None])
+    assert found["indexed"] == dict.fromkeys(found["indexed"], with_index)
+
+
 def test_added_columns_widened_column_and_index_migrate_forward_and_back(tmp_path, scratch_url):
     original = ROOT
     copy = edited_copy(tmp_path / "edited")
@@ -184,6 +213,9 @@ def test_added_columns_widened_column_and_index_migrate_forward_and_back(tmp_pat
     operations, dependencies = written_operations(written)
     assert operations == OPERATIONS
     assert dependencies == [(APP, previous)]
+    # Django's sqlmigrate reads it against this database (on PostgreSQL, partitioned events).
+    sql = run(copy, url, "-m", "django", "sqlmigrate", APP, written.stem)
+    assert "source" in sql and "dsch_events_type_time" in sql
 
     # Forward, on the rows, then everything with the edited code.
     run(copy, url, "-m", "django", "migrate", "--noinput", "-v", "0")
@@ -213,11 +245,14 @@ def test_added_columns_widened_column_and_index_migrate_forward_and_back(tmp_pat
     assert new["team"] == {"new_rows": [""], "new_count": 1, "all_rows": [""]}
     assert new["source"] == {"new_rows": [""], "new_count": events, "all_rows": [""]}
 
+    check_partitions(new, "new", with_index=True)
+
     # Backward to the previous latest migration, then everything with the original code.
     run(copy, url, "-m", "django", "migrate", APP, previous, "--noinput", "-v", "0")
     old = step(original, url, "old")
     assert old["schema"] == original_schema
-    assert old["before"]["events"] == new["after"]["events"]
+    # Every event the edited code wrote is still there (on PostgreSQL, the partition steps' three too).
+    assert old["before"]["events"] == new["after"]["events"] + (3 if new["partitions"] else 0)
     check_phase(old, "old", before=58, leased_by="w-new", leased=7)
     assert old["after"]["statuses"] == {
         "succeeded": 13,
@@ -228,3 +263,4 @@ def test_added_columns_widened_column_and_index_migrate_forward_and_back(tmp_pat
     }
     assert old["after"]["jobs"] == 3
     assert not {"urgency", "lane", "team", "source"} & set(old)
+    check_partitions(old, "old", with_index=False)

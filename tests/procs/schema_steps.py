@@ -180,10 +180,55 @@ def edited_columns(tag: str, inserted: set[str], first_event: int) -> dict[str, 
     return facts
 
 
+# Far after the partitions migrate makes, a month apart for each phase: every phase makes its
+# own partitions, after the schema change (or its rollback).
+PARTITION_DAYS = {"new": (2032, 1, 10), "old": (2032, 2, 10)}
+
+
+def partition_steps(tag: str) -> dict[str, Any]:
+    """PostgreSQL's partitioned events table: a row the default partition catches, partitions
+    made after the change (taking that row if it is theirs), a row in one of them; where each
+    row is, what it reads back as, and whether each partition has the edited model's index."""
+    from datetime import UTC, datetime, timedelta
+
+    from django.db import connection
+
+    from django_durable_scheduler import partitions
+    from django_durable_scheduler.models import Event
+
+    if not partitions.is_partitioned("default"):
+        return {}
+    day = datetime(*PARTITION_DAYS[tag], 12, tzinfo=UTC)
+    caught = Event.objects.create(job_id="job-a", event_type="caught", occurred_at=day + timedelta(days=1))
+    late = Event.objects.create(job_id="job-a", event_type="late", occurred_at=day + timedelta(days=20))
+    made = partitions.ensure_ahead("default", day)
+    new = Event.objects.create(job_id="job-a", event_type="new", occurred_at=day + timedelta(hours=1))
+    rows = {row.pk: row for row in Event.objects.filter(pk__in=[caught.pk, late.pk, new.pk])}
+    table = Event._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT event_id, tableoid::regclass::text FROM {table} WHERE event_id = ANY(%s)", [list(rows)]
+        )
+        where = dict(cursor.fetchall())
+        cursor.execute(
+            "SELECT tablename FROM pg_indexes WHERE indexdef LIKE %s AND tablename LIKE %s",
+            ["%(event_type, occurred_at)%", f"{table}_p%"],
+        )
+        indexed = {name for (name,) in cursor.fetchall()}
+    names = {"caught": caught.pk, "late": late.pk, "new": new.pk}
+    return {
+        "made": made,
+        "where": {name: where[pk] for name, pk in names.items()},
+        "read": {name: rows[pk].event_type for name, pk in names.items()},
+        "source": sorted({getattr(row, "source", None) for row in rows.values()}, key=str),
+        "indexed": {name: name in indexed for name in (*made, partitions.default_name())},
+    }
+
+
 def main() -> None:
     django.setup()
     step = sys.argv[1]
-    facts = seed() if step == "seed" else exercise(step)
+    facts = seed() if step == "seed" else {**exercise(step), "partitions": partition_steps(step)}
     print("RESULT " + json.dumps(facts, default=str), flush=True)
 
 
