@@ -297,6 +297,9 @@ def _detach_and_drop(alias: str, part: Partition, rescued: list[int]) -> float:
     key = quote(str(Event._meta.get_field("event_id").column))
     with transaction.atomic(using=alias), connection.cursor() as cursor:
         cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        # Django's foreign keys are deferred: checked now, the copied rows leave no check
+        # pending that would keep the detached table from being dropped.
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
         cursor.execute(f"ALTER TABLE {parent} DETACH PARTITION {table}")
         locked = time.monotonic()
         for begin in range(0, len(rescued), RESCUE_CHUNK):

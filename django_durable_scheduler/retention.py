@@ -36,7 +36,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models import Model, Q, QuerySet
 
-from . import archive, conf, dialect, maintenance
+from . import archive, conf, dialect, maintenance, partitions
 from .identity import iso_ms
 from .models import (
     ACTIVE_STATUSES,
@@ -64,6 +64,8 @@ OWN_KEY_PREFIXES = ("schedule:", "task:", "retry:")
 RETRY_PREFIX = "retry:"
 # How often a worker looks whether a run is due, at most (the period may be shorter).
 CHECK_EVERY = 60.0
+# How often a worker makes sure the coming days' event partitions exist (partitions.AHEAD ahead).
+AHEAD_EVERY = 3600.0
 ARCHIVED_SHOWN = 50  # archive file names a run records (the count is always exact)
 
 
@@ -167,6 +169,9 @@ class PruneResult:
     archiving: bool = False
     archived: list[str] = field(default_factory=list)
     stopped: bool = False  # the worker stopped or lost the lease before the end
+    # Whole days of events dropped (time-partitioned history) and how long that locked the table.
+    partitions: list[str] = field(default_factory=list)
+    partition_lock_seconds: float = 0.0
 
     @property
     def removed(self) -> int:
@@ -203,8 +208,9 @@ class PruneResult:
     def summary(self) -> str:
         """What a worker's run removed, for its log line."""
         statuses = ", ".join(f"{status} {n}" for status, n in sorted(self.by_status.items()) if n)
+        days = f" ({len(self.partitions)} days of them dropped whole)" if self.partitions else ""
         text = (
-            f"{self.occurrences} occurrences ({statuses or 'none'}), {self.events} events, "
+            f"{self.occurrences} occurrences ({statuses or 'none'}), {self.events} events{days}, "
             f"{self.reservations} reservations, {self.job_events} job events"
         )
         return text + (f"; archived to {len(self.archived)} files" if self.archiving else "")
@@ -224,6 +230,8 @@ class PruneResult:
             "archived_files": len(self.archived),
             "archived": self.archived[:ARCHIVED_SHOWN],
             "stopped": self.stopped,
+            "partitions_dropped": self.partitions,
+            "partition_lock_seconds": round(self.partition_lock_seconds, 3),
         }
 
 
@@ -255,7 +263,7 @@ class Plan:
 
 def apply(plan: Plan, alias: str, result: PruneResult) -> PruneResult:
     """Carry out ``plan`` on database ``alias``, adding up what went in ``result``."""
-    drop_partitions(plan, alias)
+    drop_partitions(plan, alias, result)
     for status, cutoff in plan.cutoffs.items():
         if cutoff is not None and not result.stopped:
             _prune_status(plan, status, cutoff, alias, result)
@@ -473,20 +481,41 @@ def keep_job_events(plan: Plan) -> bool:
     return plan.job_events is None or youngest is None or plan.job_events < youngest
 
 
-def drop_partitions(plan: Plan, alias: str) -> None:
-    """Where time-partitioned history goes whole, before the batched deletes (which then find
-    less to do). The one call site of the partitions module, which this branch does not have;
-    wired at merge as::
+def _kept_with_keys(plan: Plan, alias: str) -> QuerySet[Occurrence]:
+    """``kept_occurrences``, plus the rows the workers keep because they still dedupe an
+    enqueue (a superset of ``_dedupe_kept``'s: every ``retry:`` row), whose events must stay
+    with them."""
+    kept = kept_occurrences(alias, plan.now, plan.cutoffs)
+    if not plan.protect_keys:
+        return kept
+    own = Q()
+    for prefix in OWN_KEY_PREFIXES:
+        if prefix != RETRY_PREFIX:
+            own |= Q(trigger_key__startswith=prefix)
+    keyed = ~own  # the caller's keys, and the retries of dead letters
+    if plan.caller_keys is not None:
+        keyed = (keyed & ~Q(settled_at__lt=plan.caller_keys)) | Q(trigger_key__startswith=RETRY_PREFIX)
+    return kept | Occurrence.objects.using(alias).filter(keyed)
 
-        if not plan.dry_run and youngest_cutoff(plan) is not None and partitions.is_partitioned(alias):
-            partitions.drop_before(
-                alias,
-                youngest_cutoff(plan),
-                kept=kept_occurrences(alias, plan.now, plan.cutoffs),
-                keep_job_events=keep_job_events(plan),
-                archive=plan.sink,
-            )
-    """
+
+def drop_partitions(plan: Plan, alias: str, result: PruneResult) -> None:
+    """Where history is partitioned by time (the events, on PostgreSQL), the days entirely
+    before the youngest cutoff go whole, before the batched deletes (which then find only the
+    events the drop kept back). The events of what stays are copied out first; with an archive,
+    the rest is written to it before anything is dropped."""
+    youngest = youngest_cutoff(plan)
+    if plan.dry_run or youngest is None or not partitions.is_partitioned(alias):
+        return
+    dropped = partitions.drop_before(
+        alias,
+        youngest,
+        kept=_kept_with_keys(plan, alias),
+        keep_job_events=keep_job_events(plan),
+        archive=plan.sink,
+    )
+    result.events += dropped.rows
+    result.partitions += dropped.partitions
+    result.partition_lock_seconds += dropped.lock_seconds
 
 
 # --------------------------------------------------------------------------- by hand
@@ -600,20 +629,22 @@ def run_once(
 class RetentionThread:
     """The ``dsch-retention`` thread of a worker: looks every ``min(period, CHECK_EVERY)``
     seconds (the first time after a random part of that, so restarted workers spread out)
-    whether a retention run is due, and runs it when this worker gets the lease."""
+    whether a retention run is due, and runs it when this worker gets the lease. Where history
+    is partitioned by time it also makes the coming days' partitions, retention on or off
+    (every worker may: making one that exists is nothing)."""
 
     def __init__(self, worker_id: str, using: str | None = None) -> None:
         self.worker_id = worker_id
         self.using = using
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._ahead_at: float | None = None  # monotonic time of the last partitions.ensure_ahead
 
     def start(self) -> None:
         settings = conf.settings.RETENTION
         if settings is None:
             logger.info("retention off (DURABLE_SCHEDULER_RETENTION = None)")
-            return
-        every = min(settings.period, CHECK_EVERY)
+        every = CHECK_EVERY if settings is None else min(settings.period, CHECK_EVERY)
         self._thread = threading.Thread(target=self._run, args=(every,), name="dsch-retention", daemon=True)
         self._thread.start()
 
@@ -624,9 +655,13 @@ class RetentionThread:
             self._thread.join(timeout)
 
     def _run(self, every: float) -> None:
+        self._partitions_ahead()
         wait = every * random.uniform(0.5, 1.0)
         while not self._stopping.wait(wait):
             wait = every
+            self._partitions_ahead()
+            if conf.settings.RETENTION is None:
+                continue
             try:
                 run_once(self.worker_id, using=self.using, stopping=self._stopping)
             except Exception as exc:
@@ -635,6 +670,25 @@ class RetentionThread:
             finally:
                 # This thread's own connection: not kept open between runs minutes apart.
                 connections.close_all()
+
+    def _partitions_ahead(self) -> None:
+        """Make the coming days' partitions, at most once per ``AHEAD_EVERY``; a failure (locks
+        not had, the database away) is tried again at the next look."""
+        if self._ahead_at is not None and time.monotonic() - self._ahead_at < AHEAD_EVERY:
+            return
+        alias = dialect.alias_for(self.using)
+        try:
+            made = partitions.ensure_ahead(alias, conf.now())
+        except Exception as exc:
+            logger.warning(
+                "could not make the coming days' event partitions: %s; trying again", _one_line(exc)
+            )
+            return
+        finally:
+            connections.close_all()
+        self._ahead_at = time.monotonic()
+        if made:
+            logger.info("made event partitions %s", ", ".join(made))
 
 
 # --------------------------------------------------------------------------- the last run

@@ -21,7 +21,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.urls import reverse
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import dialect, partitions
+from django_durable_scheduler import dialect, partitions, retention
 from django_durable_scheduler.exceptions import InvalidArgument
 from django_durable_scheduler.migrations import _events_partitions
 from django_durable_scheduler.models import Event, Occurrence
@@ -356,3 +356,45 @@ def test_a_conversion_that_cannot_lock_the_table_leaves_it_as_it_was(monkeypatch
         monkeypatch.undo()
         migrate(latest[0])
     assert partitions.is_partitioned("default")
+
+
+@postgresql_only
+def test_the_workers_retention_drops_whole_days_and_keeps_what_it_keeps(layout, occurrences, clock, settings):
+    """A worker's retention run drops the days before its youngest cutoff as partitions, with
+    the events of the occurrences it keeps copied out, then deletes what is left row by row."""
+    keep, drop, events = occurrences
+    settings.DURABLE_SCHEDULER_RETENTION = {"cancelled": 86_400, "caller_keys": 86_400, "pause": 0}
+    clock.current = FUTURE
+    scheduler.cancel(drop.pk, reason="not needed")  # settled at FUTURE; `keep` stays queued
+    partitions.ensure_ahead("default", FUTURE)
+    day = partitions.partition_name(datetime(2031, 3, 10, tzinfo=UTC))
+    clock.current = FUTURE + timedelta(days=3)
+    result = retention.run_once("worker-a")
+    assert result is not None and day in result.partitions and result.partition_lock_seconds > 0
+    assert (
+        not Occurrence.objects.filter(pk=drop.pk).exists() and Occurrence.objects.filter(pk=keep.pk).exists()
+    )
+    survivors = set(Event.objects.values_list("pk", flat=True))
+    # The queued occurrence keeps its events; the job event is younger than job events' 30 days.
+    assert {events["keep"], events["job"]} <= survivors and events["drop"] not in survivors
+    assert where(events["keep"]) == partitions.default_name()
+    assert day not in {p.name for p in partitions.partitions("default")}
+    assert "dropped whole" in result.summary()
+    assert retention.last_run("default", clock.current).result["partitions_dropped"] == result.partitions
+
+
+@postgresql_only
+def test_a_workers_retention_thread_makes_the_coming_days(layout, clock, settings):
+    """Retention on or off, a worker makes the coming days' partitions when it starts."""
+    settings.DURABLE_SCHEDULER_RETENTION = None
+    clock.current = FUTURE
+    thread = retention.RetentionThread("worker-a")
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        wanted = partitions.partition_name(partitions.day_start(FUTURE + partitions.AHEAD))
+        while wanted not in {p.name for p in partitions.partitions("default")}:
+            assert time.monotonic() < deadline, "the coming days' partitions were not made"
+            time.sleep(0.5)
+    finally:
+        thread.stop()
