@@ -103,10 +103,10 @@ def _lock_usage(keys: list[Key], alias: str) -> dict[tuple[str, str], AuthorityU
 
 
 def _reserved_without_usage(keys: list[Key], alias: str) -> set[tuple[str, str]]:
-    """The principals among ``keys`` (windows without a usage row yet) whose window has a
+    """The principals among ``keys`` (windows whose usage is zero) whose window has a
     reservation all the same: each an ``EXISTS`` that stops at the first index entry, in one
-    statement. A window's first charge creates its usage row, so this runs once per
-    principal and window, not per claim."""
+    statement. A window's first charge makes its usage non-zero, so this runs about once
+    per principal and window, not per claim."""
     if not keys:
         return set()
     connection = connections[alias]
@@ -212,71 +212,76 @@ def _reserve(
     return out, (used_runs, used_units)
 
 
-def _orphans(
+def _usage_rows(keys: list[Key], now: datetime, alias: str) -> dict[tuple[str, str], AuthorityUsage]:
+    """The usage rows of ``keys``, locked: those missing (a window's first charge) are created
+    at zero first. Claims of one principal may get here together (their policy lock is
+    shared on PostgreSQL), so the insert skips a row another one created meanwhile, in
+    principal order, and the row is then locked like the others."""
+    usages = _lock_usage(keys, alias)
+    missing = sorted((key for key in keys if key[:2] not in usages), key=lambda key: key[:2])
+    if missing:
+        rows = [
+            AuthorityUsage(**dict(zip(_KEY_FIELDS, key, strict=True)), runs=0, units=0, updated_at=now)
+            for key in missing
+        ]
+        dialect.insert_rows(alias, rows, skip_conflicts=dialect.can_skip_conflicts(alias))
+        usages.update(_lock_usage(missing, alias))
+    return usages
+
+
+def _check_empty(
     keys: list[Key], usages: dict[tuple[str, str], AuthorityUsage], now: datetime, alias: str
 ) -> None:
-    """A window about to get its first usage row must have no reservations yet. One that has
-    some gets its usage row now, at zero and marked with the counts, so that this claim and
-    every later one refuses it without looking again (counted once: the window is broken)."""
-    fresh = [key for key in keys if key[:2] not in usages]
-    reserved_already = _reserved_without_usage(fresh, alias)
+    """A window whose usage is still zero must have no reservations: one ``EXISTS`` over the
+    index for all such windows (a window's first charge, mostly), never a count. One that
+    has some is marked with the counts (counted once: the window is broken), so that this
+    claim and every later one refuses it from the row alone."""
+    empty = [key for key in keys if (u := usages[key[:2]]).runs == 0 and u.units == 0 and u.mismatch is None]
+    reserved_already = _reserved_without_usage(empty, alias)
     marked: list[AuthorityUsage] = []
-    for key in fresh:
-        if key[:2] not in reserved_already:
-            continue
-        _, reserved = _recount(key, alias)
-        seen = _mismatch_record((0, 0), reserved, now)
-        fields = dict(zip(_KEY_FIELDS, key, strict=True))
-        marked.append(
-            AuthorityUsage(**fields, runs=0, units=0, updated_at=now, verified_at=now, mismatch=seen)
-        )
-    if marked:
-        AuthorityUsage.objects.using(alias).bulk_create(marked)
-        usages.update({(u.principal_type, u.principal_id): u for u in marked})
+    for key in empty:
+        if key[:2] in reserved_already:
+            usage = usages[key[:2]]
+            usage.mismatch = _mismatch_record((0, 0), _recount(key, alias)[1], now)
+            usage.verified_at = now
+            marked.append(usage)
+    dialect.update_rows(alias, marked, ["mismatch", "verified_at"])
 
 
 def charge(
     groups: list[tuple[AuthorityPolicy, list[tuple[Occurrence, int]]]], now: datetime, alias: str
 ) -> list[Charged]:
     """Charge occurrences against their principals' current-window budgets, each group one
-    principal's (its policy row locked by the caller), in order. For all groups at once:
-    read the windows' usage rows (locked); refuse a window an audit marked as not matching
-    its reservations, or a new window that has reservations already, with
+    principal's (its policy row locked by the caller, shared or not), in order. For all
+    groups at once: lock the windows' usage rows, the lock that serializes the charges of
+    one principal (created at zero for a window's first charge); refuse a window an audit
+    marked as not matching its reservations, or an empty one that has reservations, with
     ``AuthorityBudgetStateInvalid`` (nothing is written for that group); reserve each
     occurrence that still fits; write the usage rows and the reservations in bulk. The
     statements do not grow with the number of principals, nor read the reservations of a
-    window that has a usage row. Returns, per group, per occurrence, its reservation or why
+    window that has been charged. Returns, per group, per occurrence, its reservation or why
     the budget refused it."""
     if not groups:
         return []
     keys = [_window_key(policy, now) for policy, _ in groups]
-    usages = _lock_usage(keys, alias)
-    _orphans(keys, usages, now, alias)
+    usages = _usage_rows(keys, now, alias)
+    _check_empty(keys, usages, now, alias)
     results: list[Charged] = []
     fresh: list[AuthorityReservation] = []
-    created: list[AuthorityUsage] = []
     changed: list[AuthorityUsage] = []
     for (policy, charges), key in zip(groups, keys, strict=True):
         window = window_bounds(policy.window_ms, now)
-        usage = usages.get(key[:2])
-        if usage is not None and usage.mismatch is not None:
+        usage = usages[key[:2]]
+        if usage.mismatch is not None:
             results.append(_state_invalid(policy, window[0], usage.mismatch))
             continue
-        used = (0, 0) if usage is None else (usage.runs, usage.units)
-        out, (runs, units) = _reserve(policy, charges, window, used, now)
+        out, (runs, units) = _reserve(policy, charges, window, (usage.runs, usage.units), now)
         results.append(out)
         reservations = [entry for entry in out if isinstance(entry, AuthorityReservation)]
-        if not reservations:
-            continue
-        fresh += reservations
-        if usage is None:
-            fields = dict(zip(_KEY_FIELDS, key, strict=True))
-            created.append(AuthorityUsage(**fields, runs=runs, units=units, updated_at=now))
-        else:
+        if reservations:
+            fresh += reservations
             usage.runs, usage.units, usage.updated_at = runs, units, now
             changed.append(usage)
-    if created:
-        AuthorityUsage.objects.using(alias).bulk_create(created)
     dialect.update_rows(alias, changed, ["runs", "units", "updated_at"])
     if fresh:
         dialect.insert_rows(alias, fresh)

@@ -175,3 +175,22 @@ def test_scheduler_status_check_budgets(alice):
     assert [c["matches"] for c in found["budget_checks"]] == [False]
     assert found["budget_checks"][0]["usage"] == {"runs": 5, "units": 2}
     assert "budget usage does not match its reservations: user:alice" in err.getvalue()
+
+
+def test_a_claim_locks_the_usage_row_last(alice):
+    """What serializes one principal's claims is the usage row, locked after the occurrences
+    are claimed; the policy row, locked before them, is shared where the database can
+    (PostgreSQL), so that claims of one principal do not queue for their whole transaction."""
+    enqueue(alice, 2, "a")
+    claim(2)
+    enqueue(alice, 2, "b")
+    statements = captured_claim(2)
+    usage = AuthorityUsage._meta.db_table
+    policy = [sql for sql in statements if "authority_policies" in sql and "FOR " in sql]
+    (usage_lock,) = [i for i, sql in enumerate(statements) if usage in sql and sql.startswith("SELECT")]
+    claimed = [i for i, sql in enumerate(statements) if sql.startswith("UPDATE") and "occurrences" in sql]
+    assert claimed and usage_lock > max(claimed)
+    if connection.vendor == "postgresql":
+        assert [sql.endswith("FOR SHARE") for sql in policy] == [True]
+    elif connection.vendor == "mysql":
+        assert [sql.endswith("FOR UPDATE") for sql in policy] == [True]
