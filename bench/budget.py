@@ -10,7 +10,8 @@ from a template row by ``INSERT ... SELECT generate_series``; usage rows to matc
 row, as a claim does, and rolls back: median and max of 30 after 3 warm-ups, of the whole charge
 and of its reads (the budget state; the rest is writing 100 reservations), and the statements.
 ``--charge-from`` loads another ``budgets.py`` (say, an earlier commit's, from ``git show``)
-to time its ``charge`` on the same rows.
+to time its ``charge`` on the same rows. ``--hold`` times instead how long a claim holds the
+rows that serialize one principal's claims (its policy row, its usage row) per batch size.
 """
 
 from __future__ import annotations
@@ -134,14 +135,78 @@ def _time(principal: str, charge: Any) -> tuple[list[float], int]:
     return samples, statements
 
 
+def _hold(batches: tuple[int, ...] = (1, 8, 32, 100)) -> None:
+    """How long a claim holds the rows that serialize one principal's claims: from its policy
+    lock (shared on PostgreSQL) and from its usage lock to the end of the commit, per batch
+    size, over ``claim_authorized`` of a principal of its own (median of 12 after 3)."""
+    from django.db import connection
+
+    import django_durable_scheduler as scheduler
+    from django_durable_scheduler import claiming
+    from django_durable_scheduler.models import Job
+
+    if not Job.objects.filter(pk="job-hold").exists():
+        authority = {"principal": {"type": "user", "id": "hold"}, "requestedCapabilities": ["bench.noop"]}
+        scheduler.create_job("job-hold", "bench.noop", authority=authority)
+        scheduler.set_policy(
+            "user",
+            "hold",
+            capabilities=["bench.noop"],
+            window=86_400,
+            max_runs=1_000_000,
+            max_units=1_000_000,
+        )
+    marks: dict[str, float] = {}
+
+    def mark(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if "authority_policies" in sql and " FOR " in sql:
+            marks.setdefault("policy", time.perf_counter())
+        if "authority_usage" in sql and sql.startswith("SELECT"):
+            marks.setdefault("usage", time.perf_counter())
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            marks["last"] = time.perf_counter()
+
+    for b in batches:
+        rows: list[tuple[float, ...]] = []
+        for rep in range(15):
+            now = datetime.now(UTC)
+            scheduler.enqueue_many(
+                "job-hold", [{"scheduled_for": now, "trigger_key": f"{now}:{i}"} for i in range(b)]
+            )
+            marks.clear()
+            with connection.execute_wrapper(mark):
+                start = time.perf_counter()
+                claimed = claiming.claim_authorized(owner="hold", lease=60, limit=b)
+                end = time.perf_counter()
+            assert len(claimed.runnable) == b
+            for occurrence in claimed.runnable:
+                scheduler.settle(occurrence.pk, owner="hold", fence=occurrence.fence, outcome="succeeded")
+            if rep >= 3:
+                rows.append(
+                    tuple(1000 * (end - at) for at in (start, marks["policy"], marks["usage"], marks["last"]))
+                )
+        whole, policy, usage, commit = (statistics.median(column) for column in zip(*rows, strict=True))
+        print(
+            f"batch {b:>3}: claim transaction {whole:.1f} ms; from the policy lock {policy:.1f} ms;"
+            f" from the usage lock {usage:.1f} ms, of which the commit {commit:.1f} ms",
+            flush=True,
+        )
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.budget", description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", type=int, default=1_000)
     parser.add_argument("--big", type=int, default=999_000)
     parser.add_argument("--charge-from", default=None, help="another budgets.py whose charge to time")
     parser.add_argument("--no-fill", action="store_true", help="reuse the rows of an earlier run")
+    parser.add_argument("--hold", action="store_true", help="only time how long claims hold their locks")
     args = parser.parse_args(argv)
     _setup(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/dsch_budget_big"))
+    if args.hold:
+        _hold()
+        return 0
     import django_durable_scheduler as scheduler
 
     for name, n in (("small", args.small), ("big", args.big)):
