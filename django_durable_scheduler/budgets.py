@@ -76,22 +76,22 @@ def _match(keys: list[Key], alias: str) -> tuple[str, list[Any]]:
     return " OR ".join([f"({one})"] * len(keys)), params
 
 
-def _lock_usage(keys: list[Key], alias: str) -> dict[tuple[str, str], AuthorityUsage]:
-    """For each (principal, revision, window) of ``keys``: its usage row, locked, keyed by
-    principal (one window each). One statement however many principals there are; it reads
-    the usage rows only, never the reservations, so its cost does not grow with the runs a
-    window has had."""
+def _lock_usage(keys: list[Key], alias: str, *, lock: bool = True) -> dict[tuple[str, str], AuthorityUsage]:
+    """For each (principal, revision, window) of ``keys``: its usage row, locked (in principal
+    order) unless ``lock`` is false, keyed by principal (one window each). One statement
+    however many principals there are; it reads the usage rows only, never the reservations,
+    so its cost does not grow with the runs a window has had."""
     connection = connections[alias]
     quote = connection.ops.quote_name
     match, params = _match(keys, alias)
     principal = f"{quote('principal_type')}, {quote('principal_id')}"
-    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    lock_clause = " FOR UPDATE" if lock and connection.features.has_select_for_update else ""
     usages: dict[tuple[str, str], AuthorityUsage] = {}
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT {quote(str(AuthorityUsage._meta.pk.column))}, {principal}, {quote('runs')},"
             f" {quote('units')}, {quote('mismatch')} FROM {quote(AuthorityUsage._meta.db_table)}"
-            f" WHERE {match} ORDER BY {principal}{lock}",
+            f" WHERE {match} ORDER BY {principal}{lock_clause}",
             params,
         )
         for pk, principal_type, principal_id, runs, units, seen in cursor.fetchall():
@@ -102,7 +102,7 @@ def _lock_usage(keys: list[Key], alias: str) -> dict[tuple[str, str], AuthorityU
     return usages
 
 
-def _reserved_without_usage(keys: list[Key], alias: str) -> set[tuple[str, str]]:
+def _reserved_in(keys: list[Key], alias: str) -> set[tuple[str, str]]:
     """The principals among ``keys`` (windows whose usage is zero) whose window has a
     reservation all the same: each an ``EXISTS`` that stops at the first index entry, in one
     statement. A window's first charge makes its usage non-zero, so this runs about once
@@ -213,11 +213,14 @@ def _reserve(
 
 
 def _usage_rows(keys: list[Key], now: datetime, alias: str) -> dict[tuple[str, str], AuthorityUsage]:
-    """The usage rows of ``keys``, locked: those missing (a window's first charge) are created
-    at zero first. Claims of one principal may get here together (their policy lock is
-    shared on PostgreSQL), so the insert skips a row another one created meanwhile, in
-    principal order, and the row is then locked like the others."""
-    usages = _lock_usage(keys, alias)
+    """The usage rows of ``keys``, locked in principal order: those missing (a window's first
+    charge) are created at zero first. Claims of one principal may get here together (their
+    policy lock is shared on PostgreSQL), so the insert skips a row another one created
+    meanwhile. With several windows, the rows are read unlocked first and locked once they
+    all exist: locking some, then creating and locking one that sorts before them, could
+    wait in a cycle with a claim that locks them in order."""
+    several = len(keys) > 1
+    usages = _lock_usage(keys, alias, lock=not several)
     missing = sorted((key for key in keys if key[:2] not in usages), key=lambda key: key[:2])
     if missing:
         rows = [
@@ -225,6 +228,9 @@ def _usage_rows(keys: list[Key], now: datetime, alias: str) -> dict[tuple[str, s
             for key in missing
         ]
         dialect.insert_rows(alias, rows, skip_conflicts=dialect.can_skip_conflicts(alias))
+    if several:
+        return _lock_usage(keys, alias)
+    if missing:
         usages.update(_lock_usage(missing, alias))
     return usages
 
@@ -237,7 +243,7 @@ def _check_empty(
     has some is marked with the counts (counted once: the window is broken), so that this
     claim and every later one refuses it from the row alone."""
     empty = [key for key in keys if (u := usages[key[:2]]).runs == 0 and u.units == 0 and u.mismatch is None]
-    reserved_already = _reserved_without_usage(empty, alias)
+    reserved_already = _reserved_in(empty, alias)
     marked: list[AuthorityUsage] = []
     for key in empty:
         if key[:2] in reserved_already:

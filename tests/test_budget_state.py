@@ -194,3 +194,32 @@ def test_a_claim_locks_the_usage_row_last(alice):
         assert [sql.endswith("FOR SHARE") for sql in policy] == [True]
     elif connection.vendor == "mysql":
         assert [sql.endswith("FOR UPDATE") for sql in policy] == [True]
+
+
+def test_several_principals_with_new_and_running_windows(clock):
+    """One claim charging a principal whose window just began (its usage row created) and
+    one whose window goes on: both charged, each on its own row."""
+    for name, window in (("ann", HOUR), ("bea", 24 * HOUR)):
+        scheduler.create_job(f"job-{name}", "reports.send", authority=authority_for(name, "reports.send"))
+        scheduler.set_policy(
+            "user", name, capabilities=["reports.send"], window=window, max_runs=100, max_units=100
+        )
+
+    def both(tag):
+        for name in ("ann", "bea"):
+            scheduler.enqueue(f"job-{name}", scheduled_for=clock(), trigger_key=tag)
+        result = claim(2)
+        assert len(result.runnable) == 2
+        for occurrence in result.runnable:
+            scheduler.settle(occurrence.pk, owner=OWNER, fence=occurrence.fence, outcome="succeeded")
+
+    both("a")
+    clock.advance(seconds=HOUR)
+    both("b")
+    rows = AuthorityUsage.objects.order_by("principal_id", "window_started_at")
+    assert [(u.principal_id, u.runs, u.mismatch) for u in rows] == [
+        ("ann", 1, None),
+        ("ann", 1, None),
+        ("bea", 2, None),
+    ]
+    assert all(check.matches for check in scheduler.audit_budgets())
