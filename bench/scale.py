@@ -5,15 +5,18 @@ the same backlog on one database, with no-op handlers and with handlers that sle
 Per run: throughput; commits and rollbacks per occurrence and deadlocks (``pg_stat_database``
 deltas: with SKIP LOCKED a claimer that meets rows another holds skips them, so contention
 shows as more claim transactions per occurrence, not as waits); lock waits, sampled every
-50 ms from ``pg_locks`` (mean and peak of ungranted locks in this database); and the
+50 ms from ``pg_locks`` (mean and peak of ungranted locks in this database, and which lock each
+waiter waits on: locktype, table, the waiting statement's kind and what blocks it); and the
 exactly-once check. Writes a PNG plot when matplotlib is installed.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 import threading
 import time
+from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -37,11 +40,47 @@ def _counters() -> dict[str, int]:
     return dict(zip(("commits", "rollbacks", "deadlocks"), row, strict=True))
 
 
+# Every ungranted lock of this database's backends (transactionid locks carry no database, so
+# the backend's database is what filters), with the table it is on: the lock's own relation,
+# or for a transactionid wait (a row lock: the waiter holds the row's tuple lock and waits for
+# the locker's transaction) the relation of the tuple lock the waiter holds; and the
+# statement of the first backend blocking it, with that backend's state.
+_WAITERS = """
+SELECT w.locktype, w.mode,
+       COALESCE(w.relation::regclass::text,
+                (SELECT t.relation::regclass::text FROM pg_locks t
+                  WHERE t.pid = w.pid AND t.locktype = 'tuple' AND t.granted LIMIT 1), ''),
+       a.query, b.state, b.query
+FROM pg_locks w
+JOIN pg_stat_activity a ON a.pid = w.pid
+LEFT JOIN pg_stat_activity b ON b.pid = (pg_blocking_pids(w.pid))[1]
+WHERE NOT w.granted AND a.datname = current_database() AND a.pid <> pg_backend_pid()
+"""
+
+
+def fingerprint(sql: str | None) -> str:
+    """A statement's kind: its verb, the first scheduler table it names and its locking
+    clause (``SELECT durable_scheduler_authority_policies FOR UPDATE``)."""
+    if not sql:
+        return "-"
+    text = " ".join(sql.split())
+    verb = text.split(" ", 1)[0].upper()
+    table = re.search(r'(?:FROM|UPDATE|INTO)\s+"?(\w+)"?', text, re.IGNORECASE)
+    clause = re.search(r"FOR (?:NO KEY )?UPDATE(?: SKIP LOCKED)?|FOR (?:KEY )?SHARE", text, re.IGNORECASE)
+    return " ".join(
+        part for part in (verb, table and table.group(1), clause and clause.group(0).upper()) if part
+    )
+
+
 class LockSampler:
-    """Counts ungranted locks in this database every 50 ms, on a connection of its own."""
+    """Samples the ungranted locks in this database every 50 ms, on a connection of its own:
+    how many (``samples``), and what each waiter waits on (``waits``: samples per locktype,
+    relation and the waiting statement's fingerprint, with the blocking statements seen)."""
 
     def __init__(self) -> None:
         self.samples: list[int] = []
+        self.waits: Counter[tuple[str, str, str]] = Counter()
+        self.blockers: dict[tuple[str, str, str], Counter[str]] = defaultdict(Counter)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -59,13 +98,31 @@ class LockSampler:
         try:
             with connection.cursor() as cursor:
                 while not self._stop.wait(0.05):
-                    cursor.execute(
-                        "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
-                        " WHERE NOT l.granted AND d.datname = current_database()"
-                    )
-                    self.samples.append(int(cursor.fetchone()[0]))
+                    cursor.execute(_WAITERS)
+                    rows = cursor.fetchall()
+                    self.samples.append(len(rows))
+                    for locktype, mode, relation, waiting, state, blocking in rows:
+                        key = (f"{locktype} {mode}", relation or "-", fingerprint(waiting))
+                        self.waits[key] += 1
+                        self.blockers[key][f"{fingerprint(blocking)} ({state or '-'})"] += 1
         finally:
             connection.close()
+
+    def summary(self, top: int = 5) -> list[dict[str, Any]]:
+        """The most sampled waits, each with its share of all waiter samples and its most
+        frequent blockers."""
+        total = sum(self.waits.values()) or 1
+        return [
+            {
+                "lock": lock,
+                "relation": relation,
+                "waiting": waiting,
+                "samples": count,
+                "share": count / total,
+                "blocked by": dict(self.blockers[lock, relation, waiting].most_common(3)),
+            }
+            for (lock, relation, waiting), count in self.waits.most_common(top)
+        ]
 
 
 def _enqueue(job_id: str, n: int, run: str) -> None:
@@ -124,6 +181,7 @@ def run_scale(res: Results, ours: Any, sizes: dict[str, Any], url: str, plot: st
                 "deadlocks": after["deadlocks"] - before["deadlocks"],
                 "lock waits mean": statistics.fmean(locks.samples) if locks.samples else 0.0,
                 "lock waits peak": max(locks.samples, default=0),
+                "lock waits by lock": locks.summary(),
                 "exactly_once": once,
             }
             res.add(workload, "ours", rate, unit="ops/s", better="higher", config=config, detail=detail)
@@ -136,6 +194,11 @@ def run_scale(res: Results, ours: Any, sizes: dict[str, Any], url: str, plot: st
                 f"lock waits mean {detail['lock waits mean']:.2f} peak {detail['lock waits peak']}; "
                 f"exactly once: {'yes' if once else 'NO'}"
             )
+            for wait in detail["lock waits by lock"]:
+                say(
+                    f"  {wait['share']:.0%} of waiter samples ({wait['samples']}): {wait['lock']} on"
+                    f" {wait['relation']}, waiting: {wait['waiting']}; blocked by: {wait['blocked by']}"
+                )
     ours.clear()
     run_pgbench(res, url, sizes, 1, PROCESSES)
     reference = {

@@ -51,6 +51,8 @@ _EXPORTS = {
     "authorize": "reservations",
     "authorize_many": "reservations",
     "get_reservation": "reservations",
+    "audit_budgets": "budgets",
+    "WindowCheck": "budgets",
     # handlers and the worker
     "handler": "registry",
     "declare_job": "declared",

@@ -104,6 +104,14 @@ def lock_rows(qs: QuerySet[Any], alias: str) -> QuerySet[Any]:
     return qs.select_for_update()
 
 
+def shared_lock_clause(alias: str) -> str | None:
+    """The clause that locks selected rows against writers but not against each other, where
+    the callers rely on it: PostgreSQL's ``FOR SHARE``. Elsewhere None, and callers lock
+    exclusively (MySQL/MariaDB: the shared locks its duplicate-key checks take would turn two
+    claimers creating the same usage row into a deadlock; SQLite has one writer anyway)."""
+    return "FOR SHARE" if connections[alias].vendor == "postgresql" else None
+
+
 # --------------------------------------------------------------------------- inserts
 
 

@@ -276,6 +276,11 @@ class AuthorityUsage(models.Model):
     runs = models.PositiveIntegerField(default=0)
     units = models.PositiveIntegerField(default=0)
     updated_at = models.DateTimeField()
+    # The counts a claim trusts are ``runs`` and ``units``; the recount against the window's
+    # reservations runs off the claim path (budgets.audit_budgets), which records when it last
+    # did and, if they differed, what it saw: a window with a mismatch is refused.
+    verified_at = models.DateTimeField(null=True, blank=True)
+    mismatch = models.JSONField(null=True, blank=True, default=None)
 
     class Meta:
         db_table = "durable_scheduler_authority_usage"

@@ -10,7 +10,8 @@ that lacked a capability too) move to the new revision, where the worker denies 
 ``permission_denied`` with the missing capabilities.
 
 Lock order (PostgreSQL, MySQL/MariaDB): policy row, then job rows, then occurrence rows.
-Reservations (``reservations.py``) lock the policy row before the occurrence row, and the
+Reservations (``reservations.py``) lock the policy row (a claim's shared, on PostgreSQL)
+before the occurrence row and the usage row after it, and the
 kernel locks occurrences before reservations, so no two of these can wait on each other in
 a cycle. Readers that only need the current revision (``bind_to_current_policy``) read the
 policy row without locking it. SQLite has one writer at a time (``dialect.write_transaction``).

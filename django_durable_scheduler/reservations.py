@@ -10,12 +10,14 @@ dead-letter the occurrence without retry (``leases.deny``); an exhausted budget 
 back to wait for the next window without using an attempt (``leases.defer``). The charge
 itself is ``budgets.charge``.
 
-Concurrency: every reservation of a principal locks that principal's policy row
-(``SELECT ... FOR UPDATE``) before it reads the usage row, so on PostgreSQL and
-MySQL/MariaDB reservations of one principal are serialized and two workers racing for the
-last unit of a budget cannot both get it. SQLite has one writer at a time (``dialect.write_transaction``
-takes the database write lock first). The policy row is locked before the occurrence row,
-the order ``set_policy`` uses too (see ``policies.py``).
+Concurrency: every reservation of a principal locks that principal's policy row before the
+occurrence row, the order ``set_policy`` uses too (see ``policies.py``), and then the window's
+usage row (``SELECT ... FOR UPDATE``, in ``budgets.charge``), so reservations of one principal
+are serialized and two workers racing for the last unit of a budget cannot both get it. A
+claim's policy lock is shared on PostgreSQL (:func:`lock_policies_of`), so claims of one
+principal queue only for the usage row, from their charge to their commit; the other paths
+lock the policy exclusively. SQLite has one writer at a time (``dialect.write_transaction``
+takes the database write lock first).
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import connections
 from django.db.models import Q
 
-from . import budgets, conf, leases
+from . import budgets, conf, dialect, leases
 from .authority import MAX_BUDGET, bound_revision, missing_capabilities, policy_ref
 from .budgets import principal_details
 from .dialect import alias_for, write_transaction
@@ -293,11 +296,32 @@ def _check_held(held: Occurrence, policy: AuthorityPolicy | None) -> AuthorityPo
     return policy
 
 
-def _lock_policies(keys: set[tuple[str, str]], alias: str) -> dict[tuple[str, str], AuthorityPolicy]:
+def _share_policies(keys: list[tuple[str, str]], alias: str, clause: str) -> list[AuthorityPolicy]:
+    """The policy rows of these principals, sorted, locked with ``clause`` (a shared lock)."""
+    connection = connections[alias]
+    quote = connection.ops.quote_name
+    meta = AuthorityPolicy._meta
+    column = {field.name: quote(str(field.column)) for field in meta.concrete_fields}
+    ptype, pid = column["principal_type"], column["principal_id"]
+    columns = ", ".join(column.values())
+    match = " OR ".join([f"({ptype} = %s AND {pid} = %s)"] * len(keys))
+    sql = f"SELECT {columns} FROM {quote(meta.db_table)} WHERE {match} ORDER BY {ptype}, {pid} {clause}"
+    return list(AuthorityPolicy.objects.db_manager(alias).raw(sql, [part for key in keys for part in key]))
+
+
+def _lock_policies(
+    keys: set[tuple[str, str]], alias: str, *, shared: bool = False
+) -> dict[tuple[str, str], AuthorityPolicy]:
     """Lock the policy rows of these principals, sorted, so that concurrent authorizers
-    cannot deadlock."""
+    cannot deadlock. ``shared`` (a claim's): where the database has a shared row lock, take
+    that, so that claims of one principal do not wait on each other here (it still keeps
+    ``set_policy`` out); their charges then wait on the usage row instead, which
+    ``budgets.charge`` locks at the end of the transaction."""
     if not keys:
         return {}
+    clause = dialect.shared_lock_clause(alias) if shared else None
+    if clause is not None:
+        return {(p.principal_type, p.principal_id): p for p in _share_policies(sorted(keys), alias, clause)}
     match = Q()
     for principal_type, principal_id in sorted(keys):
         match |= Q(principal_type=principal_type, principal_id=principal_id)
@@ -516,8 +540,9 @@ def _principals_of(keys: list[str]) -> set[tuple[str, str]]:
 def lock_policies_of(principal_keys: list[str], alias: str) -> LockedPolicies:
     """Lock the policy rows of the principals with these ``principal_key`` values, sorted:
     what a claim does before it locks any occurrence, so that it takes the locks in the order
-    ``set_policy`` and :func:`authorize` do."""
-    return _lock_policies(_principals_of(principal_keys), alias)
+    ``set_policy`` and :func:`authorize` do. Shared where the database can (PostgreSQL):
+    claims of one principal then serialize only on their charge (``budgets.charge``)."""
+    return _lock_policies(_principals_of(principal_keys), alias, shared=True)
 
 
 def authorize_claimed(

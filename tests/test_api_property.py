@@ -345,6 +345,7 @@ def test_every_public_function_is_called():
         "materialize_due",
         "authorize",
         "authorize_many",
+        "audit_budgets",  # no argument but ``using``
         "handler",
         "declare_job",
     }

@@ -141,6 +141,8 @@ def test_authorize_many_charges_several_principals_in_one_batch(clock):
     usage = dict(AuthorityUsage.objects.values_list("principal_id", "runs"))
     assert usage == {"ann": 2, "bea": 2, "cid": 2}
     AuthorityUsage.objects.filter(principal_id="cid").update(runs=5)  # tampered
+    audited = {check.principal_id: check.matches for check in scheduler.audit_budgets()}
+    assert audited == {"ann": True, "bea": True, "cid": False}
 
     second = claim("b")
     by_principal = {}

@@ -185,9 +185,13 @@ def test_reserve_unit_budget_boundary(clock):
 
 
 def test_reserve_budget_state_invalid_after_tampering(clock):
+    """A claim trusts the usage row; the audit recounts, marks the window, and from then on
+    it is refused."""
     setup()
     scheduler.reserve_authority(claimed(clock, "a").pk, policy_revision=1, units=2)
     AuthorityUsage.objects.filter(principal_id="alice").update(runs=5)
+    (check,) = scheduler.audit_budgets()
+    assert (check.usage, check.reservations, check.matches) == ((5, 2), (1, 2), False)
     occ = claimed(clock, "b")
     before = snapshot()
     with pytest.raises(scheduler.AuthorityBudgetStateInvalid) as info:
@@ -423,6 +427,7 @@ def test_denied_budget_state_invalid(clock):
     first = claimed(clock, "a")
     assert scheduler.authorize(first, units=3, owner=OWNER) == "reserved"
     AuthorityUsage.objects.filter(principal_type="user", principal_id="alice").update(runs=0, units=0)
+    scheduler.audit_budgets()
     occ = claimed(clock, "b")
     assert scheduler.authorize(occ, units=1, owner=OWNER) == "denied"
     details = assert_denied(occ, "budget_state_invalid", "SCHEDULER_AUTHORITY_BUDGET_STATE_INVALID")

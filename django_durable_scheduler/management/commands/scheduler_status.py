@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError
 
-from ... import ops
+from ... import budgets, ops
 from . import DATABASE_HELP, database_alias
 
 
@@ -34,21 +34,53 @@ class Command(BaseCommand):
             default=ops.DEFAULT_MAX_LAG,
             help="unhealthy when due work has waited longer (default 300 s)",
         )
+        parser.add_argument(
+            "--check-budgets",
+            action="store_true",
+            help="also recount the reservations of every current budget window against its usage; "
+            "a mismatch is marked (its principal's runs are refused) and makes the status unhealthy",
+        )
         parser.add_argument("--database", type=database_alias, default=None, help=DATABASE_HELP)
 
     def handle(self, *args: Any, **options: Any) -> None:
+        checks: list[budgets.WindowCheck] | None = None
         try:
             status = ops.collect_status(
                 stale_after=options["stale_after"], max_lag=options["max_lag"], using=options["database"]
             )
+            if options["check_budgets"]:
+                checks = budgets.audit_budgets(using=options["database"])
         except DatabaseError as exc:
             # A health check that cannot reach its database is unhealthy, not a traceback.
             self.stderr.write(f"scheduler_status: unhealthy: database error: {ops.first_line(exc)}")
             raise SystemExit(1) from None
+        problems = list(status.problems)
+        mismatched = [check for check in checks or [] if not check.matches]
+        problems += [f"budget usage does not match its reservations: {c.describe()}" for c in mismatched]
         if options["json"]:
-            self.stdout.write(json.dumps(status.as_json(), indent=2))
+            found = status.as_json()
+            if checks is not None:
+                found["budget_checks"] = [_check_json(check) for check in checks]
+                found["problems"], found["healthy"] = problems, not problems
+            self.stdout.write(json.dumps(found, indent=2))
         else:
             self.stdout.write(ops.format_status(status))
-        if not status.healthy:
-            self.stderr.write("scheduler_status: unhealthy: " + "; ".join(status.problems))
+            if checks is not None:
+                self.stdout.write(
+                    f"Budget windows recounted: {len(checks)}, mismatched: {len(mismatched)}"
+                    + "".join(f"\n  {check.describe()}" for check in mismatched)
+                )
+        if problems:
+            self.stderr.write("scheduler_status: unhealthy: " + "; ".join(problems))
             raise SystemExit(1)
+
+
+def _check_json(check: budgets.WindowCheck) -> dict[str, Any]:
+    return {
+        "principal": {"type": check.principal_type, "id": check.principal_id},
+        "policy_revision": check.policy_revision,
+        "window_started_at": check.window_started_at.isoformat(),
+        "usage": {"runs": check.usage[0], "units": check.usage[1]},
+        "reservations": {"runs": check.reservations[0], "units": check.reservations[1]},
+        "matches": check.matches,
+    }
