@@ -36,7 +36,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models import Model, Q, QuerySet
 
-from . import archive, conf, dialect, maintenance, partitions
+from . import archive, budgets, conf, dialect, maintenance, partitions
 from .identity import iso_ms
 from .models import (
     ACTIVE_STATUSES,
@@ -172,6 +172,7 @@ class PruneResult:
     # Whole days of events dropped (time-partitioned history) and how long that locked the table.
     partitions: list[str] = field(default_factory=list)
     partition_lock_seconds: float = 0.0
+    budget_mismatches: int = 0  # current budget windows whose usage and reservations differ
 
     @property
     def removed(self) -> int:
@@ -232,6 +233,7 @@ class PruneResult:
             "stopped": self.stopped,
             "partitions_dropped": self.partitions,
             "partition_lock_seconds": round(self.partition_lock_seconds, 3),
+            "budget_mismatches": self.budget_mismatches,
         }
 
 
@@ -581,6 +583,15 @@ def _worker_plan(
     )
 
 
+def _audit_budgets(alias: str, result: PruneResult) -> None:
+    """Recount the current budget windows (claims trust the usage rows without counting), one
+    worker at a time like the rest of this run; a mismatch is marked, so its claims are refused."""
+    for check in budgets.audit_budgets(using=alias):
+        if not check.matches:
+            result.budget_mismatches += 1
+            logger.warning("budget usage does not match its reservations: %s", check.describe())
+
+
 def run_once(
     worker_id: str, *, using: str | None = None, stopping: threading.Event | None = None
 ) -> PruneResult | None:
@@ -604,6 +615,7 @@ def run_once(
     result = PruneResult(cutoff=None, dry_run=False, archiving=plan.sink is not None)
     try:
         apply(plan, alias, result)
+        _audit_budgets(alias, result)
     except Exception as exc:
         record = {**result.record(time.monotonic() - started), "ok": False, "error": _one_line(exc)}
         logger.warning(

@@ -14,7 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import claiming
+from django_durable_scheduler import claiming, retention
 from django_durable_scheduler.models import AuthorityReservation, AuthorityUsage, Occurrence
 
 from .conftest import authority_for
@@ -223,3 +223,18 @@ def test_several_principals_with_new_and_running_windows(clock):
         ("bea", 2, None),
     ]
     assert all(check.matches for check in scheduler.audit_budgets())
+
+
+def test_the_workers_retention_run_recounts_the_budgets(alice, settings, caplog):
+    """The workers audit the budgets with each retention run (one worker at a time): a window
+    whose usage row was edited is marked, and its next claim is refused."""
+    settings.DURABLE_SCHEDULER_RETENTION = {"period": 1}
+    enqueue(alice, 3, "a")
+    assert len(claim(3).runnable) == 3
+    AuthorityUsage.objects.update(runs=1)  # by hand: the claims would trust it
+    result = retention.run_once("w-retention")
+    assert result is not None and result.budget_mismatches == 1
+    assert "does not match its reservations" in caplog.text
+    enqueue(alice, 1, "b")
+    refused = claim(1).refused
+    assert [verdict.error["reason"] for _, verdict in refused] == ["budget_state_invalid"]

@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("durable_scheduler", "0004_cancelled_status_schedules_and_records"),
+        ("durable_scheduler", "0006_events_partitioned"),
     ]
 
     operations = [
