@@ -129,6 +129,7 @@ def _pages(sample: dict[str, str]) -> dict[str, str]:
         "event list, first page": ev,
         "event list, type filter": f"{ev}?event_type=occurrence_claimed",
         "occurrence page": f"{occ}{sample['occurrence']}/change/",
+        "job list": "/admin/durable_scheduler/job/",
         "job page": f"/admin/durable_scheduler/job/{sample['job']}/change/",
         "dashboard": "/admin/durable_scheduler/schedulerdashboard/",
     }

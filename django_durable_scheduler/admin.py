@@ -327,6 +327,8 @@ class JobAdmin(ApiFormAdmin):
     ]
 
     RECENT_SHOWN = 20
+    # Events read per occurrence shown: a run writes about three.
+    EVENTS_PER_OCCURRENCE = 4
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
@@ -342,11 +344,18 @@ class JobAdmin(ApiFormAdmin):
 
     @admin.display(description="latest")
     def recent_occurrences(self, obj: Job) -> str:
-        """The job's newest occurrences with their outcomes, each linked to its page."""
-        rows = list(
+        """The job's occurrences with the newest events (an index range of the job's events,
+        however long its history), with their outcomes, each linked to its page."""
+        newest = (
+            Event.objects.using(obj._state.db)
+            .filter(job=obj, occurrence__isnull=False)
+            .order_by("-event_id")
+            .values_list("occurrence_id", flat=True)[: self.RECENT_SHOWN * self.EVENTS_PER_OCCURRENCE]
+        )
+        ids = list(dict.fromkeys(newest))[: self.RECENT_SHOWN]
+        found = (
             Occurrence.objects.using(obj._state.db)
-            .filter(job=obj)
-            .order_by("-created_at", "-occurrence_id")
+            .filter(pk__in=ids)
             .only(
                 "occurrence_id",
                 "status",
@@ -355,8 +364,9 @@ class JobAdmin(ApiFormAdmin):
                 "scheduled_for",
                 "settled_at",
                 "last_error",
-            )[: self.RECENT_SHOWN]
+            )
         )
+        rows = sorted(found, key=lambda row: ids.index(row.pk))
         if not rows:
             return "none yet"
         cells = format_html_join(
@@ -382,9 +392,16 @@ class JobAdmin(ApiFormAdmin):
         return format_html('<table class="dsch-recent" style="width: 100%">{}{}</table>', head, cells)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
-        latest = Occurrence.objects.filter(job=OuterRef("pk")).order_by("-created_at", "-occurrence_id")
+        # The occurrence of the job's newest event: one entry of the (job, event_id) index per
+        # job, where the newest occurrence by creation would read and sort the job's history.
+        newest_event = (
+            Event.objects.filter(job=OuterRef(OuterRef("pk")), occurrence__isnull=False)
+            .order_by("-event_id")
+            .values("occurrence")[:1]
+        )
+        latest = Occurrence.objects.filter(pk=Subquery(newest_event)).values("status")[:1]
         queryset: QuerySet[Job] = super().get_queryset(request)
-        return queryset.annotate(latest_status=Subquery(latest.values("status")[:1]))
+        return queryset.annotate(latest_status=Subquery(latest))
 
     @admin.display(description="trigger")
     def trigger_words(self, obj: Job) -> str:
