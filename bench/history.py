@@ -373,21 +373,35 @@ def autovacuum_on(url: str) -> Iterator[dict[str, str]]:
         ).fetchone()
         conn.execute("ALTER SYSTEM SET autovacuum = on")
         conn.execute("SELECT pg_reload_conf()")
-        time.sleep(0.5)
-        during = conn.execute("SHOW autovacuum").fetchone()[0]
-        say(f"autovacuum: {before} before the run, {during} for the run")
-        state = {"before": before, "during": during}
-        try:
-            yield state
-        finally:
-            if row is None:
-                conn.execute("ALTER SYSTEM RESET autovacuum")
-            else:
-                conn.execute(f"ALTER SYSTEM SET autovacuum = '{row[0]}'")  # what the file held
-            conn.execute("SELECT pg_reload_conf()")
-            time.sleep(0.5)
-            state["after"] = conn.execute("SHOW autovacuum").fetchone()[0]
-            say(f"autovacuum: {state['after']} again after the run")
+    state = {"before": before, "during": _show_autovacuum(url)}
+    say(f"autovacuum: {before} before the run, {state['during']} for the run")
+    try:
+        yield state
+    finally:
+        # On a connection of its own, retried: the server may have restarted during the run.
+        for attempt in range(30):
+            try:
+                with psycopg.connect(_libpq(url, "postgres"), autocommit=True) as conn:
+                    if row is None:
+                        conn.execute("ALTER SYSTEM RESET autovacuum")
+                    else:
+                        conn.execute(f"ALTER SYSTEM SET autovacuum = '{row[0]}'")  # what the file held
+                    conn.execute("SELECT pg_reload_conf()")
+                break
+            except psycopg.OperationalError:
+                if attempt == 29:
+                    raise
+                time.sleep(2)
+        state["after"] = _show_autovacuum(url)
+        say(f"autovacuum: {state['after']} again after the run")
+
+
+def _show_autovacuum(url: str) -> str:
+    import psycopg
+
+    time.sleep(0.5)  # the reload reaches the server's processes
+    with psycopg.connect(_libpq(url, "postgres"), autocommit=True) as conn:
+        return str(conn.execute("SHOW autovacuum").fetchone()[0])
 
 
 def _median(rows: list[dict[str, Any]], workload: str) -> float | None:
