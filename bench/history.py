@@ -34,6 +34,7 @@ if str(Path(__file__).resolve().parent.parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import ROOT, Results, say
+from bench.systems import Ours
 
 PG_URL = "postgres://postgres@127.0.0.1:5432/dsch_history"
 PRUNE_APP = "dsch-history-prune"
@@ -51,46 +52,38 @@ PAGE_TARGET = "< 300 ms"
 # --------------------------------------------------------------------------- one database
 
 
-class HistoryOurs:
+class HistoryOurs(Ours):
     """The suite's ``Ours`` on a database that holds history: it counts, checks and clears
     only the bench's own jobs, so that the history stays (and usage matches reservations)."""
 
-    def __new__(cls) -> Any:
-        from bench.systems import Ours
+    JOBS = (Ours.NOOP_JOB, Ours.STAMP_JOB, Ours.SLEEP_JOB)
 
-        class _HistoryOurs(Ours):
-            JOBS = (Ours.NOOP_JOB, Ours.STAMP_JOB, Ours.SLEEP_JOB)
+    def done(self) -> int:
+        from django_durable_scheduler.models import Occurrence
 
-            def done(self) -> int:
-                from django_durable_scheduler.models import Occurrence
+        return Occurrence.objects.filter(job_id=self.NOOP_JOB, status="succeeded").count()
 
-                return Occurrence.objects.filter(job_id=self.NOOP_JOB, status="succeeded").count()
+    def failed(self) -> int:
+        from django_durable_scheduler.models import Occurrence
 
-            def failed(self) -> int:
-                from django_durable_scheduler.models import Occurrence
+        rows = Occurrence.objects.filter(job_id=self.NOOP_JOB)
+        return rows.exclude(status__in=["succeeded", "queued", "running"]).count()
 
-                rows = Occurrence.objects.filter(job_id=self.NOOP_JOB)
-                return rows.exclude(status__in=["succeeded", "queued", "running"]).count()
+    def exactly_once(self, n: int) -> bool:
+        from django_durable_scheduler.models import Event, Occurrence
 
-            def exactly_once(self, n: int) -> bool:
-                from django_durable_scheduler.models import Event, Occurrence
+        events = Event.objects.filter(job_id=self.NOOP_JOB)
+        claims = events.filter(event_type="occurrence_claimed")
+        succeeded = Occurrence.objects.filter(job_id=self.NOOP_JOB, status="succeeded", attempt=1, fence=1)
+        return (
+            succeeded.count() == n
+            and claims.count() == n
+            and claims.values("occurrence_id").distinct().count() == n
+            and not events.filter(event_type="occurrence_reclaimed").exists()
+        )
 
-                events = Event.objects.filter(job_id=self.NOOP_JOB)
-                claims = events.filter(event_type="occurrence_claimed")
-                return (
-                    Occurrence.objects.filter(
-                        job_id=self.NOOP_JOB, status="succeeded", attempt=1, fence=1
-                    ).count()
-                    == n
-                    and claims.count() == n
-                    and claims.values("occurrence_id").distinct().count() == n
-                    and not events.filter(event_type="occurrence_reclaimed").exists()
-                )
-
-            def clear(self) -> None:
-                _clear_bench_jobs(self.JOBS)
-
-        return _HistoryOurs()
+    def clear(self) -> None:
+        _clear_bench_jobs(self.JOBS)
 
 
 def _clear_bench_jobs(jobs: tuple[str, ...]) -> None:
