@@ -249,7 +249,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--workloads",
         default="w1,w2,w3,w4,pgbench,profile",
-        help="subset of w1,w2,w3,w4,pgbench,profile, or scale (PostgreSQL: 1-8 processes, with a plot)",
+        help="subset of w1,w2,w3,w4,pgbench,profile, or scale (PostgreSQL: 1-8 processes, with a plot),"
+        " or history (PostgreSQL: millions of settled rows against 10,000; bench/history.py)",
     )
     parser.add_argument("--pg-url", default=PG_URL, help="PostgreSQL database (dschbench* names only)")
     parser.add_argument("--out", default=None, help="results file (default bench/results-<date>.json)")
@@ -275,6 +276,13 @@ def main(argv: list[str]) -> int:
     python = ensure_bench_venv()
     if args.setup_only:
         return 0
+    if "history" in args.workloads.split(","):
+        # Its own databases, its own table and results file (bench/history.py).
+        cmd = [str(python), "-m", "bench.history"] + (["--n", str(args.n)] if args.n else [])
+        cmd += (["--w3", str(args.w3)] if args.w3 else []) + (["--out", args.out] if args.out else [])
+        cmd += ["--reps", str(args.reps)] + (["--rows", "200000"] if args.quick else [])
+        say(f"history: {' '.join(cmd[1:])}")
+        return subprocess.call(cmd, cwd=ROOT)
     started = time.monotonic()
     results: dict[str, dict] = {}
     tmp = Path(tempfile.mkdtemp(prefix="dschbench-"))

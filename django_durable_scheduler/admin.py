@@ -16,7 +16,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import quote
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.forms import BaseForm, ModelForm
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -26,6 +26,8 @@ from django.utils.module_loading import import_string
 from django.utils.safestring import mark_safe
 
 from . import conf, dashboard, kernel, policies
+from .counting import BoundedCountPaginator
+from .events import EVENT_TYPES
 from .exceptions import SchedulerError
 from .forms import AuthorityPolicyForm, JobForm, TaskScheduleForm, describe_window
 from .identity import canonical_json, iso_ms
@@ -325,6 +327,8 @@ class JobAdmin(ApiFormAdmin):
     ]
 
     RECENT_SHOWN = 20
+    # Events read per occurrence shown: a run writes about three.
+    EVENTS_PER_OCCURRENCE = 4
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
@@ -340,11 +344,18 @@ class JobAdmin(ApiFormAdmin):
 
     @admin.display(description="latest")
     def recent_occurrences(self, obj: Job) -> str:
-        """The job's newest occurrences with their outcomes, each linked to its page."""
-        rows = list(
+        """The job's occurrences with the newest events (an index range of the job's events,
+        however long its history), with their outcomes, each linked to its page."""
+        newest = (
+            Event.objects.using(obj._state.db)
+            .filter(job=obj, occurrence__isnull=False)
+            .order_by("-event_id")
+            .values_list("occurrence_id", flat=True)[: self.RECENT_SHOWN * self.EVENTS_PER_OCCURRENCE]
+        )
+        ids = list(dict.fromkeys(newest))[: self.RECENT_SHOWN]
+        found = (
             Occurrence.objects.using(obj._state.db)
-            .filter(job=obj)
-            .order_by("-created_at", "-occurrence_id")
+            .filter(pk__in=ids)
             .only(
                 "occurrence_id",
                 "status",
@@ -353,8 +364,9 @@ class JobAdmin(ApiFormAdmin):
                 "scheduled_for",
                 "settled_at",
                 "last_error",
-            )[: self.RECENT_SHOWN]
+            )
         )
+        rows = sorted(found, key=lambda row: ids.index(row.pk))
         if not rows:
             return "none yet"
         cells = format_html_join(
@@ -380,9 +392,16 @@ class JobAdmin(ApiFormAdmin):
         return format_html('<table class="dsch-recent" style="width: 100%">{}{}</table>', head, cells)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
-        latest = Occurrence.objects.filter(job=OuterRef("pk")).order_by("-created_at", "-occurrence_id")
+        # The occurrence of the job's newest event: one entry of the (job, event_id) index per
+        # job, where the newest occurrence by creation would read and sort the job's history.
+        newest_event = (
+            Event.objects.filter(job=OuterRef(OuterRef("pk")), occurrence__isnull=False)
+            .order_by("-event_id")
+            .values("occurrence")[:1]
+        )
+        latest = Occurrence.objects.filter(pk=Subquery(newest_event)).values("status")[:1]
         queryset: QuerySet[Job] = super().get_queryset(request)
-        return queryset.annotate(latest_status=Subquery(latest.values("status")[:1]))
+        return queryset.annotate(latest_status=Subquery(latest))
 
     @admin.display(description="trigger")
     def trigger_words(self, obj: Job) -> str:
@@ -508,6 +527,17 @@ if uses_durable_tasks():
 # --------------------------------------------------------------------------- occurrences
 
 
+class JobListFilter(admin.RelatedFieldListFilter):
+    """The occurrences of one job, listed from the jobs table (the first
+    :attr:`SHOWN` by id; search for another job's id), not from the occurrences."""
+
+    SHOWN = 200
+
+    def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        jobs = Job.objects.using(model_admin.get_queryset(request).db).order_by("job_id")
+        return [(job_id, job_id) for job_id in jobs.values_list("job_id", flat=True)[: self.SHOWN]]
+
+
 @admin.register(Occurrence)
 class OccurrenceAdmin(ReadOnlyAdmin):
     list_display = [
@@ -523,18 +553,42 @@ class OccurrenceAdmin(ReadOnlyAdmin):
         "lease_owner",
         "settled_at",
     ]
+    # The choices come from the jobs table and the code, never from the occurrences.
     list_filter = [
         "status",
         # A disabled job's pending occurrences wait unclaimed: find them here, cancel or keep them.
         ("job__enabled", admin.BooleanFieldListFilter),
         ("job__kind", admin.AllValuesFieldListFilter),
-        ("job", admin.RelatedOnlyFieldListFilter),
+        ("job", JobListFilter),
     ]
     list_select_related = ["job"]
-    # Ids and kinds exactly (index lookups); trigger keys and error messages by substring.
-    search_fields = ["=occurrence_id", "=job__job_id", "=job__kind", "trigger_key", "last_error__message"]
+    # An occurrence id, a job id or a kind finds those exactly (get_search_results); any other
+    # term searches trigger keys and error messages by substring.
+    search_fields = ["trigger_key", "last_error__message"]
+    search_help_text = (
+        "An occurrence id, a job id or a kind (exactly), else part of a trigger key or error message."
+    )
     actions = ["run_now", "cancel_occurrences", "retry_dead_lettered"]
+    # The claim index's order, read backwards: a page of millions of rows sorts nothing (each
+    # status newest first; the status filter gives one status in due order, newest first).
+    ordering = ["-status", "-available_at", "-lease_expires_at", "-scheduled_for", "-occurrence_id"]
     show_full_result_count = False
+    paginator = BoundedCountPaginator
+    show_facets = admin.ShowFacets.NEVER  # a count per choice would read every row
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Occurrence], search_term: str
+    ) -> tuple[QuerySet[Occurrence], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        if Occurrence.objects.using(queryset.db).filter(pk=term).exists():
+            return queryset.filter(pk=term), False
+        jobs = Job.objects.using(queryset.db).filter(Q(pk=term) | Q(kind=term))
+        job_ids = list(jobs.values_list("pk", flat=True))
+        if job_ids:
+            return queryset.filter(job__in=job_ids), False
+        return super().get_search_results(request, queryset, search_term)
 
     @admin.display(description="job", ordering="job_id")
     def job_id_display(self, obj: Occurrence) -> str:
@@ -712,6 +766,14 @@ class OccurrenceAdmin(ReadOnlyAdmin):
 # --------------------------------------------------------------------------- read-only history and state
 
 
+class EventTypeFilter(admin.AllValuesFieldListFilter):
+    """The event types the code writes (``events.EVENT_TYPES``), not a scan of the events."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lookup_choices = list(EVENT_TYPES)  # type: ignore[assignment]  # any iterable serves
+
+
 @admin.register(Event)
 class EventAdmin(ReadOnlyAdmin):
     list_display = [
@@ -723,9 +785,25 @@ class EventAdmin(ReadOnlyAdmin):
         "owner_id",
         "fence",
     ]
-    list_filter = ["event_type"]
-    search_fields = ["=job__job_id", "=occurrence__occurrence_id", "event_type"]
+    list_filter = [("event_type", EventTypeFilter)]
+    # An occurrence id or a job id finds its events (get_search_results); else by event type.
+    search_fields = ["event_type"]
+    search_help_text = "An occurrence id or a job id (exactly), else part of an event type."
     show_full_result_count = False
+    paginator = BoundedCountPaginator
+    show_facets = admin.ShowFacets.NEVER  # a count per choice would read every row
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Event], search_term: str
+    ) -> tuple[QuerySet[Event], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        if Occurrence.objects.using(queryset.db).filter(pk=term).exists():
+            return queryset.filter(occurrence_id=term), False
+        if Job.objects.using(queryset.db).filter(pk=term).exists():
+            return queryset.filter(job_id=term), False
+        return super().get_search_results(request, queryset, search_term)
 
     @admin.display(description="job", ordering="job_id")
     def job_id_display(self, obj: Event) -> str:

@@ -178,11 +178,17 @@ LIMIT %s
 # Lock the chosen candidates that are still due, skipping rows another claimer holds. The job
 # (enabled, kind) is not re-checked here: on MySQL that would lock job rows too (no OF), and
 # claimers would skip each other's jobs; the occurrence's own due state is what races.
+# The key is the only condition an index can serve: the due state is re-checked in a CASE,
+# which matches no index and no partial index's predicate, so the rows are read through the
+# primary key whatever the statistics say (given the status terms, PostgreSQL would read the
+# fair and claim indexes instead when its statistics say few rows wait, as they do before
+# autovacuum has analyzed a table that grew).
 LOCK = """
 SELECT {claim_columns} FROM {occurrences}
 WHERE {o.occurrence_id} IN ({ids})
-  AND ((({o.status} = {queued} OR {o.status} = {retry_wait}) AND {o.available_at} <= %s)
-       OR ({o.status} = {running} AND {o.lease_expires_at} <= %s AND {o.attempt} < {o.max_attempts}))
+  AND CASE WHEN {o.status} IN ({queued}, {retry_wait}) THEN {o.available_at} <= %s
+           WHEN {o.status} = {running} THEN {o.lease_expires_at} <= %s AND {o.attempt} < {o.max_attempts}
+           ELSE 1 = 0 END
 {for_update}"""
 
 # Whether anything is claimable (a read without locks): a due waiting row or an expired lease

@@ -78,6 +78,22 @@ def server_now(alias: str) -> datetime | None:
     return server if server.tzinfo is not None else server.replace(tzinfo=UTC)
 
 
+def planner_row_estimate(queryset: QuerySet[Any]) -> int | None:
+    """How many rows the planner expects ``queryset`` to return (PostgreSQL: ``EXPLAIN``'s
+    estimate, from the table statistics, in the time it takes to plan), or None where the
+    database gives no usable estimate: the caller counts, within a bound, instead."""
+    connection = connections[queryset.db]
+    if connection.vendor != "postgresql":
+        return None
+    sql, params = queryset.order_by().values("pk").query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+        (plan,) = cursor.fetchone()
+    if isinstance(plan, str):  # a driver that does not decode json
+        plan = json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
 @contextmanager
 def write_transaction(using: str | None = None) -> Iterator[str]:
     """One kernel transaction on ``using`` (yields its alias); inside a caller's transaction,

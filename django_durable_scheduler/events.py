@@ -27,6 +27,25 @@ SLOT_SKIPPED = "slot_skipped"
 AUTHORITY_DENIED = "authority_denied"
 AUTHORITY_DEFERRED = "authority_deferred"
 
+# Every type above, in that order: what the admin's event filter offers.
+EVENT_TYPES = (
+    JOB_CREATED,
+    JOB_UPDATED,
+    OCCURRENCE_ENQUEUED,
+    OCCURRENCE_CLAIMED,
+    OCCURRENCE_RECLAIMED,
+    OCCURRENCE_RENEWED,
+    OCCURRENCE_SUCCEEDED,
+    OCCURRENCE_RETRY_SCHEDULED,
+    OCCURRENCE_DEAD_LETTERED,
+    OCCURRENCE_CANCELLED,
+    OCCURRENCE_RELEASED,
+    OCCURRENCE_MADE_DUE,
+    SLOT_SKIPPED,
+    AUTHORITY_DENIED,
+    AUTHORITY_DEFERRED,
+)
+
 
 def new_event(
     job_id: str,

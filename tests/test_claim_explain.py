@@ -18,7 +18,7 @@ import pytest
 from django.db import connection
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import claiming
+from django_durable_scheduler import claiming, conf
 from django_durable_scheduler.authority import principal_key
 from django_durable_scheduler.dialect import insert_rows
 from django_durable_scheduler.models import Event, Job, Occurrence, OccurrenceStatus
@@ -219,3 +219,53 @@ def test_every_claim_statement_reads_through_its_index(busy_table):
     rows = scheduler.claim_batch(owner="explain", lease=30, limit=PRINCIPALS, sweep_expired=False)
     assert len({row.principal_key for row in rows}) == PRINCIPALS
     assert all(row.status == OccurrenceStatus.RUNNING and row.pk.startswith("d") for row in rows)
+
+
+LOCKED_BATCH = 250  # ids locked at once: a worker's claim of a large batch
+
+
+@pytest.fixture
+def stale_statistics(clock):
+    """SETTLED succeeded occurrences, analyzed while nothing waits; then DUE queued ones that
+    the statistics never see, as before autovacuum analyzes a table that filled up."""
+    now = clock()
+    job = scheduler.create_job("job-stale", "k", authority=authority_for("p-stale", "x.run"))
+    (template,) = _occurrences(
+        job,
+        1,
+        "s-",
+        at=now - timedelta(hours=1),
+        status=OccurrenceStatus.SUCCEEDED,
+        attempt=1,
+        fence=1,
+        settled_at=now - timedelta(hours=1),
+    )
+    template.save()
+    _copy(template)
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute(f"ANALYZE TABLE {connection.ops.quote_name(TABLE)}")
+            cursor.fetchall()
+        else:
+            cursor.execute("ANALYZE")
+    due = _occurrences(job, DUE, "d-", at=now, status=OccurrenceStatus.QUEUED)
+    insert_rows("default", due)
+    return [row.pk for row in due[:LOCKED_BATCH]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_lock_reads_the_primary_key_whatever_the_statistics(stale_statistics):
+    """The locking statement of a large batch reads through the primary key alone, also when
+    the statistics say that nothing waits. At 2 million rows (bench/history.py) PostgreSQL then
+    read the fair and claim indexes in a bitmap while the status terms stood beside the key; at
+    this size it reads the key either way, so the statement's form is checked too: the key is
+    its only condition outside the CASE that re-checks the due state."""
+    explain = {"postgresql": _explain_postgresql, "sqlite": _explain_sqlite, "mysql": _explain_mysql}
+    sql = claiming._lock_statement("default", connection.vendor, LOCKED_BATCH)
+    now = connection.ops.adapt_datetimefield_value(conf.now())
+    indexes, scans = explain[connection.vendor](sql, [*stale_statistics, now, now])
+    assert indexes == [PRIMARY_KEY] and not scans, (indexes, scans, sql)
+    key = re.escape(connection.ops.quote_name("occurrence_id"))
+    assert re.search(rf"WHERE \S*{key} IN \([^)]*\)\s+AND CASE WHEN .* END\s*(FOR UPDATE|$)", sql, re.S), sql
+    rows = list(Occurrence.objects.raw(sql, [*stale_statistics, now, now]))
+    assert sorted(row.pk for row in rows) == sorted(stale_statistics)
