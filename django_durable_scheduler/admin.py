@@ -25,7 +25,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.module_loading import import_string
 from django.utils.safestring import mark_safe
 
-from . import conf, dashboard, kernel, policies
+from . import conf, dashboard, kernel, policies, tracing
 from .counting import BoundedCountPaginator
 from .events import EVENT_TYPES
 from .exceptions import SchedulerError
@@ -603,13 +603,25 @@ class OccurrenceAdmin(ReadOnlyAdmin):
         return f"{obj.attempt}/{obj.max_attempts}"
 
     # A django.tasks task's occurrence also shows what Django calls it (tasks/display.py).
-    readonly_fields = ["task_path", "task_status", "task_args", "task_kwargs", "task_errors"]
+    task_fields = ["task_path", "task_status", "task_args", "task_kwargs", "task_errors"]
+    readonly_fields = [*task_fields, "trace_id"]
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        fields = [f for f in super().get_fields(request, obj) if f not in self.readonly_fields]
+        fields = []
+        for name in super().get_fields(request, obj):
+            if name not in self.readonly_fields:
+                fields.append(name)
+            if name == "trace_context":
+                fields.append("trace_id")
         if obj is not None and task_view(obj, obj.job.kind) is not None:
-            return [*self.readonly_fields, *fields]
+            return [*self.task_fields, *fields]
         return fields
+
+    @admin.display(description="trace id")
+    def trace_id(self, obj: Occurrence) -> str:
+        """The enqueuer's trace (``trace_context``'s traceparent): what to search the tracing
+        backend for; empty when the enqueue had no span."""
+        return tracing.trace_id(obj.trace_context)
 
     @staticmethod
     def _task(obj: Occurrence) -> TaskView:

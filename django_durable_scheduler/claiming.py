@@ -73,6 +73,7 @@ CLAIM_FIELDS = (
     "created_at",
     "principal_key",
     "priority",
+    "trace_context",  # the run's span continues the enqueuer's trace (tracing.py)
 )
 
 # --------------------------------------------------------------------------- the SQL

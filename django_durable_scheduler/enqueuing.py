@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
-from . import conf, dialect
+from . import conf, dialect, tracing
 from .authority import principal_key
 from .budgets import settle_cancelled
 from .events import new_event
@@ -85,6 +85,7 @@ class _Builder:
         payload: Any,
         now: datetime,
         priority: int = 0,
+        trace_context: dict[str, str] | None = None,
     ) -> Occurrence:
         job = self.job
         digest = self.digest_of(scheduled_ms, trigger_key)
@@ -106,6 +107,7 @@ class _Builder:
             priority=priority,
             created_at=now,
             updated_at=now,
+            trace_context=trace_context,
         )
 
     @staticmethod
@@ -154,6 +156,7 @@ def insert_occurrence(
     guard: tuple[str, list[Any]] | None = None,
     builder: _Builder | None = None,
     priority: int = 0,
+    trace_context: dict[str, str] | None = None,
 ) -> tuple[Occurrence, bool]:
     """Insert a queued occurrence of ``job`` with its event and wake workers, or find the one
     with its identity: ``(occurrence, deduplicated)``. Inside the caller's write
@@ -161,13 +164,16 @@ def insert_occurrence(
     ``dialect.insert_guarded``). ``guard``: ``job`` is a remembered row, not one read in this
     transaction; insert only if the stored row still has what the occurrence copies from it
     (else ``dialect.GuardFailed``, nothing written). ``builder``: one of ``job``'s, kept
-    by the caller."""
+    by the caller. ``trace_context``: the caller's (``tracing.capture()``), for the runs' spans;
+    a schedule's slots, materialized by a worker, have no caller and carry none."""
     if not job.enabled:
         raise JobDisabled(f"job {job.job_id!r} is disabled", {"job_id": job.job_id})
     if payload is not JOB_PAYLOAD:
         payload = normalize_json(payload, "payload")
     build = builder or _Builder(job)
-    occurrence = build.occurrence(scheduled_ms, trigger_key, available_ms, payload, now, priority)
+    occurrence = build.occurrence(
+        scheduled_ms, trigger_key, available_ms, payload, now, priority, trace_context
+    )
     event = build.event(occurrence)
     if guard is not None:
         created = dialect.insert_guarded(alias, occurrence, guard, then=[event], notify=True)
@@ -260,6 +266,7 @@ def enqueue(
         "now": now,
         "alias": alias,
         "priority": priority,
+        "trace_context": tracing.capture(),
     }
     remembered = _REMEMBERED.get((alias, job_id))
     if remembered is not None and remembered.job.enabled:
@@ -307,12 +314,13 @@ def enqueue_many(
         )
         parsed.append((scheduled_ms, key, available_ms, payload))
     now = conf.now()
+    trace_context = tracing.capture()
     with dialect.write_transaction(using) as alias:
         job = get_job(job_id, using=alias)
         if not job.enabled:
             raise JobDisabled(f"job {job_id!r} is disabled", {"job_id": job_id})
         build = _Builder(job)
-        rows = [build.occurrence(*item, now) for item in parsed]
+        rows = [build.occurrence(*item, now, 0, trace_context) for item in parsed]
         fresh, firsts = _split_fresh(job, rows)
         if dialect.can_skip_conflicts(alias):
             inserted = dialect.insert_rows(alias, _in_key_order(fresh), skip_conflicts=True)
@@ -421,6 +429,7 @@ def enqueue_once_per_trigger(
             payload=payload,
             now=now,
             alias=alias,
+            trace_context=tracing.capture(),
         )
 
 
@@ -515,4 +524,6 @@ def retry_dead_letter(occurrence_id: str, *, using: str | None = None) -> tuple[
             payload=dead.payload,
             now=now,
             alias=alias,
+            # The retry continues the dead letter's trace unless the caller's span is current.
+            trace_context=tracing.capture() or dead.trace_context,
         )

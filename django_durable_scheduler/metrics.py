@@ -18,7 +18,8 @@ Instruments (meter and tracer ``django_durable_scheduler``), each labelled with
   the principals' budgets (a retry that reuses its reservation charges nothing);
 - a span ``scheduler.run <kind>`` per handler run (in the handler thread, so the handler's
   own spans are its children), with the occurrence's id, job, attempt and fence as
-  attributes, and the exception and an error status when the run failed.
+  attributes, and the exception and an error status when the run failed; a child of the span
+  that was current at enqueue, if there was one (``tracing.py``).
 """
 
 from __future__ import annotations
@@ -72,11 +73,17 @@ class Instruments:
         )
 
     def run(
-        self, attributes: dict[str, Any], name: str, call: Callable[[], dict[str, Any]]
+        self,
+        attributes: dict[str, Any],
+        name: str,
+        call: Callable[[], dict[str, Any]],
+        parent: Any = None,
     ) -> dict[str, Any]:
-        """``call()`` (a handler run returning the worker's outcome dict) inside its span."""
+        """``call()`` (a handler run returning the worker's outcome dict) inside its span: a
+        child of ``parent`` (the enqueuer's context, ``tracing.parent_of``) if given."""
         with self.tracer.start_as_current_span(
             name,
+            context=parent,
             kind=self._consumer,
             attributes=attributes,
             record_exception=False,

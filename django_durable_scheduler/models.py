@@ -116,6 +116,9 @@ class Occurrence(models.Model):
     receipt = models.JSONField(null=True, blank=True, default=None)
     # Higher first among one principal's due occurrences (django.tasks' priority, -100..100).
     priority = models.SmallIntegerField(default=0)
+    # The W3C trace context of the span current at enqueue ({"traceparent": ..., and
+    # "tracestate" if any}), with the [otel] extra: each run's span continues that trace.
+    trace_context = models.JSONField(null=True, blank=True, default=None)
 
     class Meta:
         db_table = "durable_scheduler_occurrences"

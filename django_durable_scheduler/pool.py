@@ -25,7 +25,7 @@ from typing import Any
 
 from django.db import connections
 
-from . import conf, kernel, metrics, registry, signals
+from . import conf, kernel, metrics, registry, signals, tracing
 from .context import ExecutionContext
 from .exceptions import HandlerTimeout, PermanentFailure, Retry
 from .identity import to_duration_ms
@@ -232,7 +232,10 @@ class HandlerPool:
                 outcome = call_handler(run.context)
             else:
                 name = f"scheduler.run {run.context.kind}"
-                outcome = self.instruments.run(_span_attributes(run), name, lambda: call_handler(run.context))
+                parent = tracing.parent_of(run.occurrence.trace_context, run.occurrence.pk)
+                outcome = self.instruments.run(
+                    _span_attributes(run), name, lambda: call_handler(run.context), parent
+                )
         except Exception as exc:  # call_handler catches the handler's; this is ours
             logger.exception("unexpected error running %s", run.occurrence.pk)
             outcome = {"status": "failed", "error": exc, "exception": exc}

@@ -10,40 +10,16 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk")
 
-import opentelemetry.metrics as metrics_api
 import opentelemetry.trace as trace_api
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import registry
 from django_durable_scheduler.worker import Worker
 
 from .conftest import AUTHORITY, authority_for
+from .otel import otel_providers  # noqa: F401 (the fixture "otel")
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-_PROVIDERS: tuple[InMemoryMetricReader, InMemorySpanExporter] | None = None
-
-
-@pytest.fixture
-def otel():
-    """The in-memory reader and exporter, installed as the global providers once per process
-    (OpenTelemetry allows one set)."""
-    global _PROVIDERS
-    if _PROVIDERS is None:
-        reader, exporter = InMemoryMetricReader(), InMemorySpanExporter()
-        metrics_api.set_meter_provider(MeterProvider(metric_readers=[reader]))
-        tracer_provider = TracerProvider()
-        tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
-        trace_api.set_tracer_provider(tracer_provider)
-        _PROVIDERS = (reader, exporter)
-    reader, exporter = _PROVIDERS
-    exporter.clear()
-    return reader, exporter
 
 
 def points(reader) -> dict[tuple[str, str, str], float]:
