@@ -140,6 +140,31 @@ def test_every_enqueue_path_stores_the_callers_trace(otel, jobs):
         assert span.context.trace_id == parent.trace_id and span.parent.span_id == parent.span_id
 
 
+@pytest.fixture
+def chained():
+    """A kind whose handler enqueues one ``trace-ok`` follow-up, from inside its run span."""
+
+    def run(ctx):
+        scheduler.enqueue("trace-ok", scheduled_for=SLOT, trigger_key=f"after:{ctx.occurrence_id}")
+        return None
+
+    registry.handler("test.trace-chain")(run)
+    yield
+    registry.unregister("test.trace-chain")
+
+
+def test_work_a_handler_enqueues_joins_its_runs_trace(otel, jobs, chained):
+    _, exporter = otel
+    scheduler.create_job("trace-chain", "test.trace-chain", authority=AUTHORITY)
+    with tracer.start_as_current_span("request") as request:
+        scheduler.enqueue("trace-chain", scheduled_for=SLOT, trigger_key="t")
+    work()
+    (first,) = run_spans(exporter, "test.trace-chain")
+    (follow_up,) = run_spans(exporter, "test.ok")
+    assert first.context.trace_id == follow_up.context.trace_id == request.get_span_context().trace_id
+    assert follow_up.parent.span_id == first.context.span_id
+
+
 def test_a_schedules_slots_have_no_caller_and_store_none(otel, jobs, clock):
     """A worker materializes slots: whatever span is current there is not the slot's cause."""
     scheduler.create_job(
