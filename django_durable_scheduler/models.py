@@ -116,6 +116,10 @@ class Occurrence(models.Model):
     receipt = models.JSONField(null=True, blank=True, default=None)
     # Higher first among one principal's due occurrences (django.tasks' priority, -100..100).
     priority = models.SmallIntegerField(default=0)
+    # A cancel asked for while it ran: when, and the fence of the attempt it names (a later
+    # attempt has a higher fence, so the request never reaches it).
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_fence = models.PositiveBigIntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "durable_scheduler_occurrences"

@@ -68,7 +68,7 @@ def test_the_figures(world):
     assert hour == {"mail.send": {"succeeded": 4}, "crm.sync": {"dead_letter": 2}}
     assert day == {"mail.send": {"succeeded": 7}, "crm.sync": {"dead_letter": 2}}
     assert [kind.kind for kind in board.outcomes["last day"]] == ["mail.send", "crm.sync"]
-    assert [(row.worker.worker_id, [kind for _, kind in row.running]) for row in board.workers()] == [
+    assert [(row.worker.worker_id, [run.kind for run in row.running]) for row in board.workers()] == [
         ("w1", ["crm.sync"])
     ]
     # The runs of the current window (a day, epoch-aligned) charged to the default principal.
