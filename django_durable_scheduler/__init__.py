@@ -87,6 +87,7 @@ _EXPORTS = {
     "Retry": "exceptions",
     "PermanentFailure": "exceptions",
     "HandlerTimeout": "exceptions",
+    "OccurrenceCancelled": "exceptions",
 }
 
 __all__ = sorted(_EXPORTS)

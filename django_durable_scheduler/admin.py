@@ -8,6 +8,7 @@ Occurrences, events, usage, reservations, policy history and worker heartbeats a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from .exceptions import SchedulerError
 from .forms import AuthorityPolicyForm, JobForm, TaskScheduleForm, describe_window
 from .identity import canonical_json, iso_ms
 from .models import (
+    ACTIVE_STATUSES,
     PENDING_STATUSES,
     TASK_SCHEDULE_PREFIX,
     AuthorityPolicy,
@@ -94,6 +96,10 @@ class ApiFormAdmin(_ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Deleting would bypass the API (and occurrences protect their job).
         return False
+
+
+# What the cancel action applies to: a waiting occurrence is cancelled, a running one asked to stop.
+CANCELLABLE = ACTIVE_STATUSES
 
 
 def _report(
@@ -699,13 +705,15 @@ class OccurrenceAdmin(ReadOnlyAdmin):
         apply: Any,
         reason: str,
         done_label: str,
+        applies: tuple[str, ...] = PENDING_STATUSES,
     ) -> None:
-        """``apply(occurrence_id, reason=...)`` on each queued or retry_wait occurrence of the
-        selection, through the kernel; the others are skipped, failures reported."""
+        """``apply(occurrence_id, reason=...)`` on each occurrence of the selection in one of
+        the ``applies`` statuses, through the kernel; the others are skipped, failures
+        reported."""
         done = skipped = 0
         failures: list[str] = []
         for occurrence_id, status in queryset.values_list("occurrence_id", "status").iterator():
-            if status not in PENDING_STATUSES:
+            if status not in applies:
                 skipped += 1
                 continue
             try:
@@ -713,7 +721,8 @@ class OccurrenceAdmin(ReadOnlyAdmin):
                 done += 1
             except SchedulerError as exc:
                 failures.append(f"{occurrence_id}: {exc}")
-        _report(self, request, done, done_label, "occurrence", skipped, "not queued or retry_wait", failures)
+        statuses = " or ".join(str(status) for status in applies)
+        _report(self, request, done, done_label, "occurrence", skipped, f"not {statuses}", failures)
 
     @admin.action(description="Run selected occurrences now (queued or retry_wait)", permissions=["manage"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[Occurrence]) -> TemplateResponse | None:
@@ -723,14 +732,21 @@ class OccurrenceAdmin(ReadOnlyAdmin):
         self._each_pending(request, queryset, kernel.run_now, reason, "Made due now:")
         return None
 
-    @admin.action(description="Cancel selected occurrences (queued or retry_wait)", permissions=["manage"])
+    @admin.action(
+        description="Cancel selected occurrences (queued or retry_wait; running ones are asked to stop)",
+        permissions=["manage"],
+    )
     def cancel_occurrences(
         self, request: HttpRequest, queryset: QuerySet[Occurrence]
     ) -> TemplateResponse | None:
-        if (page := self._confirmed(request, queryset, "cancel", PENDING_STATUSES)) is not None:
+        """A waiting occurrence is cancelled at once; a running one is asked to stop and
+        ends cancelled once its worker stops it. The event names the user who asked."""
+        if (page := self._confirmed(request, queryset, "cancel", CANCELLABLE)) is not None:
             return page
-        reason = f"cancelled in the admin by {request.user.get_username()}"
-        self._each_pending(request, queryset, kernel.cancel, reason, "Cancelled")
+        user = request.user.get_username()
+        reason = f"cancelled in the admin by {user}"
+        apply = functools.partial(kernel.cancel, requested_by=user or None)
+        self._each_pending(request, queryset, apply, reason, "Cancelled or asked to stop:", CANCELLABLE)
         return None
 
     @admin.action(description="Retry selected dead-lettered occurrences", permissions=["manage"])
@@ -919,6 +935,8 @@ class DashboardAdmin(ReadOnlyAdmin):
             "board": board,
             "charts": board.charts(),
             "workers": board.workers(),
+            # The cancel action's own confirmation page follows the button.
+            "can_cancel": request.user.has_perm("durable_scheduler.change_occurrence"),
             "chart_width": dashboard.LABEL_WIDTH + dashboard.BAR_WIDTH + 40,
             "refresh": self.REFRESH_SECONDS,
             **(extra_context or {}),

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from .exceptions import OccurrenceCancelled
 
 
 @dataclass
@@ -28,6 +33,59 @@ class ExecutionContext:
     claimed_at: datetime | None = None
     priority: int = 0
     _lease_lost: threading.Event = field(default_factory=threading.Event, repr=False)
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    # The event loop and task of an async handler while it runs, for a cancel to reach it.
+    _async: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = field(default=None, repr=False)
+    _async_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once a cancel was requested for this attempt (the worker learns it at its
+        next lease renewal): stop, and let :meth:`raise_if_cancelled` end the run."""
+        return self._cancel.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        """Raise ``OccurrenceCancelled`` if a cancel was requested; the worker then records
+        the occurrence ``cancelled``, without a retry."""
+        if self._cancel.is_set():
+            raise OccurrenceCancelled(
+                f"occurrence {self.occurrence_id!r} was asked to stop",
+                {"occurrence_id": self.occurrence_id, "fence": self.fence},
+            )
+
+    def mark_cancel_requested(self) -> None:
+        """Record that a cancel was requested; an async handler is cancelled at its next
+        ``await`` (its task is cancelled on its own loop, from whatever thread calls this)."""
+        with self._async_lock:
+            self._cancel.set()
+            running = self._async
+        if running is not None:
+            loop, task = running
+            with contextlib.suppress(RuntimeError):  # a closed loop: the handler is done
+                loop.call_soon_threadsafe(task.cancel)
+
+    def run_coroutine(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        """Run an async handler to its end on an event loop of its own, in this thread. A
+        cancel request cancels it at its next ``await``, raising ``OccurrenceCancelled``."""
+        loop = asyncio.new_event_loop()
+        try:
+            task = loop.create_task(coroutine)
+            with self._async_lock:
+                self._async = (loop, task)
+                requested = self._cancel.is_set()
+            if requested:
+                task.cancel()
+            try:
+                return loop.run_until_complete(task)
+            except asyncio.CancelledError as exc:
+                self.raise_if_cancelled()
+                # Not ours: a failure like any other, not a BaseException that ends the thread.
+                raise RuntimeError("the handler's task was cancelled") from exc
+        finally:
+            with self._async_lock:
+                self._async = None
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
 
     @property
     def lease_lost(self) -> bool:

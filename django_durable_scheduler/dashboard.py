@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from . import ops, rollups
 from .dialect import alias_for
@@ -64,11 +65,20 @@ class Chart:
         return ROW_HEIGHT * len(self.rows)
 
 
+class Running(NamedTuple):
+    """A running occurrence as the workers table lists it; ``stopping``: a cancel was
+    requested for its attempt, and its worker has yet to end it."""
+
+    pk: str
+    kind: str
+    stopping: bool
+
+
 @dataclass
 class WorkerRow:
     worker: ops.WorkerState
     stale: bool
-    running: list[tuple[str, str]]  # (occurrence id, kind)
+    running: list[Running]
 
 
 def error_text(occurrence: Occurrence) -> str:
@@ -83,7 +93,7 @@ def error_text(occurrence: Occurrence) -> str:
 class Dashboard:
     status: ops.Status
     outcomes: dict[str, list[KindOutcomes]]  # by window title, kinds with the most runs first
-    running: dict[str, list[tuple[str, str]]]  # by lease owner: (occurrence id, kind)
+    running: dict[str, list[Running]]  # by lease owner
     budgets: list[ops.BudgetUsage]
     dead_letters: list[Occurrence]
     largest: dict[str, int] = field(default_factory=dict)  # by window: the longest bar's total
@@ -131,14 +141,14 @@ def collect(*, using: str | None = None) -> Dashboard:
     status = ops.collect_status(using=alias)
     now = status.now
     outcomes = {title: outcomes_since(now - span, now, alias) for title, span in WINDOWS}
-    running: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    for pk, owner, kind in (
+    running: dict[str, list[Running]] = defaultdict(list)
+    for pk, owner, kind, fence, cancel_fence in (
         Occurrence.objects.using(alias)
         .filter(status=OccurrenceStatus.RUNNING)
         .order_by("lease_owner", "pk")
-        .values_list("pk", "lease_owner", "job__kind")[:RUNNING_SHOWN]
+        .values_list("pk", "lease_owner", "job__kind", "fence", "cancel_requested_fence")[:RUNNING_SHOWN]
     ):
-        running[str(owner)].append((pk, kind))
+        running[str(owner)].append(Running(pk, kind, cancel_fence == fence))
     dead = list(
         Occurrence.objects.using(alias)
         .filter(status=OccurrenceStatus.DEAD_LETTER, settled_at__gte=now - timedelta(days=1))

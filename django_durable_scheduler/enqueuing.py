@@ -20,6 +20,7 @@ from django.db import IntegrityError, connections, transaction
 from . import conf, dialect, tracing
 from .authority import principal_key
 from .budgets import settle_cancelled
+from .cancelling import request_cancel, requester
 from .events import new_event
 from .exceptions import (
     DataCorrupt,
@@ -32,6 +33,7 @@ from .identity import (
     IDEMPOTENCY_KEY_PREFIX,
     OCCURRENCE_ID_PREFIX,
     canonical_json,
+    column_max,
     from_ms,
     identity_digester,
     iso_ms,
@@ -481,25 +483,51 @@ def _locked(action: Action, occurrence_id: str, alias: str) -> Occurrence:
     return occurrence
 
 
-def cancel(occurrence_id: str, *, reason: str | None = None, using: str | None = None) -> Occurrence:
-    """Cancel a queued or retry_wait occurrence. Running ones cannot be cancelled."""
+def cancel(
+    occurrence_id: str,
+    *,
+    reason: str | None = None,
+    requested_by: str | None = None,
+    fence: int | None = None,
+    using: str | None = None,
+) -> Occurrence:
+    """Cancel an occurrence. A queued or retry_wait one is cancelled at once. A running one
+    is asked to stop (see ``cancelling``): it stays running until the worker holding it
+    ends it ``cancelled``, and this returns it running, with ``cancel_requested_at`` set.
+    ``requested_by`` names who asked, in the event; ``fence`` names the running attempt
+    the request is for (``InvalidState`` if that attempt is over). ``InvalidState`` for a
+    terminal occurrence, ``NotFound`` for an unknown one; nothing is written then."""
     occurrence_id = normalize_identifier(occurrence_id, "occurrence_id")
     reason = _reason(reason)
+    requested_by = requester(requested_by)
+    if fence is not None:
+        fence = normalize_int(fence, "fence", minimum=1, maximum=column_max(Occurrence, "fence"))
     now = conf.now()
     with dialect.write_transaction(using) as alias:
-        occurrence = _locked(Action.CANCEL, occurrence_id, alias)
+        occurrence = Occurrence.objects.using(alias).select_for_update().filter(pk=occurrence_id).first()
+        if fence is not None or (occurrence is not None and occurrence.status == OccurrenceStatus.RUNNING):
+            return request_cancel(
+                occurrence_id,
+                occurrence,
+                fence=fence,
+                reason=reason,
+                requested_by=requested_by,
+                now=now,
+                alias=alias,
+            )
+        check(Action.CANCEL, occurrence_id, occurrence)
+        assert occurrence is not None  # check refuses a missing row
         previous = occurrence.status
         values = writes(Action.CANCEL, now, last_error={"code": "SCHEDULER_CANCELLED", "message": reason})
         for name, value in values.items():
             setattr(occurrence, name, value)
         occurrence.save(using=alias, update_fields=list(values))
         settle_cancelled([occurrence_id], reason, now, alias)
+        data: dict[str, Any] = {"reason": reason, "previousStatus": previous}
+        if requested_by is not None:
+            data["requestedBy"] = requested_by
         new_event(
-            occurrence.job_id,
-            TRANSITION[Action.CANCEL].event,
-            now,
-            occurrence_id=occurrence_id,
-            data={"reason": reason, "previousStatus": previous},
+            occurrence.job_id, TRANSITION[Action.CANCEL].event, now, occurrence_id=occurrence_id, data=data
         ).save(using=alias)
     return occurrence
 

@@ -26,6 +26,7 @@ OCCURRENCE_MADE_DUE = "occurrence_made_due"
 SLOT_SKIPPED = "slot_skipped"
 AUTHORITY_DENIED = "authority_denied"
 AUTHORITY_DEFERRED = "authority_deferred"
+OCCURRENCE_CANCEL_REQUESTED = "occurrence_cancel_requested"
 
 # Every type above, in that order: what the admin's event filter offers.
 EVENT_TYPES = (
@@ -44,6 +45,7 @@ EVENT_TYPES = (
     SLOT_SKIPPED,
     AUTHORITY_DENIED,
     AUTHORITY_DEFERRED,
+    OCCURRENCE_CANCEL_REQUESTED,
 )
 
 

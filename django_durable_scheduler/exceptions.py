@@ -212,3 +212,11 @@ class HandlerTimeout(Exception):
     def __init__(self, message: str, *, timeout: float) -> None:
         self.timeout = timeout
         super().__init__(message)
+
+
+class OccurrenceCancelled(SchedulerError):
+    """A cancel was requested for the running occurrence: raised inside its handler by
+    ``ctx.raise_if_cancelled()`` (and, in an async handler, at its next ``await``). Let it
+    propagate: the worker then records the occurrence ``cancelled``, without a retry."""
+
+    code = "SCHEDULER_CANCELLED"

@@ -15,6 +15,7 @@ from django.db import DatabaseError, close_old_connections, connections
 
 from . import conf, kernel
 from .exceptions import LeaseLost
+from .lifecycle import cancel_requested
 from .models import WorkerHeartbeat
 from .runs import Held
 
@@ -83,17 +84,20 @@ class Heartbeat:
 
     def renew_all(self) -> None:
         """Renew the lease of everything held; a lease found lost is marked on its context
-        (unless the run was merely settled in the meantime)."""
+        (unless the run was merely settled in the meantime), and so is a cancel requested
+        for the attempt (the renewal reads the row back anyway: no query of its own)."""
         for run in self.held.runs():
             occurrence = run.occurrence
             try:
-                kernel.renew(
+                renewed = kernel.renew(
                     occurrence.pk,
                     owner=self.worker_id,
                     fence=occurrence.fence,
                     lease=self.lease,
                     using=self.using,
                 )
+                if cancel_requested(renewed):
+                    run.context.mark_cancel_requested()
             except LeaseLost:
                 if self.held.holds(occurrence.pk):  # not merely settled in the meantime
                     run.context.mark_lease_lost()

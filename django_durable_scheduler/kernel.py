@@ -4,7 +4,8 @@ It is five modules, one per concept, gathered here under one name:
 
 - ``jobs``: job definitions and edits (``create_job``, ``update_job``);
 - ``enqueuing``: entering and withdrawing occurrences (``enqueue``, ``enqueue_many``,
-  ``enqueue_once_per_trigger``, ``retry_dead_letter``, ``run_now``, ``cancel``);
+  ``enqueue_once_per_trigger``, ``retry_dead_letter``, ``run_now``, ``cancel``; a running one
+  is asked to stop, by ``cancelling``);
 - ``materialize``: schedule slots becoming occurrences (``materialize_due``);
 - ``claiming``: taking due occurrences fairly (``claim``, ``claim_batch``, ``has_due``);
 - ``leases``: renew, settle, release, and the authority verdicts (``deny``, ``defer``) that

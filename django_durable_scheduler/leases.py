@@ -22,7 +22,8 @@ from django.db.models import F, QuerySet
 from django.db.models.functions import Greatest
 
 from . import conf
-from .budgets import settle_reservations
+from .budgets import settle_cancelled, settle_reservations
+from .cancelling import CANCELLED_WHILE_RUNNING, cancelled_error
 from .dialect import alias_for, insert_rows, lock_rows, write_transaction
 from .events import (
     OCCURRENCE_RENEWED,
@@ -41,7 +42,7 @@ from .identity import (
     to_duration_ms,
     to_ms,
 )
-from .lifecycle import TRANSITION, Action, refusal, writes
+from .lifecycle import TRANSITION, Action, cancel_requested, refusal, writes
 
 # The fence rule, also used by the authority checks as leases.holds_lease and leases.lease_lost.
 from .lifecycle import holds_lease as holds_lease
@@ -55,6 +56,8 @@ MAX_FENCE = column_max(Occurrence, "fence")
 MAX_TRACEBACK = 4 * MAX_ERROR_MESSAGE
 MAX_ERROR_DEPTH = 8
 _UNSET: Any = object()
+# What the expiry sweep reads of each row it ends.
+EXPIRY_FIELDS = ("pk", "job_id", "lease_owner", "fence", "attempt", "max_attempts", "cancel_requested_fence")
 # What settling reads of each held row under the lock: its state, lease, attempts and job
 # (the returned occurrences load the rest on first access).
 LEASE_FIELDS = (
@@ -66,6 +69,7 @@ LEASE_FIELDS = (
     "fence",
     "lease_owner",
     "lease_expires_at",
+    "cancel_requested_fence",
 )
 
 
@@ -81,33 +85,44 @@ def _owner(owner: Any) -> str:
 
 
 def _dead_letter_rows(rows: Sequence[Occurrence], now: datetime, alias: str, *, reason: str) -> None:
+    """End expired final attempts: dead-lettered (``expire``), or cancelled where a cancel
+    was requested for the attempt (``expire_cancelled``)."""
+    cancelled = [row for row in rows if cancel_requested(row)]
+    expired = [row for row in rows if not cancel_requested(row)]
     error = {"code": "SCHEDULER_LEASE_EXPIRED", "message": "lease expired on the final attempt"}
-    ids = [row.pk for row in rows]
-    expire = TRANSITION[Action.EXPIRE]
-    Occurrence.objects.using(alias).filter(pk__in=ids).update(**writes(Action.EXPIRE, now, last_error=error))
-    settle_reservations(
-        ids, OccurrenceStatus.DEAD_LETTER, {"status": "dead_letter", "error": error}, now, alias
-    )
-    insert_rows(
-        alias,
-        [
+    events = []
+    for action, group, stored in (
+        (Action.EXPIRE, expired, error),
+        (Action.EXPIRE_CANCELLED, cancelled, cancelled_error(error)),
+    ):
+        if not group:
+            continue
+        ids = [row.pk for row in group]
+        Occurrence.objects.using(alias).filter(pk__in=ids).update(**writes(action, now, last_error=stored))
+        if action is Action.EXPIRE:
+            outcome = {"status": "dead_letter", "error": error}
+            settle_reservations(ids, OccurrenceStatus.DEAD_LETTER, outcome, now, alias)
+        else:
+            settle_cancelled(ids, CANCELLED_WHILE_RUNNING, now, alias)
+        events += [
             new_event(
                 row.job_id,
-                expire.event,
+                TRANSITION[action].event,
                 now,
                 occurrence_id=row.pk,
                 owner_id=row.lease_owner,
                 fence=row.fence,
                 data={"reason": reason, "attempt": row.attempt, "maxAttempts": row.max_attempts},
             )
-            for row in rows
-        ],
-    )
+            for row in group
+        ]
+    insert_rows(alias, events)
 
 
 def dead_letter_expired(*, limit: int = 500, using: str | None = None) -> int:
     """Dead-letter running occurrences whose lease expired on their final attempt (the
-    ``expire`` transition)."""
+    ``expire`` transition), or cancel them where a cancel was requested for that attempt
+    (``expire_cancelled``: the request made it the final one)."""
     limit = normalize_int(limit, "limit", minimum=1, maximum=conf.settings.MAX_CLAIM_BATCH)
     now = conf.now()
     expired = Occurrence.objects.using(alias_for(using)).filter(
@@ -119,9 +134,7 @@ def dead_letter_expired(*, limit: int = 500, using: str | None = None) -> int:
     with write_transaction(using) as alias:
         rows = list(
             lock_rows(
-                expired.using(alias)
-                .order_by("lease_expires_at", "pk")
-                .only("pk", "job_id", "lease_owner", "fence", "attempt", "max_attempts"),
+                expired.using(alias).order_by("lease_expires_at", "pk").only(*EXPIRY_FIELDS),
                 alias,
             )[:limit]
         )
@@ -463,6 +476,8 @@ def _backoff_delays(
 def _settle_action(spec: _Outcome, current: Occurrence | None) -> Action:
     if spec.outcome == "succeeded":
         return Action.SETTLE_SUCCEEDED
+    if current is not None and cancel_requested(current) and current.fence == spec.fence:
+        return Action.SETTLE_CANCELLED  # any failure after a cancel request: no retry
     if spec.retryable and current is not None and current.attempt < current.max_attempts:
         return Action.SETTLE_RETRY
     return Action.SETTLE_DEAD_LETTER
@@ -474,7 +489,12 @@ def _settle_values(
     """The columns ``action`` writes on ``current``, and its event's data."""
     data: dict[str, Any] = {"attempt": current.attempt, "maxAttempts": current.max_attempts}
     if action is Action.SETTLE_SUCCEEDED:
+        if cancel_requested(current):
+            data["cancelRequested"] = True  # it finished before it saw the request: kept
         return writes(action, now, result=spec.result), data
+    if action is Action.SETTLE_CANCELLED:
+        data["reason"] = "cancel_requested"
+        return writes(action, now, last_error=cancelled_error(spec.error)), data
     if action is Action.SETTLE_RETRY:
         if spec.retry_ms is None:
             base_ms, max_ms = delays[current.job_id]
@@ -514,6 +534,8 @@ def _settle_held(
             outcome_data: dict[str, Any] = {"status": current.status}
             if current.status == OccurrenceStatus.SUCCEEDED:
                 outcome_data["result"] = spec.result
+            elif current.status == OccurrenceStatus.CANCELLED:
+                outcome_data["reason"] = CANCELLED_WHILE_RUNNING  # as budgets.settle_cancelled
             else:
                 outcome_data["error"] = spec.error
             key = _group_key(outcome_data)
@@ -572,11 +594,17 @@ def _requeue_unattempted(
 
 def release(occurrence_id: str, *, owner: str, fence: int, using: str | None = None) -> Occurrence:
     """Give a held lease up without using an attempt, so another worker can take it at once
-    (graceful shutdown). The occurrence goes back to queued, due now."""
+    (graceful shutdown). The occurrence goes back to queued, due now; one whose cancel was
+    requested ends cancelled instead."""
     occurrence_id, owner, fence = lease_args(occurrence_id, owner, fence)
     now = conf.now()
     with write_transaction(using) as alias:
         current = _take_held(Action.RELEASE, occurrence_id, owner, fence, now, alias)
+        if cancel_requested(current):  # asked to stop: it ends here instead of running again
+            (settled,) = _settle_held(
+                [_Outcome(occurrence_id, fence, "failed", None, None, False, None)], owner, now, alias
+            )
+            return cast(Occurrence, settled)
         _requeue_unattempted(
             Action.RELEASE, current, owner=owner, fence=fence, available=now, now=now, alias=alias
         )

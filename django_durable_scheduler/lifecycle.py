@@ -20,6 +20,7 @@ from django.db.models import Case, F, PositiveSmallIntegerField, When
 from .events import (
     AUTHORITY_DEFERRED,
     AUTHORITY_DENIED,
+    OCCURRENCE_CANCEL_REQUESTED,
     OCCURRENCE_CANCELLED,
     OCCURRENCE_CLAIMED,
     OCCURRENCE_DEAD_LETTERED,
@@ -55,6 +56,9 @@ class Action(StrEnum):
     CANCEL = "cancel"
     RUN_NOW = "run_now"
     RETRY_DEAD_LETTER = "retry_dead_letter"
+    REQUEST_CANCEL = "request_cancel"
+    SETTLE_CANCELLED = "settle_cancelled"
+    EXPIRE_CANCELLED = "expire_cancelled"
 
 
 class Fence(StrEnum):
@@ -62,6 +66,7 @@ class Fence(StrEnum):
 
     CHECKS = "checks"  # only the lease's holder (owner, fence, unexpired) may make it
     ADVANCES = "advances"  # fence + 1: every earlier holder's writes are refused from now on
+    NAMES = "names"  # records the current fence: only the attempt holding it is affected
     NONE = "-"
 
 
@@ -85,6 +90,10 @@ SUCCEEDED_SETS = ("status", "result", *LEASE_FREED, "settled_at", "updated_at")
 RETRY_SETS = ("status", "last_error", "available_at", *LEASE_FREED, "updated_at")
 CANCELLED_SETS = ("status", "last_error", "settled_at", "updated_at")
 MADE_DUE = ("available_at", "updated_at")
+# A cancel request makes the running attempt the last one (max_attempts = attempt), so no
+# claim reclaims it and its lease's expiry ends it (the expiry sweep's rows).
+CANCEL_REQUESTED = ("max_attempts", "cancel_requested_at", "cancel_requested_fence", "updated_at")
+CANCELLED_RUNNING = DEAD_LETTERED
 
 
 @dataclass(frozen=True)
@@ -138,6 +147,12 @@ TRANSITIONS: tuple[Transition, ...] = (
       MADE_DUE, OCCURRENCE_MADE_DUE, Fence.NONE, Attempt.NONE, INVALID_STATE),
     T(A.RETRY_DEAD_LETTER, (DEAD_LETTER,), "an operator retries it", QUEUED,
       (), OCCURRENCE_ENQUEUED, Fence.NONE, Attempt.NONE, INVALID_STATE, new_row=True),
+    T(A.REQUEST_CANCEL, (RUNNING,), "no request for this attempt yet (else nothing is written)", None,
+      CANCEL_REQUESTED, OCCURRENCE_CANCEL_REQUESTED, Fence.NAMES, Attempt.NONE, INVALID_STATE),
+    T(A.SETTLE_CANCELLED, (RUNNING,), "cancel requested; failed, timed out or given back", CANCELLED,
+      CANCELLED_RUNNING, OCCURRENCE_CANCELLED, Fence.CHECKS, Attempt.NONE, LEASE_LOST),
+    T(A.EXPIRE_CANCELLED, (RUNNING,), "cancel requested, lease expired", CANCELLED,
+      CANCELLED_RUNNING, OCCURRENCE_CANCELLED, Fence.NONE, Attempt.NONE, NOT_SELECTED),
 )
 # fmt: on
 del T, A
@@ -145,7 +160,12 @@ del T, A
 TRANSITION: dict[Action, Transition] = {t.action: t for t in TRANSITIONS}
 
 # How a refusal with ``INVALID_STATE`` names the action in its message.
-_VERBS = {Action.CANCEL: "cancelled", Action.RUN_NOW: "made due", Action.RETRY_DEAD_LETTER: "retried"}
+_VERBS = {
+    Action.CANCEL: "cancelled",
+    Action.RUN_NOW: "made due",
+    Action.RETRY_DEAD_LETTER: "retried",
+    Action.REQUEST_CANCEL: "asked to stop",
+}
 
 _ATTEMPT = {
     Attempt.USES: F("attempt") + 1,
@@ -176,7 +196,7 @@ def _writes_of(transition: Transition) -> _Writes:
     for column in transition.sets:
         if column == "status" and transition.target is not None:
             fixed[column] = transition.target
-        elif column in ("updated_at", "settled_at"):
+        elif column in ("updated_at", "settled_at", "cancel_requested_at"):
             timed.append(column)
         elif column in LEASE_FREED and transition.target != RUNNING:
             fixed[column] = None
@@ -184,6 +204,10 @@ def _writes_of(transition: Transition) -> _Writes:
             fixed[column] = _ATTEMPT[transition.attempt]
         elif column == "fence" and transition.fence is Fence.ADVANCES:
             fixed[column] = F("fence") + 1
+        elif column == "cancel_requested_fence":
+            fixed[column] = F("fence")
+        elif column == "max_attempts" and transition.action is Action.REQUEST_CANCEL:
+            fixed[column] = F("attempt")
         else:
             needed.add(column)
     return _Writes(fixed, tuple(timed), frozenset(needed), frozenset(transition.sets))
@@ -220,6 +244,13 @@ def holds_lease(occurrence: Occurrence, owner: str, fence: int, now: datetime) -
         and occurrence.lease_expires_at is not None
         and occurrence.lease_expires_at > now
     )
+
+
+def cancel_requested(occurrence: Occurrence) -> bool:
+    """A cancel was requested for the occurrence's current attempt (a request that named an
+    earlier fence is no longer for anything that runs)."""
+    requested = occurrence.cancel_requested_fence
+    return requested is not None and requested == occurrence.fence
 
 
 def lease_lost(

@@ -119,6 +119,10 @@ class Occurrence(models.Model):
     # The W3C trace context of the span current at enqueue ({"traceparent": ..., and
     # "tracestate" if any}), with the [otel] extra: each run's span continues that trace.
     trace_context = models.JSONField(null=True, blank=True, default=None)
+    # A cancel asked for while it ran: when, and the fence of the attempt it names (a later
+    # attempt has a higher fence, so the request never reaches it).
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_fence = models.PositiveBigIntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "durable_scheduler_occurrences"

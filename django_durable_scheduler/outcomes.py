@@ -87,8 +87,8 @@ def _log_outcome(run: Run, status: str) -> None:
     handler asked for it with ``Retry``), a dead letter at ERROR; failures carry the
     exception and traceback (``exc_info``) where there is one."""
     error = run.error
-    if status == OccurrenceStatus.SUCCEEDED:
-        level = logging.INFO
+    if status in (OccurrenceStatus.SUCCEEDED, OccurrenceStatus.CANCELLED):
+        level = logging.INFO  # a cancelled run stopped because someone asked it to
     elif status == OccurrenceStatus.RETRY_WAIT:
         level = logging.INFO if error is not None and error.get("type") == "Retry" else logging.WARNING
     else:
@@ -130,7 +130,7 @@ def _measure_outcome(instruments: metrics.Instruments, run: Run, status: str) ->
         instruments.succeeded.add(1, labels)
     elif status == OccurrenceStatus.RETRY_WAIT:
         instruments.failed.add(1, labels)
-    else:
+    elif status == OccurrenceStatus.DEAD_LETTER:
         instruments.dead_lettered.add(1, labels)
     if run.ran:
         instruments.run_duration.record(run.ran, labels)

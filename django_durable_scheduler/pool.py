@@ -12,6 +12,7 @@ can do no more work: it stops and exits with EXIT_STUCK for its supervisor to re
 from __future__ import annotations
 
 import heapq
+import inspect
 import itertools
 import logging
 import queue
@@ -27,7 +28,7 @@ from django.db import connections
 
 from . import conf, kernel, metrics, registry, signals, tracing
 from .context import ExecutionContext
-from .exceptions import HandlerTimeout, PermanentFailure, Retry
+from .exceptions import HandlerTimeout, OccurrenceCancelled, PermanentFailure, Retry
 from .identity import to_duration_ms
 from .runs import Held, Run, log_fields
 
@@ -50,6 +51,12 @@ def call_handler(ctx: ExecutionContext) -> dict[str, Any]:
         }
     try:
         result = handler.func(ctx)
+        if inspect.iscoroutine(result):  # an async handler
+            result = ctx.run_coroutine(result)
+    except OccurrenceCancelled as exc:
+        # Asked to stop: a failure without retry, which settles as cancelled.
+        error = {**kernel.storable_error(exc), "type": "OccurrenceCancelled", "code": exc.code}
+        return {"status": "failed", "error": error, "retryable": False, "exception": exc}
     except Retry as exc:
         retry_at = exc.at
         if exc.delay is not None:

@@ -70,7 +70,8 @@ def render() -> str:
         table.append("| " + " | ".join(str(cell) for cell in cells) + " |")
     legend = [
         "- *fence*: `checks`, only the lease's holder (owner, fence, unexpired) may make the transition;",
-        "  `advances`, the fence grows by one, so every earlier holder's writes are refused from then on.",
+        "  `advances`, the fence grows by one, so every earlier holder's writes are refused from then on;",
+        "  `names`, the current fence is recorded: only the attempt holding it is affected.",
         "- *attempt*: `uses` adds one; `gives back` takes back the one its claim used.",
         "- *otherwise*: what a request gets when the occurrence is not in a *from* status.",
     ]

@@ -652,11 +652,20 @@ def test_cancel_action(admin_client, job, clock):
     assert running is not None
     other = Occurrence.objects.exclude(pk=running.pk).get()
     messages = run_action(admin_client, "occurrence", "cancel_occurrences", [other.pk, running.pk])
-    assert messages == ["Cancelled 1 occurrence. 1 skipped (not queued or retry_wait)."]
+    assert messages == ["Cancelled or asked to stop: 2 occurrences."]
     other.refresh_from_db()
     assert other.status == OccurrenceStatus.CANCELLED
     assert other.last_error == {"code": "SCHEDULER_CANCELLED", "message": "cancelled in the admin by admin"}
-    assert Occurrence.objects.get(pk=running.pk).status == OccurrenceStatus.RUNNING
+    # The running one is asked to stop: its worker ends it; the event names who asked.
+    asked = Occurrence.objects.get(pk=running.pk)
+    assert asked.status == OccurrenceStatus.RUNNING and asked.cancel_requested_fence == running.fence
+    (event,) = Event.objects.filter(occurrence_id=running.pk, event_type="occurrence_cancel_requested")
+    assert event.data["requestedBy"] == "admin" and event.fence == running.fence
+    assert event.data["reason"] == "cancelled in the admin by admin"
+    kernel.settle(running.pk, owner="w", fence=running.fence, outcome="succeeded", result=1)
+    messages = run_action(admin_client, "occurrence", "cancel_occurrences", [running.pk])
+    skipped = "1 skipped (not queued or running or retry_wait)."
+    assert messages == [f"Cancelled or asked to stop: 0 occurrences. {skipped}"]
 
 
 def test_retry_dead_lettered_action(admin_client, job, clock):
@@ -718,15 +727,16 @@ def test_occurrence_actions_ask_first(admin_client, job, clock):
     text = " ".join(page.content.decode().split())
     assert page.status_code == 200 and page_messages(page) == []
     assert "<strong>2</strong> occurrences selected" in text
-    assert "<strong>1</strong> will be cancelled" in text and "1 will be skipped" in text
+    assert "<strong>2</strong> will be cancelled (a running one is asked to stop" in text
     assert Occurrence.objects.get(pk=queued.pk).status == OccurrenceStatus.QUEUED  # nothing yet
     for pk in (queued.pk, running.pk):
         assert f'name="_selected_action" value="{pk}"' in text
     response = admin_client.post(
         url("occurrence", "changelist"), {**data, "index": "0", "post": "yes"}, follow=True
     )
-    assert page_messages(response) == ["Cancelled 1 occurrence. 1 skipped (not queued or retry_wait)."]
+    assert page_messages(response) == ["Cancelled or asked to stop: 2 occurrences."]
     assert Occurrence.objects.get(pk=queued.pk).status == OccurrenceStatus.CANCELLED
+    assert Occurrence.objects.get(pk=running.pk).cancel_requested_at is not None
 
 
 def test_an_action_on_everything_a_filter_matches(admin_client, job, clock):
@@ -742,7 +752,7 @@ def test_an_action_on_everything_a_filter_matches(admin_client, job, clock):
     # The rows checked on the page go back too: Django wants some, even for all that match.
     assert 'name="select_across" value="1"' in text and f'name="_selected_action" value="{one}"' in text
     response = admin_client.post(filtered, {**data, "post": "yes"}, follow=True)
-    assert page_messages(response) == ["Cancelled 4 occurrences."]
+    assert page_messages(response) == ["Cancelled or asked to stop: 4 occurrences."]
     assert Occurrence.objects.get(pk=running.pk).status == OccurrenceStatus.RUNNING
     assert Occurrence.objects.filter(status="cancelled").count() == 4
 

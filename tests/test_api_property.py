@@ -204,7 +204,12 @@ ARGUMENTS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "payload": VALUES,
     },
     "enqueue_many": {"job_id": arg("job-a"), "items": st.one_of(ENQUEUE_ITEMS, VALUES)},
-    "cancel": {"occurrence_id": arg(QUEUED), "reason": arg(None)},
+    "cancel": {
+        "occurrence_id": arg(QUEUED),
+        "reason": arg(None),
+        "requested_by": arg(None, st.just("alice")),
+        "fence": arg(None),
+    },
     "run_now": {"occurrence_id": arg(QUEUED), "reason": arg(None)},
     "claim": {"owner": arg("w2"), "lease": arg(30), "kinds": arg(None, st.lists(VALUES, max_size=2))},
     "claim_batch": {

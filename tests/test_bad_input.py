@@ -505,6 +505,15 @@ for fn in ("cancel", "run_now"):
     ]:
         case(fn, "reason", label, reason=value)
     case(fn, "reason", "lone-surrogate", reason="why" + LONE_SURROGATE)
+for label, value in [
+    ("int", 5),
+    ("blank", " "),
+    ("257-bytes", "x" * 257),
+    ("lone-surrogate", "who" + LONE_SURROGATE),
+]:
+    case("cancel", "requested_by", label, requested_by=value)
+for label, value in [("zero", 0), ("negative", -1), ("string", "1"), ("float", 1.5), ("bool", True)]:
+    case("cancel", "fence", label, fence=value)
 
 # --------------------------------------------------------------------------- claim, claim_batch
 

@@ -11,7 +11,7 @@ from django.urls import reverse
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import dashboard, kernel
-from django_durable_scheduler.models import WorkerHeartbeat
+from django_durable_scheduler.models import Event, Occurrence, WorkerHeartbeat
 
 from .test_admin import staff_user
 
@@ -68,7 +68,7 @@ def test_the_figures(world):
     assert hour == {"mail.send": {"succeeded": 4}, "crm.sync": {"dead_letter": 2}}
     assert day == {"mail.send": {"succeeded": 7}, "crm.sync": {"dead_letter": 2}}
     assert [kind.kind for kind in board.outcomes["last day"]] == ["mail.send", "crm.sync"]
-    assert [(row.worker.worker_id, [kind for _, kind in row.running]) for row in board.workers()] == [
+    assert [(row.worker.worker_id, [run.kind for run in row.running]) for row in board.workers()] == [
         ("w1", ["crm.sync"])
     ]
     # The runs of the current window (a day, epoch-aligned) charged to the default principal.
@@ -104,6 +104,28 @@ def test_the_page_with_view_permission_only(client, world):
     assert html.count('<rect class="dsch-succeeded"') == 2  # one bar per chart
     index = client.get(reverse("admin:index")).content.decode()
     assert reverse(URL) in index
+
+
+def test_a_running_occurrence_can_be_cancelled_from_the_page(client, world):
+    """A user who may change occurrences gets a cancel button per running one (it posts the
+    occurrence admin's cancel action, whose confirmation page follows); once asked, it shows
+    as stopping. A viewer gets no button."""
+    (running,) = Occurrence.objects.filter(status="running")
+    client.force_login(staff_user("viewer", "view_occurrence"))
+    assert 'value="cancel_occurrences"' not in client.get(reverse(URL)).content.decode()
+    client.force_login(staff_user("operator", "view_occurrence", "change_occurrence"))
+    html = client.get(reverse(URL)).content.decode()
+    assert 'value="cancel_occurrences"' in html and f'value="{running.pk}"' in html
+    data = {"action": "cancel_occurrences", "_selected_action": [running.pk]}
+    changelist = reverse("admin:durable_scheduler_occurrence_changelist")
+    confirm = " ".join(client.post(changelist, data).content.decode().split())
+    assert "<strong>1</strong> will be cancelled (a running one is asked to stop" in confirm
+    client.post(changelist, {**data, "index": "0", "post": "yes"})
+    (event,) = Event.objects.filter(occurrence_id=running.pk, event_type="occurrence_cancel_requested")
+    assert event.data["requestedBy"] == "operator"
+    html = client.get(reverse(URL)).content.decode()
+    assert "(stopping)" in html and 'value="cancel_occurrences"' not in html
+    assert [run.stopping for row in dashboard.collect().workers() for run in row.running] == [True]
 
 
 def test_without_permission(client, world):

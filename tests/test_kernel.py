@@ -299,19 +299,25 @@ def test_history_newest_first(job, clock):
     assert ids == sorted(ids, reverse=True)
 
 
-def test_cancel_only_queued_or_retry_wait(job, clock):
+def test_cancel_queued_or_retry_wait_at_once_and_ask_a_running_one(job, clock):
     queued, _ = enqueue(clock, key="q")
     cancelled = scheduler.cancel(queued.pk, reason="not needed")
     assert (cancelled.status, cancelled.settled_at) == ("cancelled", clock())
     assert scheduler.history(occurrence_id=queued.pk)[0].data["reason"] == "not needed"
     enqueue(clock, key="r")
     running = scheduler.claim(owner="w", lease=10)
-    with pytest.raises(scheduler.InvalidState):
-        scheduler.cancel(running.pk)
-    scheduler.settle(
+    asked = scheduler.cancel(running.pk)  # asked to stop: still running until its worker ends it
+    assert asked.status == "running" and asked.cancel_requested_fence == running.fence
+    ended = scheduler.settle(
         running.pk, owner="w", fence=1, outcome="failed", error="x", retry_at=clock() + timedelta(hours=1)
     )
-    assert scheduler.cancel(running.pk).status == "cancelled"
+    assert ended.status == "cancelled"  # not retried
+    enqueue(clock, key="s")
+    waiting = scheduler.claim(owner="w", lease=10)
+    scheduler.settle(
+        waiting.pk, owner="w", fence=1, outcome="failed", error="x", retry_at=clock() + timedelta(hours=1)
+    )
+    assert scheduler.cancel(waiting.pk).status == "cancelled"
     with pytest.raises(scheduler.InvalidState):
         scheduler.cancel(running.pk)  # already terminal
     with pytest.raises(scheduler.NotFound):

@@ -53,7 +53,7 @@ def test_fence_and_attempt_rules_are_consistent():
         assert ("status" in t.sets) == (t.target is not None and not t.new_row), t.action
         if t.target in TERMINAL_STATUSES and not t.new_row:
             assert "settled_at" in t.sets, t.action
-        if t.target != OccurrenceStatus.RUNNING and OccurrenceStatus.RUNNING in t.source:
+        if t.target not in (None, OccurrenceStatus.RUNNING) and OccurrenceStatus.RUNNING in t.source:
             assert {"lease_owner", "lease_expires_at"} <= set(t.sets), t.action
 
 
@@ -98,7 +98,8 @@ def make(status: OccurrenceStatus, clock, action: Action) -> Occurrence:
     """An occurrence in ``status``, shaped so that ``action``'s condition holds where the
     status allows it: not yet due for run_now and for the actions that wait for leases to
     expire (so those requests do not claim it instead), on its final attempt for expire."""
-    later = FAR if action in (Action.RUN_NOW, Action.RECLAIM, Action.EXPIRE) else timedelta(0)
+    waits = (Action.RUN_NOW, Action.RECLAIM, Action.EXPIRE, Action.EXPIRE_CANCELLED)
+    later = FAR if action in waits else timedelta(0)
     if status == OccurrenceStatus.QUEUED:
         return _enqueue(clock, available_in=later)[0]
     if status == OccurrenceStatus.CANCELLED:
@@ -109,6 +110,8 @@ def make(status: OccurrenceStatus, clock, action: Action) -> Occurrence:
         while action is Action.EXPIRE and row.attempt < row.max_attempts:
             _settle(row, "failed", error="again", retry_at=clock())
             row = _claim()
+        if action in (Action.SETTLE_CANCELLED, Action.EXPIRE_CANCELLED):
+            row = kernel.cancel(row.pk, reason="asked", requested_by="the walk")
         return row
     if status == OccurrenceStatus.RETRY_WAIT:
         return _settle(row, "failed", error="boom", retry_at=clock() + max(later, timedelta(seconds=30)))
@@ -148,6 +151,13 @@ def request(action: Action, row: Occurrence | None, clock, *, fence: int | None 
         return kernel.release(pk, **held)
     if action is Action.CANCEL:
         return kernel.cancel(pk, reason="walked")
+    if action is Action.REQUEST_CANCEL:  # cancel() naming the running attempt
+        return kernel.cancel(pk, reason="walked", requested_by="the walk", fence=held["fence"])
+    if action is Action.SETTLE_CANCELLED:  # a failure of an attempt asked to stop
+        return kernel.settle(pk, outcome="failed", error="stopped", **held)
+    if action is Action.EXPIRE_CANCELLED:
+        clock.advance(LEASE + 1)
+        return kernel.dead_letter_expired()
     if action is Action.RUN_NOW:
         return kernel.run_now(pk, reason="walked")
     assert action is Action.RETRY_DEAD_LETTER
@@ -197,7 +207,10 @@ def _allowed(status: OccurrenceStatus | None, transition: Transition) -> bool:
 def test_every_status_and_action_against_the_table(job, clock, status, action):
     transition = TRANSITION[action]
     row = make(status, clock, action) if status is not None else None
-    if _allowed(status, transition):
+    if (status, action) == (OccurrenceStatus.RUNNING, Action.CANCEL):
+        # cancel() of a running occurrence asks it to stop: the request_cancel row.
+        check_allowed(TRANSITION[Action.REQUEST_CANCEL], row, clock, action=action)
+    elif _allowed(status, transition):
         check_allowed(transition, row, clock)
     else:
         check_refused(transition, row, clock)
@@ -223,7 +236,9 @@ def check_refused(transition: Transition, row: Occurrence | None, clock) -> None
     assert snapshot() == before, "a refused request wrote"
 
 
-def check_allowed(transition: Transition, row: Occurrence | None, clock) -> None:
+def check_allowed(
+    transition: Transition, row: Occurrence | None, clock, *, action: Action | None = None
+) -> None:
     if transition.fence is Fence.CHECKS:
         # The fence rule: the same request at another fence is refused and writes nothing.
         assert row is not None
@@ -231,12 +246,19 @@ def check_allowed(transition: Transition, row: Occurrence | None, clock) -> None
         with pytest.raises(LeaseLost):
             request(transition.action, row, clock, fence=row.fence + 1)
         assert snapshot() == before
+    if transition.fence is Fence.NAMES:
+        # A request naming another attempt's fence is refused and writes nothing.
+        assert row is not None
+        before = snapshot()
+        with pytest.raises(InvalidState):
+            request(transition.action, row, clock, fence=row.fence + 1)
+        assert snapshot() == before
     if row is not None:
         row = Occurrence.objects.get(pk=row.pk)
     last_event = Event.objects.order_by("-event_id").values_list("event_id", flat=True).first() or 0
     before_rows = snapshot()[0]
     with CaptureQueriesContext(connection) as queries:
-        request(transition.action, row, clock)
+        request(action or transition.action, row, clock)
     now = clock()
     events = list(Event.objects.filter(event_id__gt=last_event).order_by("event_id"))
     assert [e.event_type for e in events] == [transition.event]
@@ -259,6 +281,11 @@ def check_allowed(transition: Transition, row: Occurrence | None, clock) -> None
             assert subject.settled_at == now
         if subject.status != OccurrenceStatus.RUNNING:
             assert subject.lease_owner is None and subject.lease_expires_at is None
+        if transition.action is Action.REQUEST_CANCEL:  # the attempt it names is the last
+            assert subject.cancel_requested_fence == row.fence and subject.max_attempts == row.attempt
+            before = snapshot()
+            request(transition.action, subject, clock)  # asked again: nothing more is written
+            assert snapshot() == before
     assert events[0].occurrence_id == subject.pk
 
 

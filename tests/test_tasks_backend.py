@@ -8,6 +8,7 @@ import asyncio
 import copy
 import importlib.util
 import signal
+import threading
 from datetime import timedelta
 
 import pytest
@@ -287,6 +288,17 @@ def test_cancelled_and_dead_lettered_tasks_are_failed_with_an_error(db):
     assert "not wanted" in error.traceback and issubclass(error.exception_class, Exception)
     with pytest.raises(ValueError, match="failed"):
         cancelled.return_value  # noqa: B018
+
+
+def test_an_async_task_asked_to_stop_is_cancelled_at_its_next_await(db):
+    djtasks.async_wait.enqueue(60)
+    occurrence = claim("w1")
+    ctx = context_of(occurrence, "w1")
+    threading.Timer(0.2, ctx.mark_cancel_requested).start()  # as the heartbeat does
+    with pytest.raises(scheduler.OccurrenceCancelled):
+        task_backends["default"].run(ctx)
+    assert djtasks.async_wait.enqueue(0) is not None  # the next one runs normally
+    assert task_backends["default"].run(context_of(claim("w2"), "w2")) == "waited"
 
 
 def test_running_a_task_sends_djangos_signals_and_keeps_each_attempts_error(db, tmp_path):

@@ -16,6 +16,7 @@ import threading
 import traceback
 import uuid
 from datetime import timedelta
+from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -406,10 +407,11 @@ class DurableBackend(BaseTaskBackend):
         task = result.task
         task_started.send(type(self), task_result=result)
         try:
-            if task.takes_context:
-                value = task.call(TaskContext(task_result=result), *result.args, **result.kwargs)
+            args = (TaskContext(task_result=result), *result.args) if task.takes_context else result.args
+            if iscoroutinefunction(task.func):  # on a loop of its own, which a cancel reaches
+                value = ctx.run_coroutine(task.func(*args, **result.kwargs))
             else:
-                value = task.call(*result.args, **result.kwargs)
+                value = task.call(*args, **result.kwargs)
         except Exception as exc:
             final = isinstance(exc, PermanentFailure) or ctx.attempt >= ctx.max_attempts
             self._failed(ctx, result, exc, final=final)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -24,6 +25,13 @@ def shout(word):
 @task
 async def async_add(a, b):
     return a + b
+
+
+@task
+async def async_wait(seconds):
+    """Awaits ``seconds``: a cancel request stops it there (tests/test_tasks_backend.py)."""
+    await asyncio.sleep(seconds)
+    return "waited"
 
 
 @task(takes_context=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -114,3 +115,35 @@ def hang(ctx):
     """Blocks for ``payload["seconds"]`` (default: an hour), past its 0.3 s timeout."""
     threading.Event().wait(float((ctx.payload or {}).get("seconds", 3600)))
     return "late"
+
+
+# --- cancelling a running occurrence (tests/test_cancel.py)
+
+
+@scheduler.handler("test.cancel-poll")
+def cancel_poll(ctx):
+    """Reports that it started, then works in small steps, stopping when asked to."""
+    ctx.record_metadata({"started": ctx.attempt})
+    deadline = time.monotonic() + float((ctx.payload or {}).get("seconds", 60))
+    while time.monotonic() < deadline:
+        ctx.raise_if_cancelled()
+        time.sleep(0.05)
+    return "finished"
+
+
+@scheduler.handler("test.cancel-ignore", timeout=4)
+def cancel_ignore(ctx):
+    """Reports that it started, then never looks at the request: runs into its timeout."""
+    ctx.record_metadata({"started": ctx.attempt})
+    threading.Event().wait(float((ctx.payload or {}).get("seconds", 60)))
+    return "late"
+
+
+@scheduler.handler("test.cancel-async")
+async def cancel_async(ctx):
+    """An async handler: reports that it started, then awaits; a cancel stops it there."""
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(ctx.record_metadata)({"started": ctx.attempt})
+    await asyncio.sleep(float((ctx.payload or {}).get("seconds", 60)))
+    return "finished"
