@@ -581,6 +581,23 @@ def claim_candidates(
     return got
 
 
+def _keys_at_claim(alias: str, pool: list[Candidate]) -> dict[str, str | None]:
+    """The handler's concurrency key of candidates enqueued where their handler was not
+    registered (a process that never imported it): computed here from the payload, one read
+    for those only; a payload it cannot key counts under the kind as a whole."""
+    unkeyed = [row[0] for row in pool if row[8] is None and concurrency.key_spec_of(None, row[1]) is not None]
+    if not unkeyed:
+        return {}
+    kinds = {row[0]: row[1] for row in pool}
+    found: dict[str, str | None] = {}
+    for pk, payload in Occurrence.objects.using(alias).filter(pk__in=unkeyed).values_list("pk", "payload"):
+        try:
+            found[pk] = concurrency.render_key(concurrency.key_spec_of(None, kinds[pk]), payload)
+        except InvalidArgument:
+            found[pk] = None
+    return found
+
+
 def _gate(
     alias: str,
     now: datetime,
@@ -594,9 +611,11 @@ def _gate(
         capped = concurrency.max_running_of(principal_keys, alias)
     else:
         capped = max_running_of(principal_keys)
+    keys = _keys_at_claim(alias, pool)
     limits = {}
     for row in pool:
-        found = concurrency.scopes_of(row[2], row[7], row[1], row[8], row[9], capped.get(row[2]))
+        key = keys.get(row[0], row[8])
+        found = concurrency.scopes_of(row[2], row[7], row[1], key, row[9], capped.get(row[2]))
         if found:
             limits[row[0]] = found
     if not limits:

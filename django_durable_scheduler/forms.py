@@ -17,8 +17,8 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from . import kernel, policies
-from .concurrency import MAX_CONCURRENCY
 from .authority import MAX_BUDGET, MAX_CAPABILITIES, MAX_WINDOW_MS, MIN_WINDOW_MS
+from .concurrency import MAX_CONCURRENCY
 from .exceptions import (
     AuthorityPolicyConflict,
     Conflict,
