@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 from django.db.models import Q
 
 from . import dialect
@@ -47,6 +47,8 @@ def normalize_template(value: Any, field: str) -> str | None:
         return None
     if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH:
         raise InvalidArgument(field, f"must be a non-empty template of at most {MAX_KEY_LENGTH} characters")
+    if "\x00" in value:
+        raise InvalidArgument(field, "must not contain NUL (U+0000)")
     try:
         parts = list(string.Formatter().parse(value))
     except ValueError as exc:
@@ -81,8 +83,8 @@ def render_key(spec: KeySpec | None, payload: Any) -> str | None:
     if isinstance(key, bool) or not isinstance(key, str | int):
         raise InvalidArgument("concurrency_key", "must compute a string (or an int)")
     key = str(key)
-    if not key or len(key) > MAX_KEY_LENGTH:
-        raise InvalidArgument("concurrency_key", f"must compute 1..{MAX_KEY_LENGTH} characters")
+    if not key or len(key) > MAX_KEY_LENGTH or "\x00" in key:
+        raise InvalidArgument("concurrency_key", f"must compute 1..{MAX_KEY_LENGTH} characters, without NUL")
     return key
 
 
@@ -148,6 +150,7 @@ class Gate:
         self.scopes = {slot_id(scope): scope for found in limits.values() for scope, _ in found}
         self.holders: dict[str, list[list[Any]]] = {}
         self.changed: set[str] = set()
+        self.unseen: set[str] = set()
 
     def lock(self) -> None:
         """Lock the slot rows (those missing created first, then all locked in order, so two
@@ -159,9 +162,12 @@ class Gate:
         missing = [key for key in ids if key not in existing]
         if missing:
             self._create(missing)
-        rows = dialect.lock_rows(ConcurrencySlot.objects.using(self.alias).filter(pk__in=ids), self.alias)
+        rows = ConcurrencySlot.objects.using(self.alias).filter(pk__in=ids)
+        if connections[self.alias].features.has_select_for_update:  # SQLite holds its write lock
+            rows = rows.select_for_update()  # waits: a claimer must never skip a limit's row
         for row in rows.order_by("pk").only("pk", "holders"):
             self.holders[row.pk] = [list(holder) for holder in row.holders or []]
+        self.unseen = set(ids) - set(self.holders)  # cannot happen; if it did: admit nothing
         state = self._state({holder[0] for found in self.holders.values() for holder in found})
         for key, found in self.holders.items():
             kept = [holder for holder in found if _holds(holder, state)]
@@ -198,7 +204,7 @@ class Gate:
         """Whether ``occurrence`` (locked, about to be claimed) fits every one of its limits;
         if so it takes a place in each, as the holder of the fence its claim gives it."""
         limits = self.limits.get(occurrence.pk, [])
-        if any(len(self.holders.get(key, [])) >= limit for key, limit in limits):
+        if any(key in self.unseen or len(self.holders.get(key, [])) >= limit for key, limit in limits):
             return False
         for key, _ in limits:
             self.holders.setdefault(key, []).append([occurrence.pk, occurrence.fence + 1])
