@@ -150,8 +150,9 @@ def window_bounds(window_ms: int, now: datetime) -> tuple[datetime, datetime]:
 
 
 def policy_content(policy: AuthorityPolicy) -> dict[str, Any]:
-    """A revision's full content, as the history table stores it."""
-    return {
+    """A revision's full content, as the history table stores it (``max_running`` only when
+    set, so that revisions from before it existed read the same)."""
+    content = {
         "principal": {"type": policy.principal_type, "id": policy.principal_id},
         "revision": policy.revision,
         "enabled": policy.enabled,
@@ -159,8 +160,10 @@ def policy_content(policy: AuthorityPolicy) -> dict[str, Any]:
         "window_ms": policy.window_ms,
         "max_runs": policy.max_runs,
         "max_units": policy.max_units,
-        "max_running": policy.max_running,
     }
+    if policy.max_running is not None:
+        content["max_running"] = policy.max_running
+    return content
 
 
 # --------------------------------------------------------------------------- reading
