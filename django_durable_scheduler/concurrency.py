@@ -194,7 +194,11 @@ class Gate:
         """Each holder occurrence's fence, and whether it runs on it with an unexpired lease."""
         if not ids:
             return {}
-        rows = Occurrence.objects.using(self.alias).filter(pk__in=sorted(ids))
+        # Read as last committed: a holder claimed after this transaction's first read must
+        # be seen (MySQL), or its place would look free.
+        rows = dialect.latest_rows(
+            Occurrence.objects.using(self.alias).filter(pk__in=sorted(ids)), self.alias
+        )
         return {
             pk: (fence, status == OccurrenceStatus.RUNNING and expires is not None and expires > self.now)
             for pk, fence, status, expires in rows.values_list("pk", "fence", "status", "lease_expires_at")
@@ -224,8 +228,8 @@ class Gate:
 def _holds(holder: list[Any], state: dict[str, tuple[int, bool]]) -> bool:
     """Whether a holder ``[occurrence_id, fence]`` still holds its place: its row runs on that
     fence with an unexpired lease, or the row read is older than the claim that added the
-    holder (MySQL's snapshot can be): counted, never wrongly freed. A row gone, settled,
-    expired or claimed again (a later fence) has given its place back."""
+    holder (never, as ``_state`` reads; if it were: counted, never wrongly freed). A row gone,
+    settled, expired or claimed again (a later fence) has given its place back."""
     if holder[0] not in state:
         return False
     fence, running = state[holder[0]]
