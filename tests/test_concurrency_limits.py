@@ -272,3 +272,44 @@ def test_a_killed_workers_place_comes_back_with_its_lease(workers, tmp_path):
     assert len(starts) == 1 and starts[0] >= lease_end.timestamp()
     assert most_at_once([item for item in events if item[0] >= lease_end.timestamp()]) == 1
     assert Occurrence.objects.get(pk=queued).attempt == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_claimers_take_exactly_the_limits_places(tmp_path):
+    """Four processes claim at the same moment, nobody settles: the capped principal's runs
+    and each customer's come to exactly their limits, and the free principal's all run."""
+    import subprocess
+    import sys
+
+    from .conftest import ROOT, subprocess_env
+
+    cap("capped", 2)
+    make("capped", "k", [{}] * 10, "capped")
+    make(
+        "keyed",
+        "k",
+        [{"customer": c} for c in "aaaabbbb"],
+        "keyed",
+        concurrency=1,
+        concurrency_key="{customer}",
+    )
+    make("free", "k", [{}] * 5, "free")
+    env = subprocess_env(START_AT=str(time.time() + 3), ROUNDS="8")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.procs.limit_racer", f"racer-{n}"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(4)
+    ]
+    outputs = [proc.communicate(timeout=120) for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), [err[-2000:] for _, err in outputs]
+    running = Occurrence.objects.filter(status="running")
+    assert running.filter(job_id="capped").count() == 2
+    assert sorted(running.filter(job_id="keyed").values_list("concurrency_key", flat=True)) == ["a", "b"]
+    assert running.filter(job_id="free").count() == 5
+    assert sum(int(out) for out, _ in outputs) == 9
