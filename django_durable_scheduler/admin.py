@@ -140,13 +140,21 @@ class AuthorityPolicyAdmin(ApiFormAdmin):
         "window_display",
         "max_runs",
         "max_units",
+        "max_running",
         "updated_at",
     ]
     list_filter = ["enabled", "principal_type"]
     search_fields = ["principal_id", "principal_type"]
     ordering = ["principal_type", "principal_id"]
 
-    _EDIT = ("capabilities", ("window_value", "window_unit"), "max_runs", "max_units", "enabled")
+    _EDIT = (
+        "capabilities",
+        ("window_value", "window_unit"),
+        "max_runs",
+        "max_units",
+        "max_running",
+        "enabled",
+    )
     _DISPLAY = ("capability_lines", "window_display")
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -157,7 +165,10 @@ class AuthorityPolicyAdmin(ApiFormAdmin):
             ]
         principal = ("Principal", {"fields": [("principal_type", "principal_id"), "revision", "updated_at"]})
         if not self.has_change_permission(request, obj):
-            return [principal, ("Policy", {"fields": [*self._DISPLAY, "max_runs", "max_units", "enabled"]})]
+            return [
+                principal,
+                ("Policy", {"fields": [*self._DISPLAY, "max_runs", "max_units", "max_running", "enabled"]}),
+            ]
         return [principal, ("Policy", {"fields": [*self._EDIT, "loaded_revision"]})]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -248,6 +259,7 @@ _CONTENT_LABELS = {
     "window_ms": "window",
     "max_runs": "max runs",
     "max_units": "max units",
+    "max_running": "max running",
 }
 
 

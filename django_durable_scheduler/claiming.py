@@ -30,7 +30,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Model
 from django.utils.dateparse import parse_datetime
 
-from . import conf, leases, reservations
+from . import concurrency, conf, leases, reservations
 from .dialect import alias_for, insert_rows, write_transaction
 from .events import OCCURRENCE_CLAIMED, OCCURRENCE_RECLAIMED, new_event
 from .exceptions import InvalidArgument
@@ -127,10 +127,11 @@ LIMIT 1
 
 # The arms of the fair pool, one per (principal, waiting status), each one index range in due
 # order; sent together as one UNION ALL. A candidate row is (occurrence_id, kind,
-# principal_key, due at, scheduled_for, priority, the job's timeout_ms).
+# principal_key, due at, scheduled_for, priority, the job's timeout_ms, job_id,
+# concurrency_key, the job's concurrency).
 PENDING_ARM = """
 SELECT {o.occurrence_id}, {j.kind}, {o.principal_key}, {o.available_at}, {o.scheduled_for},
-       {o.priority}, {j.timeout_ms}
+       {o.priority}, {j.timeout_ms}, {o.job}, {o.concurrency_key}, {j.concurrency}
 FROM {occurrences}{by_fair_index}
 JOIN {jobs} ON {j.job_id} = {o.job}
 WHERE {o.principal_key} = %s AND {o.status} = {status} AND {o.available_at} <= %s
@@ -142,7 +143,7 @@ LIMIT %s
 # The same, of priority 0 only: when prioritized rows exist, those come from PRIORITIZED_ARM.
 PENDING_PRIORITY_0_ARM = """
 SELECT {o.occurrence_id}, {j.kind}, {o.principal_key}, {o.available_at}, {o.scheduled_for},
-       {o.priority}, {j.timeout_ms}
+       {o.priority}, {j.timeout_ms}, {o.job}, {o.concurrency_key}, {j.concurrency}
 FROM {occurrences}{by_fair_index}
 JOIN {jobs} ON {j.job_id} = {o.job}
 WHERE {o.principal_key} = %s AND {o.status} = {status} AND {o.priority} = 0 AND {o.available_at} <= %s
@@ -154,7 +155,7 @@ LIMIT %s
 # A principal's due rows of priority other than 0, highest first, through the priority index.
 PRIORITIZED_ARM = """
 SELECT {o.occurrence_id}, {j.kind}, {o.principal_key}, {o.available_at}, {o.scheduled_for},
-       {o.priority}, {j.timeout_ms}
+       {o.priority}, {j.timeout_ms}, {o.job}, {o.concurrency_key}, {j.concurrency}
 FROM {occurrences}{by_priority_index}
 JOIN {jobs} ON {j.job_id} = {o.job}
 WHERE {o.principal_key} = %s AND ({o.status} = {queued} OR {o.status} = {retry_wait})
@@ -167,7 +168,7 @@ LIMIT %s
 # Everyone's expired leases with attempts left (a reclaim), through the claim index.
 RECLAIM_ARM = """
 SELECT {o.occurrence_id}, {j.kind}, {o.principal_key}, {o.lease_expires_at}, {o.scheduled_for},
-       {o.priority}, {j.timeout_ms}
+       {o.priority}, {j.timeout_ms}, {o.job}, {o.concurrency_key}, {j.concurrency}
 FROM {occurrences}{by_claim_index}
 JOIN {jobs} ON {j.job_id} = {o.job}
 WHERE {o.status} = {running} AND {o.lease_expires_at} <= %s AND {o.attempt} < {o.max_attempts}
@@ -392,9 +393,9 @@ def last_claimed_principal(alias: str) -> str | None:
     return str(rows[0][0]) if rows else None
 
 
-# (occurrence_id, kind, principal_key, due_at, scheduled_for, priority, job timeout_ms) of one
-# candidate.
-Candidate = tuple[str, str, str, datetime, datetime, int, int | None]
+# (occurrence_id, kind, principal_key, due_at, scheduled_for, priority, job timeout_ms, job_id,
+# concurrency_key, job concurrency) of one candidate.
+Candidate = tuple[str, str, str, datetime, datetime, int, int | None, str, str | None, int | None]
 
 
 class _Pool:
@@ -427,8 +428,11 @@ class _Pool:
                 _as_datetime(at),
                 int(priority),
                 None if ms is None else int(ms),
+                job,
+                limit_key,
+                None if limit is None else int(limit),
             )
-            for pk, kind, key, due, at, priority, ms in rows
+            for pk, kind, key, due, at, priority, ms, job, limit_key, limit in rows
         ]
 
 
@@ -501,10 +505,13 @@ def _ranked(
     return [row for _, _, row in ranked]
 
 
-def _lock_pool(alias: str, now: datetime, pool: list[Candidate], limit: int) -> list[Occurrence]:
+def _lock_pool(
+    alias: str, now: datetime, pool: list[Candidate], limit: int, gate: concurrency.Gate | None = None
+) -> list[Occurrence]:
     """Lock up to ``limit`` of the pool's rows, in pool order, ``limit`` at a time, re-checking
     the due state under the lock: only rows returned stay locked, so a concurrent claimer is
-    never kept from rows this one does not take."""
+    never kept from rows this one does not take. With a ``gate``, a row over one of its
+    concurrency limits is passed over (left as it is) and the next ones are tried."""
     vendor = connections[alias].vendor
     rank = {row[0]: index for index, row in enumerate(pool)}
     at = _adapted(alias, now)
@@ -514,7 +521,11 @@ def _lock_pool(alias: str, now: datetime, pool: list[Candidate], limit: int) -> 
         chunk = [row[0] for row in pool[position : position + limit - len(got)]]
         position += len(chunk)
         sql = _lock_statement(alias, vendor, len(chunk))
-        got += Occurrence.objects.raw(sql, [*chunk, at, at], using=alias)
+        locked = Occurrence.objects.raw(sql, [*chunk, at, at], using=alias)
+        if gate is None:
+            got += locked
+        else:  # in rank order: the first of a limit's candidates take its free places
+            got += [row for row in sorted(locked, key=lambda row: rank[row.pk]) if gate.admit(row)]
     got.sort(key=lambda row: rank[row.pk])
     for occurrence in got:
         row = pool[rank[occurrence.pk]]
@@ -531,6 +542,7 @@ def claim_candidates(
     after_principal: str | None = None,
     waiting: dict[str, datetime] | None = None,
     before_lock: Callable[[list[str]], None] | None = None,
+    max_running_of: Callable[[list[str]], dict[str, int]] | None = None,
 ) -> list[Occurrence]:
     """Lock and return up to ``limit`` claimable occurrences, fair across principals.
 
@@ -547,6 +559,8 @@ def claim_candidates(
     principals, when the caller has listed them already (a hint: every row is re-checked).
     ``before_lock``: called with the pool's principal keys (sorted) before any occurrence row
     is locked, so that a caller can lock rows that come before occurrences in the lock order.
+    ``max_running_of``: the principals' running caps (default: read from their policies);
+    with any limit among the pool, its slots are locked next (:class:`concurrency.Gate`).
     """
     want = limit * CANDIDATE_FACTOR
     if waiting is None:
@@ -556,9 +570,60 @@ def claim_candidates(
     principals, step = _rotation(waiting, after_principal, want)
     by_principal, per_principal = _read_pool(alias, now, kinds, principals, step, want)
     pool = _ranked(by_principal, per_principal, principals, after_principal is None)[:want]
-    if before_lock is not None and pool:
-        before_lock(sorted({row[2] for row in pool}))
-    return _lock_pool(alias, now, pool, limit)
+    if not pool:
+        return []
+    principal_keys = sorted({row[2] for row in pool})
+    if before_lock is not None:
+        before_lock(principal_keys)
+    gate = _gate(alias, now, pool, principal_keys, max_running_of)
+    got = _lock_pool(alias, now, pool, limit, gate)
+    if gate is not None:
+        gate.save()
+    return got
+
+
+def _keys_at_claim(alias: str, pool: list[Candidate]) -> dict[str, str | None]:
+    """The handler's concurrency key of candidates enqueued where their handler was not
+    registered (a process that never imported it): computed here from the payload, one read
+    for those only; a payload it cannot key counts under the kind as a whole."""
+    unkeyed = [row[0] for row in pool if row[8] is None and concurrency.key_spec_of(None, row[1]) is not None]
+    if not unkeyed:
+        return {}
+    kinds = {row[0]: row[1] for row in pool}
+    found: dict[str, str | None] = {}
+    for pk, payload in Occurrence.objects.using(alias).filter(pk__in=unkeyed).values_list("pk", "payload"):
+        try:
+            found[pk] = concurrency.render_key(concurrency.key_spec_of(None, kinds[pk]), payload)
+        except InvalidArgument:
+            found[pk] = None
+    return found
+
+
+def _gate(
+    alias: str,
+    now: datetime,
+    pool: list[Candidate],
+    principal_keys: list[str],
+    max_running_of: Callable[[list[str]], dict[str, int]] | None,
+) -> concurrency.Gate | None:
+    """The pool's concurrency limits, their slots locked; None (nothing sent) when no
+    candidate has one."""
+    if max_running_of is None:
+        capped = concurrency.max_running_of(principal_keys, alias)
+    else:
+        capped = max_running_of(principal_keys)
+    keys = _keys_at_claim(alias, pool)
+    limits = {}
+    for row in pool:
+        key = keys.get(row[0], row[8])
+        found = concurrency.scopes_of(row[2], row[7], row[1], key, row[9], capped.get(row[2]))
+        if found:
+            limits[row[0]] = found
+    if not limits:
+        return None
+    gate = concurrency.Gate(alias, now, limits)
+    gate.lock()
+    return gate
 
 
 # --------------------------------------------------------------------------- claims
@@ -621,7 +686,11 @@ def plan_claim(
 
 
 def claim_planned(
-    plan: ClaimPlan, alias: str, *, before_lock: Callable[[list[str]], None] | None = None
+    plan: ClaimPlan,
+    alias: str,
+    *,
+    before_lock: Callable[[list[str]], None] | None = None,
+    max_running_of: Callable[[list[str]], dict[str, int]] | None = None,
 ) -> list[Occurrence]:
     """The body of :func:`claim_batch`, inside the caller's write transaction on ``alias``:
     lock the fair batch, make it running and append its events. ``before_lock`` is called
@@ -629,7 +698,14 @@ def claim_planned(
     :func:`claim_candidates`)."""
     owner, now, expires = plan.owner, plan.now, plan.expires
     rows = claim_candidates(
-        alias, now, plan.kinds, plan.limit, plan.after_principal, plan.waiting, before_lock=before_lock
+        alias,
+        now,
+        plan.kinds,
+        plan.limit,
+        plan.after_principal,
+        plan.waiting,
+        before_lock=before_lock,
+        max_running_of=max_running_of,
     )
     if not rows:
         return []
@@ -762,5 +838,13 @@ def claim_authorized(
         def lock_policies(keys: list[str]) -> None:
             policies.update(reservations.lock_policies_of(keys, alias))
 
-        claimed = claim_planned(plan, alias, before_lock=lock_policies)
+        def max_running(keys: list[str]) -> dict[str, int]:
+            # The policies just locked: a claim that caps nothing reads nothing more.
+            return {
+                concurrency.principal_key_of(*principal): policy.max_running
+                for principal, policy in policies.items()
+                if policy.max_running is not None
+            }
+
+        claimed = claim_planned(plan, alias, before_lock=lock_policies, max_running_of=max_running)
         return reservations.authorize_claimed(claimed, units_of, plan.owner, policies, alias)

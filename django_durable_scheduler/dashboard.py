@@ -14,13 +14,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from . import ops, rollups
+from django.db.models import Count
+
+from . import concurrency, conf, ops, rollups
 from .dialect import alias_for
-from .models import Occurrence, OccurrenceStatus
+from .models import AuthorityPolicy, Job, Occurrence, OccurrenceStatus
 
 WINDOWS = (("last hour", timedelta(hours=1)), ("last day", timedelta(days=1)))
 DEAD_LETTERS_SHOWN = 25
 RUNNING_SHOWN = 200
+LIMITS_SHOWN = 20
 # The outcomes a chart bar shows, in its order.
 OUTCOMES = (OccurrenceStatus.SUCCEEDED, OccurrenceStatus.DEAD_LETTER, OccurrenceStatus.CANCELLED)
 
@@ -97,6 +100,8 @@ class Dashboard:
     budgets: list[ops.BudgetUsage]
     dead_letters: list[Occurrence]
     largest: dict[str, int] = field(default_factory=dict)  # by window: the longest bar's total
+    # The concurrency limits with the most running first (see concurrency_limits).
+    limits: list[dict[str, object]] = field(default_factory=list)
 
     def charts(self) -> list[Chart]:
         return [
@@ -136,6 +141,48 @@ def outcomes_since(since: datetime, now: datetime, alias: str) -> list[KindOutco
     return sorted(found, key=lambda k: (-k.total, k.kind))
 
 
+def concurrency_limits(*, using: str | None = None, now: datetime | None = None) -> list[dict[str, object]]:
+    """Running / limit of every capped principal and of the limited jobs' and kinds' keys that
+    run now, the most running first (LIMITS_SHOWN of them). Running: ``running`` rows with an
+    unexpired lease, read through the claim index, so the cost is what runs, not the history."""
+    alias = alias_for(using)
+    now = conf.now() if now is None else now
+    live = Occurrence.objects.using(alias).filter(status=OccurrenceStatus.RUNNING, lease_expires_at__gt=now)
+    found: list[dict[str, object]] = []
+    by_principal = dict(
+        live.values("principal_key").annotate(n=Count("pk")).values_list("principal_key", "n")
+    )
+    for policy in AuthorityPolicy.objects.using(alias).filter(max_running__isnull=False)[:1000]:
+        principal = concurrency.principal_key_of(policy.principal_type, policy.principal_id)
+        name = f"{policy.principal_type}:{policy.principal_id}"
+        found.append(
+            {
+                "scope": "principal",
+                "name": name,
+                "running": by_principal.get(principal, 0),
+                "limit": policy.max_running,
+            }
+        )
+    limited_jobs = dict(
+        Job.objects.using(alias).filter(concurrency__isnull=False).values_list("job_id", "concurrency")[:1000]
+    )
+    by_key = live.values("job", "job__kind", "concurrency_key").annotate(n=Count("pk"))
+    kinds: dict[tuple[str, str | None], int] = defaultdict(int)
+    for row in by_key.values_list("job", "job__kind", "concurrency_key", "n"):
+        job_id, kind, key, n = row
+        if job_id in limited_jobs:
+            label = job_id if key is None else f"{job_id} [{key}]"
+            found.append({"scope": "job", "name": label, "running": n, "limit": limited_jobs[job_id]})
+        kinds[kind, key] += n
+    for (kind, key), n in kinds.items():
+        limit = concurrency.kind_limit(kind)
+        if limit is not None:
+            label = kind if key is None else f"{kind} [{key}]"
+            found.append({"scope": "kind", "name": label, "running": n, "limit": limit})
+    found.sort(key=lambda row: (-int(str(row["running"])), str(row["scope"]), str(row["name"])))
+    return found[:LIMITS_SHOWN]
+
+
 def collect(*, using: str | None = None) -> Dashboard:
     alias = alias_for(using)
     status = ops.collect_status(using=alias)
@@ -162,5 +209,6 @@ def collect(*, using: str | None = None) -> Dashboard:
         budgets=ops.budget_usage(now, 0, alias),
         dead_letters=dead,
     )
+    board.limits = concurrency_limits(using=alias, now=now)
     board.largest = {title: max((k.total for k in kinds), default=0) for title, kinds in outcomes.items()}
     return board

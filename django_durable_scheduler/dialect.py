@@ -120,6 +120,16 @@ def lock_rows(qs: QuerySet[Any], alias: str) -> QuerySet[Any]:
     return qs.select_for_update()
 
 
+def latest_rows(qs: QuerySet[Any], alias: str) -> QuerySet[Any]:
+    """``qs`` read as last committed, inside a transaction that has read before: a locking
+    read (waiting) on MySQL/MariaDB, whose repeatable-read snapshot is fixed at a
+    transaction's first read; PostgreSQL (read committed) and SQLite (one writer) see the
+    latest rows with a plain read."""
+    if connections[alias].vendor == "mysql":
+        return qs.select_for_update()
+    return qs
+
+
 def shared_lock_clause(alias: str) -> str | None:
     """The clause that locks selected rows against writers but not against each other, where
     the callers rely on it: PostgreSQL's ``FOR SHARE``. Elsewhere None, and callers lock

@@ -21,6 +21,7 @@ from . import conf, dialect, tracing
 from .authority import principal_key
 from .budgets import settle_cancelled
 from .cancelling import request_cancel, requester
+from .concurrency import key_spec_of, render_key
 from .events import new_event
 from .exceptions import (
     DataCorrupt,
@@ -78,6 +79,7 @@ class _Builder:
         self.job = job
         self.digest_of: Callable[[int, str], str] = identity_digester(job.job_id, job.revision)
         self.principal_key = principal_key(job.authority)
+        self.key_spec = key_spec_of(job.concurrency_key, job.kind)
 
     def occurrence(
         self,
@@ -92,6 +94,7 @@ class _Builder:
         job = self.job
         digest = self.digest_of(scheduled_ms, trigger_key)
         scheduled = from_ms(scheduled_ms)
+        payload = job.payload if payload is JOB_PAYLOAD else payload
         return Occurrence(
             occurrence_id=OCCURRENCE_ID_PREFIX + digest,
             # By id: a remembered job row may be stale in columns no guard covers.
@@ -104,9 +107,10 @@ class _Builder:
             status=OccurrenceStatus.QUEUED,
             max_attempts=job.max_attempts,
             authority=job.authority,
-            payload=job.payload if payload is JOB_PAYLOAD else payload,
+            payload=payload,
             principal_key=self.principal_key,
             priority=priority,
+            concurrency_key=render_key(self.key_spec, payload),
             created_at=now,
             updated_at=now,
             trace_context=trace_context,

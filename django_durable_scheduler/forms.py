@@ -18,6 +18,7 @@ from django.core.exceptions import ValidationError
 
 from . import kernel, policies
 from .authority import MAX_BUDGET, MAX_CAPABILITIES, MAX_WINDOW_MS, MIN_WINDOW_MS
+from .concurrency import MAX_CONCURRENCY
 from .exceptions import (
     AuthorityPolicyConflict,
     Conflict,
@@ -204,10 +205,17 @@ class AuthorityPolicyForm(_ApiForm):
     )
     max_runs = forms.IntegerField(label="Max runs per window", min_value=1, max_value=MAX_BUDGET)
     max_units = forms.IntegerField(label="Max units per window", min_value=1, max_value=MAX_BUDGET)
+    max_running = forms.IntegerField(
+        label="Max running at once",
+        required=False,
+        min_value=1,
+        max_value=MAX_CONCURRENCY,
+        help_text="How many of the principal's occurrences may run at once on all workers (empty: no cap).",
+    )
 
     class Meta:
         model = AuthorityPolicy
-        fields = ["principal_type", "principal_id", "enabled", "max_runs", "max_units"]
+        fields = ["principal_type", "principal_id", "enabled", "max_runs", "max_units", "max_running"]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -258,6 +266,7 @@ class AuthorityPolicyForm(_ApiForm):
             window=timedelta(seconds=data["window_seconds"]),
             max_runs=data["max_runs"],
             max_units=data["max_units"],
+            max_running=data.get("max_running"),
             enabled=data["enabled"],
             expected_revision=data["loaded_revision"],
             changed_by=self.changed_by,

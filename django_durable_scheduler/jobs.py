@@ -15,6 +15,7 @@ from django.db import IntegrityError, transaction
 from . import conf
 from .authority import default_authority, normalize_authority
 from .budgets import settle_cancelled
+from .concurrency import normalize_limit, normalize_template
 from .dialect import alias_for, insert_rows, write_transaction
 from .events import JOB_CREATED, JOB_UPDATED, SLOT_SKIPPED, new_event
 from .exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
@@ -67,6 +68,10 @@ def _job_fields(changes: dict[str, Any], *, creating: bool) -> dict[str, Any]:
             out["timeout_ms"] = timeout_ms(value, "timeout")
         elif key == "retry_max_delay":
             out["retry_max_delay_ms"] = retry_max_delay_ms(value, "retry_max_delay")
+        elif key == "concurrency":
+            out["concurrency"] = normalize_limit(value, "concurrency")
+        elif key == "concurrency_key":
+            out["concurrency_key"] = normalize_template(value, "concurrency_key")
         else:
             raise InvalidArgument(
                 key_label(key), "is not a job attribute that can be " + ("set" if creating else "changed")
@@ -145,12 +150,17 @@ def create_job(
     retry_base_delay: float | timedelta | None = None,
     retry_max_delay: float | timedelta | None = None,
     timeout: float | timedelta | None = None,
+    concurrency: int | None = None,
+    concurrency_key: str | None = None,
     using: str | None = None,
 ) -> Job:
     """Create a job at revision 1. ``SCHEDULER_CONFLICT`` if the id is taken.
 
     ``timeout`` (seconds or a timedelta; None: the handler's) is how long one run may take;
     it overrides the handler's and the ``DURABLE_SCHEDULER_HANDLER_TIMEOUT`` default.
+    ``concurrency``: how many of its occurrences may run at once across every worker (None:
+    no cap), per ``concurrency_key`` when given (a template on the payload, ``"{customer}"``,
+    computed at enqueue).
 
     Without ``authority`` the job runs as the app's default principal, requesting its kind,
     which that principal's policy is made to grant (:func:`policies.grant_default`)."""
@@ -168,6 +178,8 @@ def create_job(
             else retry_base_delay,
             "retry_max_delay": conf.settings.RETRY_MAX_DELAY if retry_max_delay is None else retry_max_delay,
             "timeout": timeout,
+            "concurrency": concurrency,
+            "concurrency_key": concurrency_key,
         },
         creating=True,
     )

@@ -62,6 +62,10 @@ class Job(models.Model):
     # The app whose code declares the job (None: made through the API or the admin). A sync
     # disables the jobs an installed app no longer declares.
     declared_in = models.CharField(max_length=100, null=True, blank=True)
+    # How many of this job's occurrences run at once (None: no cap), per concurrency key when
+    # ``concurrency_key`` (a template on the payload, e.g. "{customer}") is set.
+    concurrency = models.PositiveIntegerField(null=True, blank=True)
+    concurrency_key = models.CharField(max_length=256, null=True, blank=True)
 
     class Meta:
         db_table = "durable_scheduler_jobs"
@@ -123,6 +127,8 @@ class Occurrence(models.Model):
     # attempt has a higher fence, so the request never reaches it).
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_fence = models.PositiveBigIntegerField(null=True, blank=True)
+    # The key its job's or handler's concurrency limit counts per (computed at enqueue).
+    concurrency_key = models.CharField(max_length=256, null=True, blank=True)
 
     class Meta:
         db_table = "durable_scheduler_occurrences"
@@ -247,6 +253,8 @@ class AuthorityPolicy(models.Model):
     window_ms = models.BigIntegerField(default=24 * 60 * 60 * 1000)
     max_runs = models.PositiveIntegerField(default=100_000)
     max_units = models.PositiveIntegerField(default=100_000)
+    # How many of the principal's occurrences run at once (None: no cap).
+    max_running = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
 
@@ -268,6 +276,10 @@ class AuthorityPolicy(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(max_units__gte=1, max_units__lte=1_000_000), name="dsch_policy_max_units_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(max_running__isnull=True) | Q(max_running__gte=1, max_running__lte=10_000),
+                name="dsch_policy_max_running_range",
             ),
         ]
 
@@ -388,6 +400,26 @@ class AuthorityPolicyRevision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.principal_type}:{self.principal_id} r{self.revision}"
+
+
+class ConcurrencySlot(models.Model):
+    """One concurrency limit's holders (a principal's, or a job's or kind's per key): the
+    claims of that limit lock this row, so two claimers cannot both see one free slot.
+
+    ``holders`` lists ``[occurrence_id, fence]`` of the claims it admitted; a claim counts
+    only those still running on that fence with an unexpired lease, so a settled, expired or
+    reclaimed holder frees its slot without any write (docs/design.md, "Concurrency limits")."""
+
+    slot_id = models.CharField(max_length=64, primary_key=True)  # sha256 of the limit's scope
+    scope = models.JSONField(default=list)  # what it limits, for people: ["kind", kind, key]
+    holders = models.JSONField(default=list)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "durable_scheduler_concurrency_slots"
+
+    def __str__(self) -> str:
+        return self.slot_id
 
 
 class WorkerHeartbeat(models.Model):

@@ -42,6 +42,7 @@ from .authority import (
     normalize_principal,
     principal_key,
 )
+from .concurrency import normalize_limit
 from .dialect import alias_for, write_transaction
 from .exceptions import AuthorityPolicyConflict, InvalidArgument
 from .identity import (
@@ -149,8 +150,9 @@ def window_bounds(window_ms: int, now: datetime) -> tuple[datetime, datetime]:
 
 
 def policy_content(policy: AuthorityPolicy) -> dict[str, Any]:
-    """A revision's full content, as the history table stores it."""
-    return {
+    """A revision's full content, as the history table stores it (``max_running`` only when
+    set, so that revisions from before it existed read the same)."""
+    content = {
         "principal": {"type": policy.principal_type, "id": policy.principal_id},
         "revision": policy.revision,
         "enabled": policy.enabled,
@@ -159,6 +161,9 @@ def policy_content(policy: AuthorityPolicy) -> dict[str, Any]:
         "max_runs": policy.max_runs,
         "max_units": policy.max_units,
     }
+    if policy.max_running is not None:
+        content["max_running"] = policy.max_running
+    return content
 
 
 # --------------------------------------------------------------------------- reading
@@ -383,6 +388,7 @@ def change_policy(
     enabled: bool = True,
     expected_revision: int | None = None,
     changed_by: str | None = None,
+    max_running: int | None = None,
     using: str | None = None,
 ) -> PolicyChange:
     """:func:`set_policy`, returning what the change did (:class:`PolicyChange`)."""
@@ -397,6 +403,7 @@ def change_policy(
         enabled=enabled,
         expected_revision=expected_revision,
         changed_by=changed_by,
+        max_running=max_running,
     )
     # A deadlock aborts the whole transaction; retry only when this call owns it.
     retries = 0 if connections[alias].in_atomic_block else 3
@@ -422,6 +429,7 @@ class _Change:
     enabled: bool
     expected: int | None  # the compare-and-set revision, if any
     actor: str | None
+    max_running: int | None = None
 
 
 def _validated_change(
@@ -435,6 +443,7 @@ def _validated_change(
     enabled: Any,
     expected_revision: Any,
     changed_by: Any,
+    max_running: Any = None,
 ) -> _Change:
     ptype, pid = _principal(principal_type, principal_id)
     return _Change(
@@ -449,6 +458,7 @@ def _validated_change(
         if expected_revision is None
         else normalize_int(expected_revision, "expected_revision", minimum=0, maximum=MAX_REVISION),
         actor=None if changed_by is None else normalize_identifier(changed_by, "changed_by"),
+        max_running=normalize_limit(max_running, "max_running"),
     )
 
 
@@ -466,6 +476,7 @@ def _insert_policy(change: _Change, now: datetime, alias: str) -> tuple[Authorit
         window_ms=change.window_ms,
         max_runs=change.max_runs,
         max_units=change.max_units,
+        max_running=change.max_running,
         created_at=now,
         updated_at=now,
     )
@@ -520,6 +531,7 @@ def _replace_policy(policy: AuthorityPolicy, change: _Change, now: datetime, ali
     policy.window_ms = change.window_ms
     policy.max_runs = change.max_runs
     policy.max_units = change.max_units
+    policy.max_running = change.max_running
     policy.updated_at = now
     policy.save(
         using=alias,
@@ -530,6 +542,7 @@ def _replace_policy(policy: AuthorityPolicy, change: _Change, now: datetime, ali
             "window_ms",
             "max_runs",
             "max_units",
+            "max_running",
             "updated_at",
         ],
     )
@@ -591,9 +604,13 @@ def set_policy(
     enabled: bool = True,
     expected_revision: int | None = None,
     changed_by: str | None = None,
+    max_running: int | None = None,
     using: str | None = None,
 ) -> AuthorityPolicy:
     """Create or replace the principal's policy (``docs/design.md``, "Authority checks").
+
+    ``max_running``: how many of the principal's occurrences may run at once across every
+    worker (1..10,000; None: no cap).
 
     ``expected_revision`` makes it compare-and-set (0: the policy must not exist yet);
     a mismatch raises ``SCHEDULER_AUTHORITY_POLICY_CONFLICT`` with ``expected_revision``
@@ -610,6 +627,7 @@ def set_policy(
         enabled=enabled,
         expected_revision=expected_revision,
         changed_by=changed_by,
+        max_running=max_running,
         using=using,
     )
     policy = change.policy
@@ -721,6 +739,7 @@ def grant_default(capability: str, *, job_id: str, using: str | None = None) -> 
                 window=timedelta(milliseconds=policy.window_ms if policy else DEFAULT_WINDOW_MS),
                 max_runs=policy.max_runs if policy else DEFAULT_MAX_RUNS,
                 max_units=policy.max_units if policy else DEFAULT_MAX_UNITS,
+                max_running=policy.max_running if policy else None,
                 enabled=policy.enabled if policy else True,
                 expected_revision=policy.revision if policy else 0,
                 changed_by=_grant_note(job_id),

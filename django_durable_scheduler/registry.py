@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+from . import concurrency as _limits
 from .authority import MAX_BUDGET
 from .declared import add_declaration, declaration_from_handler, forget_kind
 from .exceptions import InvalidArgument
@@ -22,6 +23,8 @@ class Handler:
     func: HandlerFunc
     units: int | Callable[[Any], int] = 1
     timeout_ms: int | None = None
+    concurrency: int | None = None
+    concurrency_key: _limits.KeySpec | None = None
 
 
 _handlers: dict[str, Handler] = {}
@@ -34,6 +37,8 @@ def handler(
     units: int | Callable[[Any], int] = 1,
     timeout: float | timedelta | None = None,
     job: dict[str, Any] | None = None,
+    concurrency: int | None = None,
+    concurrency_key: _limits.KeySpec | None = None,
 ) -> Callable[[HandlerFunc], HandlerFunc]:
     """Register the decorated function as the handler of ``kind``.
 
@@ -51,13 +56,19 @@ def handler(
 
     The dict takes ``job_id`` (default: the kind), ``authority`` (required), ``trigger``,
     ``payload``, ``enabled``, ``max_attempts``, ``retry_base_delay`` and ``retry_max_delay``,
-    as :func:`~django_durable_scheduler.kernel.create_job` does. See also
+    as :func:`~django_durable_scheduler.kernel.create_job` does. ``concurrency``: how many
+    runs of this kind may run at once across every worker (1..10,000; None: no cap), per
+    ``concurrency_key`` when given: a template on the payload (``"{customer}"``) or a
+    function of the payload, computed at enqueue (a job's own ``concurrency_key`` wins).
+    Every worker should register the same limits. See also
     :func:`~django_durable_scheduler.declared.declare_job` for several jobs of one kind.
     """
     kind = normalize_identifier(kind, "kind", max_length=128)
     if not callable(units):
         normalize_int(units, "units", minimum=1, maximum=MAX_BUDGET)  # what one reservation may take
     limit_ms = timeout_ms(timeout, "timeout")
+    at_once = _limits.normalize_limit(concurrency, "concurrency")
+    key_spec = _limits.normalize_key_spec(concurrency_key, "concurrency_key")
     declaration = None
     if job is not None:
         # Validated now, so a bad declaration fails where it is written (at import).
@@ -74,7 +85,8 @@ def handler(
             if declaration is not None:
                 # Before the handler: a conflict leaves neither. The handler's app owns the job.
                 add_declaration(replace(declaration, module=getattr(func, "__module__", None)))
-            _handlers[kind] = Handler(kind, func, units, limit_ms)
+            _handlers[kind] = Handler(kind, func, units, limit_ms, at_once, key_spec)
+            _limits.register_kind(kind, at_once, key_spec)
         return func
 
     return register
@@ -98,6 +110,7 @@ def unregister(kind: str) -> None:
     """Forget the handler of ``kind`` and the jobs declared in code for it."""
     with _lock:
         _handlers.pop(kind, None)
+        _limits.forget_kind(kind)
     forget_kind(kind)
 
 

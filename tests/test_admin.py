@@ -277,6 +277,23 @@ def test_invalid_capabilities_are_field_errors(admin_client, policy, capabilitie
     assert AuthorityPolicy.objects.get(pk=policy.pk).revision == 1
 
 
+def test_policy_max_running_is_edited_with_the_other_fields(admin_client, policy):
+    response = admin_client.post(
+        url("authoritypolicy", "change", policy.pk), policy_data(policy, max_running=3)
+    )
+    assert response.status_code == 302, form_errors(response)
+    policy.refresh_from_db()
+    assert (policy.revision, policy.max_running) == (2, 3)
+    assert policies.policy_history("user", "alice")[0].content["max_running"] == 3
+    page = admin_client.get(url("authoritypolicy", "change", policy.pk)).content.decode()
+    assert "Max running at once" in page
+    # Emptied: no cap.
+    response = admin_client.post(url("authoritypolicy", "change", policy.pk), policy_data(policy))
+    assert response.status_code == 302, form_errors(response)
+    policy.refresh_from_db()
+    assert (policy.revision, policy.max_running) == (3, None)
+
+
 def test_too_many_capabilities(admin_client, policy):
     lines = "\n".join(f"cap.{i}" for i in range(257))
     response = admin_client.post(
@@ -293,6 +310,9 @@ def test_too_many_capabilities(admin_client, policy):
         ({"max_units": 0}, "max_units"),
         ({"max_units": "lots"}, "max_units"),
         ({"max_units": ""}, "max_units"),
+        ({"max_running": 0}, "max_running"),
+        ({"max_running": 10_001}, "max_running"),
+        ({"max_running": "many"}, "max_running"),
         ({"window_value": 0}, "window_value"),
         ({"window_value": 32, "window_unit": "days"}, "window_value"),
         ({"window_value": 31 * 24 * 60 + 1, "window_unit": "minutes"}, "window_value"),

@@ -282,6 +282,33 @@ case("claim_batch", "sweep_expired", "str", sweep_expired="no")
 case("deny", "details", "list", details=["d"])
 case("defer", "details", "string", details="d")
 
+# --------------------------------------------------------------------------- concurrency limits
+
+for label, value in [
+    ("zero", 0),
+    ("over-max", 10_001),
+    ("text", "2"),
+    ("bool", True),
+    ("float", 1.5),
+    ("huge", HUGE),
+]:
+    case("set_policy", "max_running", label, max_running=value)
+    case("create_job", "concurrency", label, concurrency=value)
+    case("update_job", "concurrency", label, concurrency=value)
+for label, value in [
+    ("empty", ""),
+    ("int", 5),
+    ("attribute", "{customer.name}"),
+    ("index", "{customer[0]}"),
+    ("conversion", "{customer!r}"),
+    ("format-spec", "{customer:>10}"),
+    ("unbalanced", "{customer"),
+    ("over-max", "x" * 257),
+    ("nul", "{customer}\x00"),
+]:
+    case("create_job", "concurrency_key", label, concurrency_key=value)
+    case("update_job", "concurrency_key", label, concurrency_key=value)
+
 
 # --------------------------------------------------------------------------- tests
 

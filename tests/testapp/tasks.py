@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -147,3 +148,38 @@ async def cancel_async(ctx):
     await sync_to_async(ctx.record_metadata)({"started": ctx.attempt})
     await asyncio.sleep(float((ctx.payload or {}).get("seconds", 60)))
     return "finished"
+
+
+# --- concurrency limits (tests/test_concurrency_limits.py)
+
+
+def _record_run(ctx, event: str) -> None:
+    """Append "<event> <time> <occurrence> <customer>" to the file ``payload.log`` names: one
+    short O_APPEND write per line, so lines of concurrent processes never interleave."""
+    payload = ctx.payload or {}
+    line = f"{event} {time.time():.6f} {ctx.occurrence_id} {payload.get('customer', '-')}\n"
+    fd = os.open(payload["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+@scheduler.handler("test.limited")
+def limited(ctx):
+    """Records its start and end, sleeping ``payload.seconds`` between; with ``payload.hang``
+    its first attempt sleeps far past its lease (the test kills the worker meanwhile)."""
+    payload = ctx.payload or {}
+    _record_run(ctx, "start")
+    time.sleep(120 if payload.get("hang") and ctx.attempt < 2 else float(payload.get("seconds", 0.5)))
+    _record_run(ctx, "end")
+    return {"attempt": ctx.attempt}
+
+
+@scheduler.handler("test.per-customer", concurrency=1, concurrency_key="{customer}")
+def per_customer(ctx):
+    """One run at a time per customer (the handler's limit), recorded as ``test.limited``."""
+    _record_run(ctx, "start")
+    time.sleep(float((ctx.payload or {}).get("seconds", 0.5)))
+    _record_run(ctx, "end")
+    return "done"
