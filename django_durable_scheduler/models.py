@@ -28,6 +28,13 @@ class OccurrenceStatus(models.TextChoices):
 
 
 TERMINAL_STATUSES = (OccurrenceStatus.SUCCEEDED, OccurrenceStatus.DEAD_LETTER, OccurrenceStatus.CANCELLED)
+# The rows of the unique index: a unique key, and waiting or running. A query that gives
+# this condition word for word (as ``unique.py`` does) lets SQLite read the partial index.
+UNIQUE_LIVE = Q(unique_key__isnull=False) & (
+    Q(status=OccurrenceStatus.QUEUED)
+    | Q(status=OccurrenceStatus.RETRY_WAIT)
+    | Q(status=OccurrenceStatus.RUNNING)
+)
 PENDING_STATUSES = (OccurrenceStatus.QUEUED, OccurrenceStatus.RETRY_WAIT)
 ACTIVE_STATUSES = (OccurrenceStatus.QUEUED, OccurrenceStatus.RUNNING, OccurrenceStatus.RETRY_WAIT)
 
@@ -116,6 +123,9 @@ class Occurrence(models.Model):
     receipt = models.JSONField(null=True, blank=True, default=None)
     # Higher first among one principal's due occurrences (django.tasks' priority, -100..100).
     priority = models.SmallIntegerField(default=0)
+    # The caller's key for "one waiting at a time" (enqueue's unique_key, per job); None for
+    # the rest, which then have no entry in the unique index.
+    unique_key = models.CharField(max_length=256, null=True, blank=True, default=None)
 
     class Meta:
         db_table = "durable_scheduler_occurrences"
@@ -142,6 +152,10 @@ class Occurrence(models.Model):
                 & ~Q(priority=0),
             ),
             models.Index(fields=["job", "trigger_key"], name="dsch_occurrences_job_trigger"),
+            # The live occurrences with a unique key, found by (job, key) by a unique or
+            # debounced enqueue: only those rows have an entry, so other enqueues, claims
+            # and settles write none (MySQL/MariaDB: every row, with a NULL key).
+            models.Index(fields=["job", "unique_key"], name="dsch_occurrences_unique", condition=UNIQUE_LIVE),
             # Settled rows only (pruning by age): a queued or running row has no entry, so an
             # enqueue, a claim and a retry write none (MySQL/MariaDB: the whole table).
             models.Index(

@@ -103,3 +103,24 @@ def declare_a_schedule():
     from django_durable_scheduler.tasks import schedule
 
     return schedule(add, every=60, args=(1, 2))
+
+
+@task
+@durable(unique_key=True)
+def refresh(customer_id):
+    """One waiting per arguments (``unique_key=True``)."""
+    return customer_id
+
+
+@task
+@durable(unique_key=lambda customer_id, note=None: f"customer-{customer_id}", debounce=30)
+def summarize(customer_id, note=None):
+    """Debounced per customer: the newest note wins."""
+    return note
+
+
+@task
+@durable(unique_key="all", unique_while="active")
+def rebuild():
+    """One at a time, waiting or running."""
+    return "rebuilt"
