@@ -45,7 +45,7 @@ from .jobs import get_job
 from .lifecycle import TRANSITION, Action, check, writes
 from .metrics import count_enqueued
 from .models import Event, Job, Occurrence, OccurrenceStatus
-from .unique import UniqueRequest, find_live, unique_request
+from .unique import UniqueRequest, find_live, lock_job, unique_request
 from .unique import debounce as debounce_waiting
 from .wakeup import notify_new_work
 
@@ -295,12 +295,13 @@ def enqueue(
 
 
 def _enqueue_unique(job_id: str, unique: UniqueRequest, args: dict[str, Any]) -> tuple[Occurrence, bool]:
-    """``enqueue`` with a unique key, under the job row's lock: every unique or debounced
+    """``enqueue`` with a unique key, under the job's unique lock: every unique or debounced
     enqueue of the job waits for the one before it to commit, so the one that looks for a
     live occurrence of its key sees every other's (the only writers of keyed rows)."""
     alias, now = args["alias"], args["now"]
     with dialect.write_transaction(alias):
-        job = _locked_job(job_id, alias)
+        job = get_job(job_id, using=alias)
+        lock_job(job.job_id, now, alias)
         if not job.enabled:
             raise JobDisabled(f"job {job_id!r} is disabled", {"job_id": job_id})
         if unique.debounce_ms is not None:

@@ -460,6 +460,25 @@ class MaintenanceLease(models.Model):
         return self.name
 
 
+class UniqueLock(models.Model):
+    """One row per job that has had a unique or debounced enqueue: the lock those enqueues
+    take, one at a time per job, before they look for the live occurrence of their key. Not
+    the job row: every event insert checks its foreign key to the job (a share lock, which
+    MariaDB takes at once and PostgreSQL at commit), so a claim or a cancel holding an
+    occurrence would wait for an enqueue holding the job row that waits for that occurrence.
+    Nothing references this row, so holding it never waits on anything it blocks."""
+
+    job_id = models.CharField(max_length=256, primary_key=True)
+    locked_at = models.DateTimeField()  # the last taker's time (the upsert that locks must write)
+
+    class Meta:
+        db_table = "durable_scheduler_unique_locks"
+        ordering = ["job_id"]
+
+    def __str__(self) -> str:
+        return self.job_id
+
+
 # The jobs behind the schedules of django.tasks tasks (tasks.schedule, the admin).
 TASK_SCHEDULE_PREFIX = "task-schedule:"
 

@@ -3,9 +3,9 @@ only if none of the same job and key is waiting (or, with ``unique_while="active
 or running); with ``debounce`` it moves the waiting one's start later and gives it the newest
 payload instead (the ``debounce`` row of ``lifecycle.TRANSITIONS``).
 
-Exactness under racing enqueuers rests on the job row lock that ``enqueuing`` takes before it
-looks (see docs/design.md, "Unique keys and debounce"); this module validates the arguments,
-finds the live occurrence of a key and writes the debounce.
+Exactness under racing enqueuers rests on the job's ``UniqueLock`` row, locked before looking
+(see docs/design.md, "Unique keys and debounce"); this module validates the arguments, takes
+that lock, finds the live occurrence of a key and writes the debounce.
 """
 
 from __future__ import annotations
@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connections
+
 from .events import new_event
 from .exceptions import InvalidArgument
 from .identity import iso_ms, normalize_identifier, to_duration_ms
 from .lifecycle import TRANSITION, Action, writes
-from .models import ACTIVE_STATUSES, PENDING_STATUSES, UNIQUE_LIVE, Occurrence, OccurrenceStatus
+from .models import ACTIVE_STATUSES, PENDING_STATUSES, UNIQUE_LIVE, Occurrence, OccurrenceStatus, UniqueLock
 
 # What each ``unique_while`` counts as the occurrence that stands for the key.
 UNIQUE_WHILE: dict[str, tuple[OccurrenceStatus, ...]] = {
@@ -73,10 +75,27 @@ def unique_request(
     return UniqueRequest(key, PENDING_STATUSES, debounce_ms)
 
 
+def lock_job(job_id: str, now: datetime, alias: str) -> None:
+    """Lock the job's ``UniqueLock`` row until the transaction ends, making it first if need
+    be, in one upsert: on a row that exists it writes, and so waits for and then holds the
+    row's lock (PostgreSQL's ON CONFLICT DO UPDATE, MariaDB's ON DUPLICATE KEY UPDATE; SQLite's
+    transaction already holds the database's write lock). A select-then-insert would let
+    two first enqueuers both find nothing, and their inserts deadlock on MariaDB."""
+    # MySQL/MariaDB name no conflict target: any unique key (here only the primary key) is one.
+    target = ["job_id"] if connections[alias].features.supports_update_conflicts_with_target else None
+    UniqueLock.objects.using(alias).bulk_create(
+        [UniqueLock(job_id=job_id, locked_at=now)],
+        update_conflicts=True,
+        unique_fields=target,
+        update_fields=["locked_at"],
+    )
+
+
 def find_live(job_id: str, request: UniqueRequest, alias: str) -> Occurrence | None:
     """The newest occurrence of ``job_id`` with the request's key in one of its statuses,
     locked (a locking read also sees what committed after the caller's snapshot). The
-    caller holds the job row's lock, so no other unique enqueue of the job adds one meanwhile."""
+    caller holds the job's lock (``lock_job``), so no other unique enqueue of the job adds one
+    meanwhile."""
     return (
         Occurrence.objects.using(alias)
         .select_for_update()

@@ -33,7 +33,7 @@ from ..exceptions import (
     RevisionConflict,
     SchedulerError,
 )
-from ..identity import canonical_json, from_ms, normalize_json, to_ms
+from ..identity import canonical_json, from_ms, normalize_identifier, normalize_json, to_ms
 from ..models import Event, Job, Occurrence, OccurrenceStatus
 from .display import ERRORS_KEY, TASK_STATUS, recorded_errors, task_errors
 from .framework import (
@@ -184,6 +184,8 @@ class DurableBackend(BaseTaskBackend):
         key = None if unique is None else unique.key_of(args, kwargs)
         if unique is None or key is None:
             return {}
+        # Checked now, before the task's job is made or brought up to date: a bad key writes nothing.
+        key = normalize_identifier(key, "unique_key")
         if unique.debounce_ms is None:
             return {"unique_key": key, "unique_while": unique.unique_while}
         delay = timedelta(milliseconds=unique.debounce_ms)

@@ -124,3 +124,10 @@ def summarize(customer_id, note=None):
 def rebuild():
     """One at a time, waiting or running."""
     return "rebuilt"
+
+
+@task
+@durable(unique_key=lambda n: n)
+def badly_keyed(n):
+    """Its key callable returns the argument as it is: an int is no key."""
+    return n
