@@ -324,13 +324,6 @@ def _enqueue_unique(job_id: str, unique: UniqueRequest, args: dict[str, Any]) ->
         return live, True
 
 
-def _locked_job(job_id: str, alias: str) -> Job:
-    try:
-        return Job.objects.using(alias).select_for_update().get(pk=job_id)
-    except Job.DoesNotExist:
-        raise NotFound(f"job {job_id!r} does not exist", {"job_id": job_id}) from None
-
-
 def enqueue_many(
     job_id: str,
     items: Iterable[dict[str, Any]],
@@ -452,9 +445,12 @@ def enqueue_once_per_trigger(
         payload = normalize_json(payload, "payload")
     now = conf.now()
     with dialect.write_transaction(using) as alias:
-        # The job row lock serializes once-per-trigger enqueues of one job, so two
-        # racing callers at different revisions cannot both insert.
-        job = _locked_job(job_id, alias)
+        try:
+            # The job row lock serializes once-per-trigger enqueues of one job, so two
+            # racing callers at different revisions cannot both insert.
+            job = Job.objects.using(alias).select_for_update().get(pk=job_id)
+        except Job.DoesNotExist:
+            raise NotFound(f"job {job_id!r} does not exist", {"job_id": job_id}) from None
         prior = list(
             Occurrence.objects.using(alias).filter(job=job, trigger_key=key).order_by("created_at", "pk")[:2]
         )

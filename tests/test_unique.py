@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel
-from django_durable_scheduler.models import Event, Occurrence, OccurrenceStatus
+from django_durable_scheduler.models import Event, Occurrence, OccurrenceStatus, UniqueLock
 
 from .conftest import AUTHORITY, ROOT, snapshot, subprocess_env
 
@@ -126,14 +126,14 @@ def test_the_slot_identity_still_comes_first(job, clock):
 def test_a_disabled_or_missing_job_is_refused_and_nothing_written(job, clock):
     enqueue(clock, "t1", unique_key="k")
     scheduler.update_job(JOB, expected_revision=1, enabled=False)
-    before = snapshot()
+    before = snapshot(), list(UniqueLock.objects.values())
     with pytest.raises(scheduler.JobDisabled):
         enqueue(clock, "t2", unique_key="k")
     with pytest.raises(scheduler.JobDisabled):
         enqueue(clock, "t2", unique_key="k", debounce=5)
     with pytest.raises(scheduler.NotFound):
         scheduler.enqueue("nope", scheduled_for=clock(), trigger_key="t", unique_key="k")
-    assert snapshot() == before
+    assert (snapshot(), list(UniqueLock.objects.values())) == before
 
 
 @pytest.mark.django_db(transaction=True)
