@@ -12,7 +12,7 @@ lists come from the model: a field added to ``Occurrence`` needs no edit here.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
@@ -48,6 +48,8 @@ from .jobs import get_job
 from .lifecycle import TRANSITION, Action, check, writes
 from .metrics import count_enqueued
 from .models import Event, Job, Occurrence, OccurrenceStatus
+from .unique import UniqueRequest, find_live, lock_job, unique_request
+from .unique import debounce as debounce_waiting
 from .wakeup import notify_new_work
 
 MAX_CANCEL_REASON = 1024
@@ -90,6 +92,7 @@ class _Builder:
         now: datetime,
         priority: int = 0,
         trace_context: dict[str, str] | None = None,
+        unique_key: str | None = None,
     ) -> Occurrence:
         job = self.job
         digest = self.digest_of(scheduled_ms, trigger_key)
@@ -111,6 +114,7 @@ class _Builder:
             principal_key=self.principal_key,
             priority=priority,
             concurrency_key=render_key(self.key_spec, payload),
+            unique_key=unique_key,
             created_at=now,
             updated_at=now,
             trace_context=trace_context,
@@ -163,6 +167,7 @@ def insert_occurrence(
     builder: _Builder | None = None,
     priority: int = 0,
     trace_context: dict[str, str] | None = None,
+    unique_key: str | None = None,
 ) -> tuple[Occurrence, bool]:
     """Insert a queued occurrence of ``job`` with its event and wake workers, or find the one
     with its identity: ``(occurrence, deduplicated)``. Inside the caller's write
@@ -171,14 +176,22 @@ def insert_occurrence(
     transaction; insert only if the stored row still has what the occurrence copies from it
     (else ``dialect.GuardFailed``, nothing written). ``builder``: one of ``job``'s, kept
     by the caller. ``trace_context``: the caller's (``tracing.capture()``), for the runs' spans;
-    a schedule's slots, materialized by a worker, have no caller and carry none."""
+    a schedule's slots, materialized by a worker, have no caller and carry none. ``unique_key``:
+    the key a unique or debounced enqueue gives it."""
     if not job.enabled:
         raise JobDisabled(f"job {job.job_id!r} is disabled", {"job_id": job.job_id})
     if payload is not JOB_PAYLOAD:
         payload = normalize_json(payload, "payload")
     build = builder or _Builder(job)
     occurrence = build.occurrence(
-        scheduled_ms, trigger_key, available_ms, payload, now, priority, trace_context
+        scheduled_ms,
+        trigger_key,
+        available_ms,
+        payload,
+        now,
+        priority,
+        trace_context=trace_context,
+        unique_key=unique_key,
     )
     event = build.event(occurrence)
     if guard is not None:
@@ -247,6 +260,9 @@ def enqueue(
     available_at: datetime | int | None = None,
     payload: Any = JOB_PAYLOAD,
     priority: int = 0,
+    unique_key: str | None = None,
+    unique_while: str | None = None,
+    debounce: float | timedelta | None = None,
     using: str | None = None,
 ) -> tuple[Occurrence, bool]:
     """Insert an occurrence, or return the existing one with the same identity.
@@ -256,12 +272,19 @@ def enqueue(
     payload raises ``SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH``. ``priority`` (-100..100):
     higher first among its principal's due occurrences (not part of the identity).
 
+    ``unique_key`` (per job): if an occurrence of the job with that key is waiting (queued
+    or retry_wait; with ``unique_while="active"`` also running), return it instead of adding
+    one. With ``debounce`` (seconds or timedelta, >= 0) give the waiting one this payload
+    and move its start to ``debounce`` from now (never earlier), or add one due then. The
+    identity still comes first: an identity already stored is returned as without a key.
+
     On PostgreSQL and SQLite, a job this process has enqueued before is not read again: the
     insert is guarded to happen only while the job row still holds what it copies (on
     PostgreSQL one statement, with its event and wake-up).
     """
     job_id, scheduled_ms, key, available_ms = _enqueue_args(job_id, scheduled_for, trigger_key, available_at)
     priority = normalize_int(priority, "priority", minimum=MIN_PRIORITY, maximum=MAX_PRIORITY)
+    unique = unique_request(unique_key, unique_while, debounce, available_at)
     now = conf.now()
     alias = dialect.alias_for(using)
     args: dict[str, Any] = {
@@ -274,6 +297,8 @@ def enqueue(
         "priority": priority,
         "trace_context": tracing.capture(),
     }
+    if unique is not None:
+        return _enqueue_unique(job_id, unique, args)
     remembered = _REMEMBERED.get((alias, job_id))
     if remembered is not None and remembered.job.enabled:
         guard = remembered.guard(alias, default_payload=payload is JOB_PAYLOAD)
@@ -288,6 +313,36 @@ def enqueue(
         job = get_job(job_id, using=alias)
         _remember(alias, job)
         return insert_occurrence(job, **args)
+
+
+def _enqueue_unique(job_id: str, unique: UniqueRequest, args: dict[str, Any]) -> tuple[Occurrence, bool]:
+    """``enqueue`` with a unique key, under the job's unique lock: every unique or debounced
+    enqueue of the job waits for the one before it to commit, so the one that looks for a
+    live occurrence of its key sees every other's (the only writers of keyed rows)."""
+    alias, now = args["alias"], args["now"]
+    with dialect.write_transaction(alias):
+        job = get_job(job_id, using=alias)
+        lock_job(job.job_id, now, alias)
+        if not job.enabled:
+            raise JobDisabled(f"job {job_id!r} is disabled", {"job_id": job_id})
+        if unique.debounce_ms is not None:
+            args["available_ms"] = to_ms(unique.start(now), "available_at")
+        payload = args["payload"]
+        if payload is not JOB_PAYLOAD:
+            args["payload"] = payload = normalize_json(payload, "payload")
+        build = _Builder(job)
+        # The slot's identity first, as without a key: the same call again finds its row.
+        wanted = build.occurrence(
+            args["scheduled_ms"], args["trigger_key"], args["available_ms"], payload, now
+        )
+        if Occurrence.objects.using(alias).filter(idempotency_key=wanted.idempotency_key).exists():
+            return _found(job, wanted, alias)
+        live = find_live(job.job_id, unique, alias)
+        if live is None:
+            return insert_occurrence(job, builder=build, unique_key=unique.key, **args)
+        if unique.debounce_ms is not None:
+            debounce_waiting(live, unique, wanted.payload, wanted.trigger_key, now, alias)
+        return live, True
 
 
 def enqueue_many(

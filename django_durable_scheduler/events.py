@@ -23,6 +23,7 @@ OCCURRENCE_DEAD_LETTERED = "occurrence_dead_lettered"
 OCCURRENCE_CANCELLED = "occurrence_cancelled"
 OCCURRENCE_RELEASED = "occurrence_released"
 OCCURRENCE_MADE_DUE = "occurrence_made_due"
+OCCURRENCE_DEBOUNCED = "occurrence_debounced"
 SLOT_SKIPPED = "slot_skipped"
 AUTHORITY_DENIED = "authority_denied"
 AUTHORITY_DEFERRED = "authority_deferred"
@@ -42,6 +43,7 @@ EVENT_TYPES = (
     OCCURRENCE_CANCELLED,
     OCCURRENCE_RELEASED,
     OCCURRENCE_MADE_DUE,
+    OCCURRENCE_DEBOUNCED,
     SLOT_SKIPPED,
     AUTHORITY_DENIED,
     AUTHORITY_DEFERRED,

@@ -5,7 +5,8 @@ writes and what it records (see docs/design.md, "Occurrence lifecycle").
 its ``Action``, asks :func:`refusal` (or :func:`check`) whether the row may make that
 transition, and writes exactly the columns :func:`writes` returns, then the transition's
 event. The claim, which selects its rows by a query instead of being handed one, follows the
-same rows of the table (``claim``, ``reclaim``, ``expire``).
+same rows of the table (``claim``, ``reclaim``, ``expire``), and so does a debounced enqueue,
+which finds its row by its unique key (``debounce``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .events import (
     OCCURRENCE_CANCELLED,
     OCCURRENCE_CLAIMED,
     OCCURRENCE_DEAD_LETTERED,
+    OCCURRENCE_DEBOUNCED,
     OCCURRENCE_ENQUEUED,
     OCCURRENCE_MADE_DUE,
     OCCURRENCE_RECLAIMED,
@@ -55,6 +57,7 @@ class Action(StrEnum):
     EXPIRE = "expire"
     CANCEL = "cancel"
     RUN_NOW = "run_now"
+    DEBOUNCE = "debounce"
     RETRY_DEAD_LETTER = "retry_dead_letter"
     REQUEST_CANCEL = "request_cancel"
     SETTLE_CANCELLED = "settle_cancelled"
@@ -81,6 +84,7 @@ LEASE_LOST = LeaseLost.code
 INVALID_STATE = InvalidState.code
 NOT_SELECTED = "not selected"  # the claim or sweep query leaves the row alone
 DEDUPLICATED = "the existing row, deduplicated"  # an enqueue of an identity already stored
+ENQUEUES_ANOTHER = "a new occurrence is enqueued"  # a debounce finds no waiting row with its key
 
 LEASE_FREED = ("lease_owner", "lease_expires_at")
 LEASE_TAKEN = ("status", "attempt", "fence", "lease_owner", "lease_expires_at", "updated_at")
@@ -94,6 +98,7 @@ MADE_DUE = ("available_at", "updated_at")
 # claim reclaims it and its lease's expiry ends it (the expiry sweep's rows).
 CANCEL_REQUESTED = ("max_attempts", "cancel_requested_at", "cancel_requested_fence", "updated_at")
 CANCELLED_RUNNING = DEAD_LETTERED
+DEBOUNCED = ("available_at", "payload", "updated_at")
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,8 @@ TRANSITIONS: tuple[Transition, ...] = (
       CANCELLED_SETS, OCCURRENCE_CANCELLED, Fence.NONE, Attempt.NONE, INVALID_STATE),
     T(A.RUN_NOW, (QUEUED, RETRY_WAIT), "available_at > now (else nothing is written)", None,
       MADE_DUE, OCCURRENCE_MADE_DUE, Fence.NONE, Attempt.NONE, INVALID_STATE),
+    T(A.DEBOUNCE, (QUEUED, RETRY_WAIT), "an enqueue with debounce and this row's unique key", None,
+      DEBOUNCED, OCCURRENCE_DEBOUNCED, Fence.NONE, Attempt.NONE, ENQUEUES_ANOTHER),
     T(A.RETRY_DEAD_LETTER, (DEAD_LETTER,), "an operator retries it", QUEUED,
       (), OCCURRENCE_ENQUEUED, Fence.NONE, Attempt.NONE, INVALID_STATE, new_row=True),
     T(A.REQUEST_CANCEL, (RUNNING,), "no request for this attempt yet (else nothing is written)", None,
@@ -291,7 +298,7 @@ def refusal(
     """Why ``current`` (None: not found) may not make the ``action`` transition, or None if
     it may: the transition's ``otherwise``. A fenced one needs the lease held by ``owner``
     at ``fence`` at ``now`` (``LeaseLost``); the others need the row (``NotFound``) in one
-    of their source statuses (``InvalidState``). The claim, the sweep and the enqueue pick
+    of their source statuses (``InvalidState``). The claim, the sweep, the enqueue and the debounce pick
     their rows by query and never ask."""
     transition = TRANSITION[action]
     if transition.otherwise == LEASE_LOST:

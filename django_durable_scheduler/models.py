@@ -28,6 +28,13 @@ class OccurrenceStatus(models.TextChoices):
 
 
 TERMINAL_STATUSES = (OccurrenceStatus.SUCCEEDED, OccurrenceStatus.DEAD_LETTER, OccurrenceStatus.CANCELLED)
+# The rows of the unique index: a unique key, and waiting or running. A query that gives
+# this condition word for word (as ``unique.py`` does) lets SQLite read the partial index.
+UNIQUE_LIVE = Q(unique_key__isnull=False) & (
+    Q(status=OccurrenceStatus.QUEUED)
+    | Q(status=OccurrenceStatus.RETRY_WAIT)
+    | Q(status=OccurrenceStatus.RUNNING)
+)
 PENDING_STATUSES = (OccurrenceStatus.QUEUED, OccurrenceStatus.RETRY_WAIT)
 ACTIVE_STATUSES = (OccurrenceStatus.QUEUED, OccurrenceStatus.RUNNING, OccurrenceStatus.RETRY_WAIT)
 
@@ -129,6 +136,9 @@ class Occurrence(models.Model):
     cancel_requested_fence = models.PositiveBigIntegerField(null=True, blank=True)
     # The key its job's or handler's concurrency limit counts per (computed at enqueue).
     concurrency_key = models.CharField(max_length=256, null=True, blank=True)
+    # The caller's key for "one waiting at a time" (enqueue's unique_key, per job); None for
+    # the rest, which then have no entry in the unique index.
+    unique_key = models.CharField(max_length=256, null=True, blank=True, default=None)
 
     class Meta:
         db_table = "durable_scheduler_occurrences"
@@ -155,6 +165,10 @@ class Occurrence(models.Model):
                 & ~Q(priority=0),
             ),
             models.Index(fields=["job", "trigger_key"], name="dsch_occurrences_job_trigger"),
+            # The live occurrences with a unique key, found by (job, key) by a unique or
+            # debounced enqueue: only those rows have an entry, so other enqueues, claims
+            # and settles write none (MySQL/MariaDB: every row, with a NULL key).
+            models.Index(fields=["job", "unique_key"], name="dsch_occurrences_unique", condition=UNIQUE_LIVE),
             # Settled rows only (pruning by age): a queued or running row has no entry, so an
             # enqueue, a claim and a retry write none (MySQL/MariaDB: the whole table).
             models.Index(
@@ -483,6 +497,25 @@ class MaintenanceLease(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class UniqueLock(models.Model):
+    """One row per job that has had a unique or debounced enqueue: the lock those enqueues
+    take, one at a time per job, before they look for the live occurrence of their key. Not
+    the job row: every event insert checks its foreign key to the job (a share lock, which
+    MariaDB takes at once and PostgreSQL at commit), so a claim or a cancel holding an
+    occurrence would wait for an enqueue holding the job row that waits for that occurrence.
+    Nothing references this row, so holding it never waits on anything it blocks."""
+
+    job_id = models.CharField(max_length=256, primary_key=True)
+    locked_at = models.DateTimeField()  # the last taker's time (the upsert that locks must write)
+
+    class Meta:
+        db_table = "durable_scheduler_unique_locks"
+        ordering = ["job_id"]
+
+    def __str__(self) -> str:
+        return self.job_id
 
 
 # The jobs behind the schedules of django.tasks tasks (tasks.schedule, the admin).

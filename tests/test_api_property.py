@@ -196,6 +196,9 @@ ARGUMENTS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "trigger_key": arg("new-key"),
         "available_at": arg(None),
         "payload": VALUES,
+        "unique_key": arg(None, st.just("k")),
+        "unique_while": arg(None, st.sampled_from(["pending", "active"])),
+        "debounce": arg(None, st.just(5)),
     },
     "enqueue_once_per_trigger": {
         "job_id": arg("job-a"),

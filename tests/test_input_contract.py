@@ -309,6 +309,49 @@ for label, value in [
     case("create_job", "concurrency_key", label, concurrency_key=value)
     case("update_job", "concurrency_key", label, concurrency_key=value)
 
+# --------------------------------------------------------------------------- unique keys and debounce
+
+for label, value in [
+    ("empty", ""),
+    ("whitespace", "  "),
+    ("nul", "k\x00"),
+    ("control", "k\n1"),
+    ("lone-surrogate", "k\ud800"),
+    ("len-257", "k" * 257),
+    ("int", 42),
+    ("bool", True),
+    ("bytes", b"k"),
+    ("dict", {"k": 1}),
+]:
+    case("enqueue", "unique_key", label, unique_key=value)
+    case("enqueue", "unique_key", f"{label}-debounced", unique_key=value, debounce=5)
+for label, value in [
+    ("unknown", "always"),
+    ("int", 1),
+    ("bool", True),
+    ("list", ["pending"]),
+    ("nul", "pending\x00"),
+]:
+    case("enqueue", "unique_while", label, unique_key="k", unique_while=value)
+case("enqueue", "unique_while", "without-key", unique_while="pending")
+case("enqueue", "unique_while", "with-debounce", unique_key="k", unique_while="pending", debounce=5)
+for label, value in [
+    ("negative", -1),
+    ("timedelta-negative", timedelta(seconds=-1)),
+    ("str", "30"),
+    ("bool", True),
+    ("nan", float("nan")),
+    ("inf", float("inf")),
+    ("huge", HUGE),
+    ("over-31-days", timedelta(days=31, milliseconds=1)),
+    ("list", [5]),
+]:
+    case("enqueue", "debounce", label, unique_key="k", debounce=value)
+case("enqueue", "debounce", "without-key", debounce=5)
+case("enqueue", "available_at", "with-debounce", unique_key="k", debounce=5, available_at=NOW)
+# A key that a queued occurrence already holds: refused all the same, before anything is read.
+case("enqueue", "debounce", "existing-key", trigger_key="queued", unique_key="k", debounce=-5)
+
 
 # --------------------------------------------------------------------------- tests
 

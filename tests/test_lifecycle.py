@@ -26,6 +26,7 @@ OWNER = "worker-1"
 LEASE = 600  # seconds; CLAIM looks 60 s later, while these leases still hold
 FAR = timedelta(days=1)  # a pending row not due before every lease here has expired
 KEY = "t"
+UNIQUE_KEY = "u"  # the key of the rows a debounce is asked about
 
 
 # --------------------------------------------------------------------------- the table itself
@@ -59,7 +60,7 @@ def test_fence_and_attempt_rules_are_consistent():
 
 def test_writes_sets_exactly_the_table_columns():
     now = CLOCK_START
-    given: dict[str, Any] = {"result": None, "last_error": None, "available_at": now}
+    given: dict[str, Any] = {"result": None, "last_error": None, "available_at": now, "payload": None}
     for t in TRANSITIONS:
         extra = {k: v for k, v in given.items() if k in t.sets}
         if t.action in (Action.CLAIM, Action.RECLAIM):
@@ -79,9 +80,15 @@ def test_writes_refuses_a_column_the_table_does_not_set_or_cannot_decide():
 # --------------------------------------------------------------------------- the rows, in every status
 
 
-def _enqueue(clock, *, available_in: timedelta = timedelta(0)) -> tuple[Occurrence, bool]:
+def _enqueue(
+    clock, *, available_in: timedelta = timedelta(0), unique_key: str | None = None
+) -> tuple[Occurrence, bool]:
     return kernel.enqueue(
-        "job-a", scheduled_for=CLOCK_START, trigger_key=KEY, available_at=clock() + available_in
+        "job-a",
+        scheduled_for=CLOCK_START,
+        trigger_key=KEY,
+        available_at=clock() + available_in,
+        unique_key=unique_key,
     )
 
 
@@ -100,11 +107,12 @@ def make(status: OccurrenceStatus, clock, action: Action) -> Occurrence:
     expire (so those requests do not claim it instead), on its final attempt for expire."""
     waits = (Action.RUN_NOW, Action.RECLAIM, Action.EXPIRE, Action.EXPIRE_CANCELLED)
     later = FAR if action in waits else timedelta(0)
+    key = UNIQUE_KEY if action is Action.DEBOUNCE else None
     if status == OccurrenceStatus.QUEUED:
-        return _enqueue(clock, available_in=later)[0]
+        return _enqueue(clock, available_in=later, unique_key=key)[0]
     if status == OccurrenceStatus.CANCELLED:
-        return kernel.cancel(_enqueue(clock)[0].pk, reason="set up")
-    _enqueue(clock)
+        return kernel.cancel(_enqueue(clock, unique_key=key)[0].pk, reason="set up")
+    _enqueue(clock, unique_key=key)
     row = _claim()
     if status == OccurrenceStatus.RUNNING:
         while action is Action.EXPIRE and row.attempt < row.max_attempts:
@@ -160,6 +168,15 @@ def request(action: Action, row: Occurrence | None, clock, *, fence: int | None 
         return kernel.dead_letter_expired()
     if action is Action.RUN_NOW:
         return kernel.run_now(pk, reason="walked")
+    if action is Action.DEBOUNCE:  # another slot with the row's key
+        return kernel.enqueue(
+            "job-a",
+            scheduled_for=CLOCK_START,
+            trigger_key="d",
+            payload={"n": 2},
+            unique_key=UNIQUE_KEY,
+            debounce=30,
+        )
     assert action is Action.RETRY_DEAD_LETTER
     return kernel.retry_dead_letter(pk)
 
@@ -230,6 +247,14 @@ def check_refused(transition: Transition, row: Occurrence | None, clock) -> None
         result = request(transition.action, row, clock)
         if transition.otherwise == lifecycle.DEDUPLICATED:
             assert result == (row, True)
+        elif transition.otherwise == lifecycle.ENQUEUES_ANOTHER:
+            # The row is left alone; a new occurrence (and only its event) is added instead.
+            added, deduplicated = result
+            assert not deduplicated and added.pk != row.pk and added.status == OccurrenceStatus.QUEUED
+            rows, events = snapshot()
+            assert [r for r in rows if r["occurrence_id"] != added.pk] == before[0]
+            assert events == before[1] + 1
+            return
         else:
             assert transition.otherwise == lifecycle.NOT_SELECTED
             assert result in ([], 0)

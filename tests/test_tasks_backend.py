@@ -754,3 +754,73 @@ def test_a_backlog_of_high_priority_tasks_does_not_starve_another_principals(wor
     assert max(positions) < 30, positions
     assert Occurrence.objects.filter(pk__in=late, status="succeeded").count() == 10
     assert {r.id for r in backlog} & set(claimed)  # and the backlog ran beside them
+
+
+# --------------------------------------------------------------------------- unique and debounce
+
+
+def test_a_unique_task_returns_the_waiting_result_for_the_same_arguments(db):
+    sent = []
+    task_enqueued.connect(receiver := lambda sender, task_result, **kw: sent.append(task_result.id))
+    try:
+        first = djtasks.refresh.enqueue(42)
+        again = djtasks.refresh.enqueue(42)
+        other = djtasks.refresh.enqueue(43)
+    finally:
+        task_enqueued.disconnect(receiver)
+    assert again.id == first.id and other.id != first.id
+    assert again.args == [42] and again.status == TaskResultStatus.READY
+    assert sent == [first.id, other.id]  # the second call enqueued nothing
+    occurrence = claim()
+    assert occurrence.pk == first.id
+    # Running: the key is free again ("pending"), so the same arguments are a new task.
+    assert djtasks.refresh.enqueue(42).id not in (first.id, other.id)
+
+
+def test_an_active_unique_task_returns_the_running_one(db):
+    first = djtasks.rebuild.enqueue()
+    claim()
+    again = djtasks.rebuild.enqueue()
+    assert again.id == first.id and again.status == TaskResultStatus.RUNNING
+
+
+def test_a_debounced_task_takes_the_newest_arguments_and_starts_later(db):
+    first = djtasks.summarize.enqueue(7, note="a")
+    start = Occurrence.objects.get(pk=first.id).available_at
+    second = djtasks.summarize.enqueue(7, note="b")
+    assert second.id == first.id and second.kwargs == {"note": "b"}
+    stored = Occurrence.objects.get(pk=first.id)
+    assert stored.payload["kwargs"] == {"note": "b"} and stored.available_at >= start
+    assert Event.objects.filter(occurrence=stored, event_type="occurrence_debounced").count() == 1
+    assert djtasks.summarize.enqueue(8).id != first.id  # another customer, another key
+    later = djtasks_now() + timedelta(hours=2)
+    djtasks.summarize.using(run_after=later).enqueue(7, note="c")
+    stored.refresh_from_db()
+    assert stored.payload["kwargs"] == {"note": "c"}
+    assert abs((stored.available_at - later).total_seconds()) < 1  # run_after is the debounced start
+    assert kernel.claim(owner="w", lease=30, kinds=[DEFAULT_KIND]) is None
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"unique_key": 5}, "durable.unique_key"),
+        ({"unique_key": ""}, "durable.unique_key"),
+        ({"unique_key": "a\x00b"}, "durable.unique_key"),
+        ({"unique_key": True, "unique_while": "always"}, "durable.unique_while"),
+        ({"debounce": -1}, "durable.debounce"),
+        ({"debounce": "soon"}, "durable.debounce"),
+        ({"debounce": 5, "unique_while": "pending"}, "durable.unique_while"),
+    ],
+)
+def test_bad_unique_options_are_refused_where_they_are_written(options, field):
+    with pytest.raises(scheduler.InvalidArgument) as caught:
+        durable(**options)
+    assert caught.value.details["field"] == field
+
+
+def test_a_key_callable_returning_a_bad_key_is_refused_and_nothing_written(db):
+    with pytest.raises(scheduler.InvalidArgument) as caught:
+        djtasks.badly_keyed.enqueue(5)
+    assert caught.value.details["field"] == "unique_key"
+    assert not Occurrence.objects.exists() and not Job.objects.exists()

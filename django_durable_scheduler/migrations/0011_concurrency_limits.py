@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("durable_scheduler", "0009_cancel_requested"),
+        ("durable_scheduler", "0010_unique_key"),
     ]
 
     operations = [

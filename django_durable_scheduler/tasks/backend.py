@@ -34,7 +34,7 @@ from ..exceptions import (
     RevisionConflict,
     SchedulerError,
 )
-from ..identity import canonical_json, from_ms, normalize_json, to_ms
+from ..identity import canonical_json, from_ms, normalize_identifier, normalize_json, to_ms
 from ..models import Event, Job, Occurrence, OccurrenceStatus
 from .display import ERRORS_KEY, TASK_STATUS, recorded_errors, task_errors
 from .framework import (
@@ -58,6 +58,7 @@ from .options import (
     parse_options,
     queue_kind,
     queue_of,
+    unique_for,
     validate_queue,
 )
 
@@ -142,31 +143,65 @@ class DurableBackend(BaseTaskBackend):
         }
         if task.run_after is not None:
             payload["runAfter"] = to_ms(task.run_after, "run_after")
+        unique = self._unique_args(task, args, kwargs)
         try:
-            occurrence = self._enqueue(task, payload)
+            occurrence, found = self._enqueue(task, payload, unique)
         except NotFound:
             # The job this process confirmed is gone (deleted in the admin, a flushed
             # database): make it again, once.
             with _confirmed_lock:
                 _confirmed.pop((self.using_alias(), self._job_id(task)), None)
-            occurrence = self._enqueue(task, payload)
+            occurrence, found = self._enqueue(task, payload, unique)
+        if found:
+            # The waiting (or running) task of the same key: its arguments, not this call's,
+            # unless a debounce just gave it these; no task was enqueued.
+            return self._found_result(task, occurrence)
         result = self._new_result(task, occurrence.pk, TaskResultStatus.READY, args, kwargs)
         set_field(result, "enqueued_at", occurrence.created_at)
         task_enqueued.send(type(self), task_result=result)
         return result
 
-    def _enqueue(self, task: AnyTask, payload: dict[str, Any]) -> Occurrence:
+    def _enqueue(
+        self, task: AnyTask, payload: dict[str, Any], unique: dict[str, Any]
+    ) -> tuple[Occurrence, bool]:
         job_id = self._ensure_job(task)
-        occurrence, _ = kernel.enqueue(
+        return kernel.enqueue(
             job_id,
             scheduled_for=conf.now(),
             trigger_key=f"task:{uuid.uuid4().hex}",
-            available_at=task.run_after,
+            available_at=None if "debounce" in unique else task.run_after,
             payload=payload,
             priority=task.priority,
             using=self.using_alias(),
+            **unique,
         )
-        return occurrence
+
+    @staticmethod
+    def _unique_args(task: AnyTask, args: Any, kwargs: Any) -> dict[str, Any]:
+        """The task's ``@durable`` unique key and debounce as ``kernel.enqueue``'s arguments
+        for this call (none: the call has no key). A debounced task's ``run_after`` is its
+        debounced start."""
+        unique = unique_for(task.module_path)
+        key = None if unique is None else unique.key_of(args, kwargs)
+        if unique is None or key is None:
+            return {}
+        # Checked now, before the task's job is made or brought up to date: a bad key writes nothing.
+        key = normalize_identifier(key, "unique_key")
+        if unique.debounce_ms is None:
+            return {"unique_key": key, "unique_while": unique.unique_while}
+        delay = timedelta(milliseconds=unique.debounce_ms)
+        if task.run_after is not None:
+            delay = max(task.run_after - conf.now(), timedelta(0))
+        return {"unique_key": key, "debounce": delay}
+
+    def _found_result(self, task: AnyTask, occurrence: Occurrence) -> AnyResult:
+        payload = occurrence.payload if isinstance(occurrence.payload, dict) else {}
+        status = STATUS[OccurrenceStatus(occurrence.status)]
+        result = self._new_result(
+            task, occurrence.pk, status, payload.get("args", []), payload.get("kwargs", {})
+        )
+        set_field(result, "enqueued_at", occurrence.created_at)
+        return result
 
     @staticmethod
     def json_value(value: Any, field: str) -> Any:

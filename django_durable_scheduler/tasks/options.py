@@ -1,8 +1,9 @@
-"""What this app adds to a task: its attempts, backoff and principal (``@durable``), and
-the handler kind its queue maps to. Imports no task framework."""
+"""What this app adds to a task: its attempts, backoff and principal (``@durable``), its
+unique key and debounce, and the handler kind its queue maps to. Imports no task framework."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,12 +14,15 @@ from ..authority import normalize_principal
 from ..exceptions import InvalidArgument
 from ..identity import (
     MAX_ATTEMPTS_LIMIT,
+    canonical_json,
     key_label,
     normalize_identifier,
     normalize_int,
     retry_delays_ms,
     timeout_ms,
+    to_duration_ms,
 )
+from ..unique import MAX_DEBOUNCE_MS, UNIQUE_WHILE
 
 # Each queue of a DurableBackend is one handler kind: ``runscheduler --queues`` claims only
 # those kinds, and the kind is the capability that a task's principal must hold.
@@ -97,7 +101,51 @@ def parse_options(values: dict[str, Any], field: str) -> TaskOptions:
     return options
 
 
+@dataclass(frozen=True)
+class TaskUnique:
+    """A task's unique key and debounce (``@durable``): ``key`` is True (the call's arguments
+    make the key), a string (one key for every call) or a callable (called with the call's
+    arguments; its string is the key, None: this call has none)."""
+
+    key: Any
+    unique_while: str | None = None
+    debounce_ms: int | None = None
+
+    def key_of(self, args: Any, kwargs: Any) -> Any:
+        """This call's key, for ``kernel.enqueue`` to check (None: no key)."""
+        if self.key is True:
+            digest = hashlib.sha256(canonical_json([args, kwargs], "args").encode()).hexdigest()
+            return f"args:{digest}"
+        if isinstance(self.key, str):
+            return self.key
+        return self.key(*args, **kwargs)
+
+
+def parse_unique(key: Any, unique_while: Any, debounce: Any, field: str) -> TaskUnique | None:
+    """``@durable``'s ``unique_key``, ``unique_while`` and ``debounce``; a mode without a key
+    keys on the arguments. Bad input names the field."""
+    if key is None and unique_while is None and debounce is None:
+        return None
+    if key is None:
+        key = True
+    elif isinstance(key, str):
+        key = normalize_identifier(key, f"{field}.unique_key")
+    elif key is not True and not callable(key):
+        raise InvalidArgument(f"{field}.unique_key", "must be True, a string or a callable")
+    if unique_while is not None and (not isinstance(unique_while, str) or unique_while not in UNIQUE_WHILE):
+        raise InvalidArgument(f"{field}.unique_while", "must be 'pending' or 'active'")
+    debounce_ms = None
+    if debounce is not None:
+        debounce_ms = to_duration_ms(debounce, f"{field}.debounce", minimum_ms=0, maximum_ms=MAX_DEBOUNCE_MS)
+        if unique_while is not None:
+            raise InvalidArgument(
+                f"{field}.unique_while", "must not be given with debounce, which changes only a waiting task"
+            )
+    return TaskUnique(key, unique_while, debounce_ms)
+
+
 _options: dict[str, TaskOptions] = {}
+_unique: dict[str, TaskUnique | None] = {}
 _lock = threading.Lock()
 
 
@@ -118,6 +166,9 @@ def durable(
     retry_max_delay: float | timedelta | None = None,
     principal: dict[str, Any] | None = None,
     timeout: float | timedelta | None = None,
+    unique_key: bool | str | Callable[..., str | None] | None = None,
+    unique_while: str | None = None,
+    debounce: float | timedelta | None = None,
 ) -> Callable[[F], F]:
     """This app's options for one task, above or below ``@task``::
 
@@ -129,6 +180,14 @@ def durable(
     ``retry_max_delay``, seconds or timedelta) are those of a job; ``principal`` is who the
     task runs as (its policy must grant the queue's kind, ``django.tasks:<queue>``);
     ``timeout`` is how long a run may take (as a job's ``timeout``).
+
+    ``unique_key``: while a call of the task with the same key waits, another call returns
+    its result instead of adding one (``unique_while="active"``: also while it runs). True
+    keys on the call's arguments, a string is one key for every call, a callable is called
+    with the arguments and returns the key (None: no key for this call). ``debounce``
+    (seconds or timedelta): a call finding one waiting gives it its arguments and moves its
+    start to ``debounce`` from now (``run_after``, if set, instead); keyed on the arguments
+    unless ``unique_key`` says otherwise.
     """
     values = {
         key: value
@@ -142,10 +201,13 @@ def durable(
         if value is not None
     }
     options = parse_options(values, "durable")
+    unique = parse_unique(unique_key, unique_while, debounce, "durable")
 
     def decorate(target: F) -> F:
+        path = _module_path(target)
         with _lock:
-            _options[_module_path(target)] = options
+            _options[path] = options
+            _unique[path] = unique
         return target
 
     return decorate
@@ -154,6 +216,11 @@ def durable(
 def options_for(module_path: str) -> TaskOptions:
     """The ``@durable`` options of the task at ``module_path`` (none set: all None)."""
     return _options.get(module_path, TaskOptions())
+
+
+def unique_for(module_path: str) -> TaskUnique | None:
+    """The ``@durable`` unique key and debounce of the task at ``module_path`` (None: none)."""
+    return _unique.get(module_path)
 
 
 def validate_queue(name: Any, field: str) -> str:

@@ -111,3 +111,31 @@ def declare_a_schedule():
     from django_durable_scheduler.tasks import schedule
 
     return schedule(add, every=60, args=(1, 2))
+
+
+@task
+@durable(unique_key=True)
+def refresh(customer_id):
+    """One waiting per arguments (``unique_key=True``)."""
+    return customer_id
+
+
+@task
+@durable(unique_key=lambda customer_id, note=None: f"customer-{customer_id}", debounce=30)
+def summarize(customer_id, note=None):
+    """Debounced per customer: the newest note wins."""
+    return note
+
+
+@task
+@durable(unique_key="all", unique_while="active")
+def rebuild():
+    """One at a time, waiting or running."""
+    return "rebuilt"
+
+
+@task
+@durable(unique_key=lambda n: n)
+def badly_keyed(n):
+    """Its key callable returns the argument as it is: an int is no key."""
+    return n
