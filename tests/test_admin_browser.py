@@ -276,7 +276,7 @@ def test_operations_on_everything_a_filter_matches(new_context, live_server, adm
     screenshot(page, "admin-confirm-cancel")
     page.click("input[type=submit][value^='Yes']")
     page.wait_for_selector(".messagelist")
-    assert "Cancelled 120 occurrences." in page.inner_text(".messagelist")
+    assert "Cancelled or asked to stop: 120 occurrences." in page.inner_text(".messagelist")
     screenshot(page, "admin-cancelled")
     assert Occurrence.objects.filter(status="cancelled").count() == 120
     assert Occurrence.objects.filter(status="succeeded").count() == 2
