@@ -242,6 +242,19 @@ def _create_one(alias: str, start: datetime, end: datetime) -> str | None:
     return name
 
 
+def _make_days(alias: str, start: datetime, last: datetime) -> list[str]:
+    """The missing day partitions from ``start``'s day to ``last``'s, each in its own
+    transaction; the names made."""
+    made = []
+    start = day_start(start)
+    while start <= last:
+        name = _retrying(partial(_create_one, alias, start, start + PERIOD))
+        if name is not None:
+            made.append(name)
+        start += PERIOD
+    return made
+
+
 def ensure_ahead(alias: str, now: datetime) -> list[str]:
     """Make the day partitions from ``now``'s day to ``now + AHEAD``'s that are missing, each in
     its own transaction; rows the default partition holds in such a day move into it. Returns
@@ -249,14 +262,36 @@ def ensure_ahead(alias: str, now: datetime) -> list[str]:
     now = _aware(now, "now")
     if not is_partitioned(alias):
         return []
-    made = []
-    start = day_start(now)
-    while start <= now + AHEAD:
-        name = _retrying(partial(_create_one, alias, start, start + PERIOD))
-        if name is not None:
-            made.append(name)
-        start += PERIOD
-    return made
+    return _make_days(alias, now, now + AHEAD)
+
+
+def ensure_days(alias: str, start: datetime, end: datetime) -> list[str]:
+    """Make the partitions of the days [start, end) touches that no partition holds, each in
+    its own transaction; rows the default partition holds in such a day move into it. For
+    history written before its days had partitions (loaded, or restored from an archive), so
+    that retention can drop those days whole. A day partitioned already is left as it is; a day
+    inside a longer partition (the one of everything before migration 0006) is refused before
+    anything is made, since that partition's rows cannot be split off without rewriting it.
+    Returns the names made (none where the table is not partitioned)."""
+    start, end = _aware(start, "start"), _aware(end, "end")
+    if start >= end:
+        raise InvalidArgument("end", "must be after start")
+    if not is_partitioned(alias):
+        return []
+    last = day_start(end - timedelta(microseconds=1))
+    first, stop = day_start(start), last + PERIOD
+    for part in partitions(alias):
+        low = part.start or datetime.min.replace(tzinfo=UTC)
+        high = part.end or datetime.max.replace(tzinfo=UTC)
+        a_day = high - low == PERIOD and low == day_start(low)
+        if part.default or a_day or high <= first or low >= stop:
+            continue
+        raise InvalidArgument(
+            "start",
+            f"[{first.isoformat()}, {stop.isoformat()}) overlaps partition {part.name}, which holds more"
+            " than a day: its days cannot be made",
+        )
+    return _make_days(alias, first, last)
 
 
 def _rescue_filter(kept: QuerySet[Occurrence], keep_job_events: bool) -> Q:
