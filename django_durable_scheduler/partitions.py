@@ -31,7 +31,7 @@ from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from django.db import OperationalError, connections, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
 from .exceptions import InvalidArgument
 from .models import Event, Occurrence
@@ -294,9 +294,15 @@ def ensure_days(alias: str, start: datetime, end: datetime) -> list[str]:
     return _make_days(alias, first, last)
 
 
-def _rescue_filter(kept: QuerySet[Occurrence], keep_job_events: bool) -> Q:
-    keep = Q(occurrence__in=kept.values("pk"))
-    return keep | Q(occurrence__isnull=True) if keep_job_events else keep
+def _rescued(rows: QuerySet[Event], kept: QuerySet[Occurrence], keep_job_events: bool) -> list[int]:
+    """The ids among ``rows`` to copy out: the events of ``kept``, and those of no occurrence
+    with ``keep_job_events``. Two reads, not one with an OR: an ``IN`` beside an OR cannot be
+    a join, and PostgreSQL then searches the kept occurrences once per event (hours for a day
+    of a million runs)."""
+    found = list(rows.filter(occurrence__in=kept.values("pk")).values_list("pk", flat=True))
+    if keep_job_events:
+        found += rows.filter(occurrence__isnull=True).values_list("pk", flat=True)
+    return found
 
 
 def _in_range(alias: str, part: Partition) -> QuerySet[Event]:
@@ -368,7 +374,7 @@ def drop_before(
         rows = _in_range(alias, part)
         # Read before the lock, once: events are append-only and no insert reaches a past day,
         # so the same rows are archived as go, and the same are copied out as were kept back.
-        rescued = list(rows.filter(_rescue_filter(kept, keep_job_events)).values_list("pk", flat=True))
+        rescued = _rescued(rows, kept, keep_job_events)
         total = rows.count()
         if archive is not None:
             _archive(archive, alias, part, set(rescued))
