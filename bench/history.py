@@ -1,7 +1,8 @@
 """The history run (PostgreSQL, ours only): the same figures on a database holding ``--rows``
 settled occurrences with their events and reservations and on a nearly empty one (10,000), in
 one run: enqueue one by one, drain, pickup p50, the admin pages, the dashboard,
-``scheduler_status`` and the retention of one day (``scheduler_prune`` of the oldest day).
+``scheduler_status`` and the retention of one day (the retention engine on the oldest day,
+which drops its events' partition whole, then its batched deletes alone on the next day).
 
     python -m bench.history [--rows 2000000] [--small 10000] [--n 2000] [--w3 100] [--reuse]
 
@@ -44,7 +45,9 @@ TARGETS = {
     "drain x1": ("ops/s", "ratio >= 0.83 (within 1.2x)"),
     "pickup p50": ("ms", "ratio <= 1.2"),
     "scheduler_status (text)": ("ms", "< 1000 ms"),
-    "retention of one day: longest transaction": ("ms", "< 1000 ms"),
+    "retention of one day (partition drop): partition lock": ("ms", "< 1000 ms"),
+    "retention of one day (partition drop): longest batch transaction": ("ms", "< 1000 ms"),
+    "retention of one day (batched deletes only): longest batch transaction": ("ms", "< 1000 ms"),
 }
 PAGE_TARGET = "< 300 ms"
 
@@ -180,16 +183,19 @@ def measure_status(res: Results, reps: int) -> None:
     say(f"scheduler_status: {ms:.1f} ms")
 
 
-class _LongestTransaction:
-    """The longest open transaction of the backends named ``application_name``, sampled every
-    10 ms from ``pg_stat_activity`` on a connection of its own: how long locks were held."""
+class _Transactions:
+    """The write transactions (those with a transaction id) of the backends named
+    ``application_name``, sampled every 10 ms from ``pg_stat_activity`` on a connection of its
+    own: how long each held its locks, and the statements seen in it, so that a partition's
+    detach (DDL, the rescued rows' ``INSERT``) is told from a batch of row deletes."""
 
     def __init__(self, url: str, application_name: str) -> None:
-        self.url, self.name, self.longest = url, application_name, 0.0
+        self.url, self.name = url, application_name
+        self.seen: dict[tuple[int, str], dict[str, Any]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> _LongestTransaction:
+    def __enter__(self) -> _Transactions:
         self._thread.start()
         return self
 
@@ -202,48 +208,110 @@ class _LongestTransaction:
 
         with psycopg.connect(_libpq(self.url), autocommit=True) as conn:
             while not self._stop.wait(0.01):
-                row = conn.execute(
-                    "SELECT max(extract(epoch FROM clock_timestamp() - xact_start)) FROM pg_stat_activity"
-                    " WHERE application_name = %s AND xact_start IS NOT NULL AND state <> 'idle'",
+                rows = conn.execute(
+                    "SELECT pid, xact_start::text, extract(epoch FROM clock_timestamp() - xact_start),"
+                    " split_part(ltrim(query), ' ', 1) || CASE WHEN query ILIKE '%%PARTITION%%'"
+                    " OR query ILIKE 'DROP TABLE%%' THEN ' (partition)' ELSE '' END"
+                    " FROM pg_stat_activity WHERE application_name = %s AND backend_xid IS NOT NULL",
                     [self.name],
-                ).fetchone()
-                if row and row[0] is not None:
-                    self.longest = max(self.longest, float(row[0]))
+                ).fetchall()
+                for pid, started, seconds, verb in rows:
+                    tx = self.seen.setdefault((pid, started), {"seconds": 0.0, "statements": set()})
+                    tx["seconds"] = max(tx["seconds"], float(seconds))
+                    tx["statements"].add(verb.upper())
+
+    def longest(self, partition: bool) -> float:
+        """The longest transaction that detached a partition (``partition``) or deleted rows."""
+        found = [
+            tx["seconds"]
+            for tx in self.seen.values()
+            if any(v.endswith("(partition)") or v.startswith("INSERT") for v in tx["statements"]) == partition
+        ]
+        return max(found, default=0.0)
 
 
-def measure_retention(res: Results, url: str) -> None:
-    """``manage.py scheduler_prune`` of the oldest day of history (a process of its own):
-    its wall time and its longest transaction (the lock time)."""
+def prune_now(older_than: float, batched_only: bool) -> dict[str, Any]:
+    """In this process: the retention engine's prune of what settled more than ``older_than``
+    seconds ago, as ``scheduler_prune`` runs it (days of events dropped whole where they are
+    partitioned, then the rest in batches), or with ``batched_only`` its batched deletes alone
+    (every event of the day deleted row by row, as where history is not partitioned); what it
+    did, as the workers' retention records it."""
+    from datetime import timedelta
+
+    from django_durable_scheduler import conf, retention
+    from django_durable_scheduler.models import TERMINAL_STATUSES
+
+    started = time.perf_counter()
+    if not batched_only:
+        result = retention.prune(timedelta(seconds=older_than))
+    else:
+        now = conf.now()
+        cutoff = now - timedelta(seconds=older_than)
+        plan = retention.Plan(
+            now=now,
+            cutoffs={str(status): cutoff for status in TERMINAL_STATUSES},
+            job_events=None,
+            caller_keys=cutoff,
+            protect_keys=False,
+        )
+        result = retention.PruneResult(cutoff=cutoff, dry_run=False)
+        for status in plan.cutoffs:  # retention.apply without its drop_partitions step
+            retention._prune_status(plan, status, cutoff, "default", result)
+    return result.record(time.perf_counter() - started)
+
+
+def _retention_once(res: Results, url: str, label: str, batched_only: bool) -> None:
+    from datetime import timedelta
+
     from django.db.models import Min
 
     from django_durable_scheduler import conf
     from django_durable_scheduler.models import Occurrence
 
     oldest = Occurrence.objects.filter(settled_at__isnull=False).aggregate(at=Min("settled_at"))["at"]
-    older = int((conf.now() - oldest).total_seconds()) - 86400
-    env = dict(os.environ, PYTHONPATH=str(ROOT), DJANGO_SETTINGS_MODULE="bench.settings", PGAPPNAME=PRUNE_APP)
-    cmd = [sys.executable, "-m", "django", "scheduler_prune", "--older-than", str(older), "--json"]
-    with _LongestTransaction(url, PRUNE_APP) as sampler:
+    # To the end of the oldest settled day: that day's partition is the first to go whole.
+    cutoff = oldest.replace(hour=0, minute=0, second=0, microsecond=0) + timedelta(days=1)
+    older = (conf.now() - cutoff).total_seconds()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PGAPPNAME=PRUNE_APP)
+    cmd = [sys.executable, "-m", "bench.history", "--url", url, "--prune", str(older)]
+    cmd += ["--batched-only"] if batched_only else []
+    with _Transactions(url, PRUNE_APP) as sampler:
         start = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         seconds = time.perf_counter() - start
     if proc.returncode != 0:
-        res.notes.append(f"scheduler_prune failed: {proc.stderr[-500:]}")
+        res.notes.append(f"{label} failed: {proc.stderr[-800:]}")
+        say(f"{label} failed: {proc.stderr[-800:]}")
         return
-    detail = {"output": proc.stdout.strip()[-500:], "seconds": seconds}
-    res.add("retention of one day: wall", "ours", seconds * 1000, unit="ms", better="lower", detail=detail)
-    res.add(
-        "retention of one day: longest transaction",
-        "ours",
-        sampler.longest * 1000,
-        unit="ms",
-        better="lower",
-        detail=detail,
-    )
+    record = json.loads(proc.stdout.strip().splitlines()[-1])
+    batches = sampler.longest(partition=False) * 1000
+    detail = {
+        "record": record,
+        "seconds": seconds,
+        "day": [str(cutoff - timedelta(days=1)), str(cutoff)],
+        "transactions": len(sampler.seen),
+        "longest_partition_transaction_ms": sampler.longest(partition=True) * 1000,
+    }
+    figures = {"wall": (seconds * 1000, "ms"), "longest batch transaction": (batches, "ms")}
+    if not batched_only:
+        figures["partition lock"] = (record["partition_lock_seconds"] * 1000, "ms")
+        figures["partitions dropped"] = (len(record["partitions_dropped"]), "count")
+    for name, (value, unit) in figures.items():
+        res.add(f"{label}: {name}", "ours", value, unit=unit, better="lower", detail=detail)
     say(
-        f"retention of one day: {seconds:.1f} s, longest transaction {sampler.longest * 1000:.0f} ms:"
-        f" {proc.stdout.strip()}"
+        f"{label}: {seconds:.1f} s, longest batch transaction {batches:.0f} ms,"
+        f" partitions {record['partitions_dropped']} locked {record['partition_lock_seconds'] * 1000:.0f} ms:"
+        f" {record['occurrences']} occurrences, {record['events']} events, {record['reservations']}"
+        f" reservations, {record['kept_open_window']} kept (open window)"
     )
+
+
+def measure_retention(res: Results, url: str) -> None:
+    """The retention of the oldest day of history in a process of its own, twice: the engine as
+    ``scheduler_prune`` runs it (the day's events dropped whole), then its batched deletes alone
+    on the next day (the day's events deleted row by row)."""
+    _retention_once(res, url, "retention of one day (partition drop)", batched_only=False)
+    _retention_once(res, url, "retention of one day (batched deletes only)", batched_only=True)
 
 
 def measure_worker(res: Results, system: Any, n: int, w3: int, reps: int) -> None:
@@ -291,10 +359,12 @@ def _prepare(url: str, rows: int, reuse: bool) -> tuple[Results, Any]:
     django.setup()
     from django.core.management import call_command
 
-    from bench.history_load import load
+    from bench.history_load import load, partition_days
     from bench.suite import versions
 
     call_command("migrate", verbosity=0)
+    if not filled:
+        partition_days()  # before anything writes an event
     res = Results("postgres")
     res.extra["versions"] = versions()
     system = HistoryOurs()
@@ -504,9 +574,18 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--url", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--prune", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--batched-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rows < 1 or args.small < 1 or args.n < 1 or args.w3 < 1 or args.reps < 1 or args.page_reps < 1:
         parser.error("--rows, --small, --n, --w3, --reps and --page-reps must be at least 1")
+    if args.prune is not None:
+        os.environ.update(DATABASE_URL=args.url, DJANGO_SETTINGS_MODULE="bench.history_settings")
+        import django
+
+        django.setup()
+        print(json.dumps(prune_now(args.prune, args.batched_only)))
+        return 0
     if args.measure:
         return measure(args)
     return run(args)

@@ -99,6 +99,7 @@ def test_everything_is_a_no_op_on_a_plain_table(clock):
     assert partitions.is_partitioned("default") is False
     assert partitions.partitions("default") == []
     assert partitions.ensure_ahead("default", FUTURE) == []
+    assert partitions.ensure_days("default", FUTURE - timedelta(days=30), FUTURE) == []
     dropped = partitions.drop_before(
         "default", FUTURE, kept=Occurrence.objects.none(), keep_job_events=False, archive=Sink(fail=True)
     )
@@ -115,6 +116,10 @@ def test_times_must_be_aware(clock):
         partitions.drop_before(
             "default", naive, kept=Occurrence.objects.none(), keep_job_events=True, archive=None
         )
+    with pytest.raises(InvalidArgument, match=r"^start: must be an aware datetime"):
+        partitions.ensure_days("default", naive, FUTURE)
+    with pytest.raises(InvalidArgument, match=r"^end: must be after start"):
+        partitions.ensure_days("default", FUTURE, FUTURE)
     with pytest.raises(InvalidArgument, match=r"^cutoff: "):
         partitions.drop_before(
             "default", "2031-03-10", kept=Occurrence.objects.none(), keep_job_events=True, archive=None
@@ -156,6 +161,26 @@ def test_ensure_ahead_moves_what_the_default_partition_caught_and_runs_once(layo
     new = Event.objects.create(job_id="job-p", event_type="test", occurred_at=FUTURE + timedelta(days=2)).pk
     assert where(new) == partitions.partition_name(datetime(2031, 3, 12, tzinfo=UTC))
     assert new > max(events.values())
+
+
+@postgresql_only
+def test_ensure_days_makes_past_days_and_refuses_the_partition_from_before(layout, occurrences):
+    """History written before its days had partitions gets them (what the default partition
+    caught moves in); days that have one are left alone; days inside the partition of
+    everything before the conversion are refused, with nothing made."""
+    _, _, events = occurrences
+    march = [partitions.partition_name(datetime(2031, 3, d, tzinfo=UTC)) for d in range(8, 14)]
+    assert (
+        partitions.ensure_days("default", FUTURE - timedelta(days=2), FUTURE - timedelta(hours=1))
+        == (march[:3])
+    )
+    assert {where(pk) for pk in events.values()} == {march[2]}
+    assert partitions.ensure_days("default", datetime(2031, 3, 9, tzinfo=UTC), FUTURE) == []
+    assert partitions.ensure_ahead("default", FUTURE) == march[3:]
+    before = partitions.partitions("default")
+    with pytest.raises(InvalidArgument, match=r"^start: .*overlaps partition .*_pinitial, which holds more"):
+        partitions.ensure_days("default", datetime(2020, 1, 1, tzinfo=UTC), FUTURE)
+    assert partitions.partitions("default") == before
 
 
 @postgresql_only
