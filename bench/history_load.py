@@ -226,7 +226,7 @@ def rebuild_usage(principal_ids: list[str]) -> None:
 def partition_days() -> list[str]:
     """On a fresh database, the events' day partitions for the days the history covers, as a
     running install has them (each day's events in its day, so retention can drop a day whole):
-    migration 0006 made one partition of everything before its boundary, which would take every
+    migration 0005 made one partition of everything before its boundary, which would take every
     back-dated row; empty on a fresh database, it is dropped and the days made in its place."""
     from django.db import connection
 

@@ -1,4 +1,4 @@
-"""Migration 0006 on a filled events table (PostgreSQL): how long the conversion to day
+"""Migration 0005 on a filled events table (PostgreSQL): how long the conversion to day
 partitions holds the table's ACCESS EXCLUSIVE lock, how long the whole migration takes, and the
 longest an insert of an event waited meanwhile.
 
@@ -138,14 +138,14 @@ def main() -> None:
         watch.start()
     time.sleep(0.5)
     started = time.perf_counter()
-    call_command("migrate", "durable_scheduler", "0006", verbosity=0)
+    call_command("migrate", "durable_scheduler", "0005", verbosity=0)
     elapsed = time.perf_counter() - started
     time.sleep(0.5)
     for watch in watches:
         watch.stop.set()
         watch.join()
     lock, insert = (watch.result for watch in watches)
-    print(f"migration 0006: {elapsed:.2f} s in all; ACCESS EXCLUSIVE held {lock * 1000:.0f} ms;")
+    print(f"migration 0005: {elapsed:.2f} s in all; ACCESS EXCLUSIVE held {lock * 1000:.0f} ms;")
     print(f"longest insert of an event meanwhile: {insert * 1000:.0f} ms")
 
 

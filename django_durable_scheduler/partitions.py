@@ -1,7 +1,7 @@
 """The events table's day partitions on PostgreSQL: making them ahead of time, and dropping
 whole days of history instead of deleting it row by row.
 
-Migration 0006 partitions ``Event``'s table by range of ``occurred_at`` on PostgreSQL: one
+Migration 0005 partitions ``Event``'s table by range of ``occurred_at`` on PostgreSQL: one
 partition per UTC day, the table as it stood before the conversion as one partition of
 everything before its boundary, and a default partition for any row no day partition takes (an
 insert never fails for lack of a partition). Every function here is a no-op on a table that is
@@ -123,7 +123,7 @@ def _aware(value: Any, name: str) -> datetime:
 
 
 def is_partitioned(alias: str) -> bool:
-    """Whether the events table of ``alias`` is partitioned (PostgreSQL after migration 0006)."""
+    """Whether the events table of ``alias`` is partitioned (PostgreSQL after migration 0005)."""
     connection = connections[alias]
     if connection.vendor != "postgresql":
         return False
@@ -270,7 +270,7 @@ def ensure_days(alias: str, start: datetime, end: datetime) -> list[str]:
     its own transaction; rows the default partition holds in such a day move into it. For
     history written before its days had partitions (loaded, or restored from an archive), so
     that retention can drop those days whole. A day partitioned already is left as it is; a day
-    inside a longer partition (the one of everything before migration 0006) is refused before
+    inside a longer partition (the one of everything before migration 0005) is refused before
     anything is made, since that partition's rows cannot be split off without rewriting it.
     Returns the names made (none where the table is not partitioned)."""
     start, end = _aware(start, "start"), _aware(end, "end")

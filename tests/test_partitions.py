@@ -1,4 +1,4 @@
-"""The events table's day partitions (PostgreSQL): migration 0006 converting a filled table in
+"""The events table's day partitions (PostgreSQL): migration 0005 converting a filled table in
 place, partitions made ahead (rows the default partition caught moved into them), whole days
 dropped with the rows to keep copied out and the rows that go archived first; and on the other
 databases, every function a no-op on the plain table.
@@ -29,7 +29,7 @@ from django_durable_scheduler.models import Event, Occurrence
 from .conftest import AUTHORITY
 
 APP = "durable_scheduler"
-PARTITIONED = (APP, "0006_events_partitioned")
+PARTITIONED = (APP, "0005_events_partitioned")
 
 pytestmark = pytest.mark.django_db(transaction=True)
 postgresql_only = pytest.mark.skipif(
@@ -50,7 +50,7 @@ def where(event_id: int) -> str:
 
 @pytest.fixture
 def layout():
-    """After the test, the events table as migration 0006 makes it on an empty table, whatever
+    """After the test, the events table as migration 0005 makes it on an empty table, whatever
     the test did to it (rows far ahead would move the migration's boundary after them)."""
     yield
     with connection.cursor() as cursor:
@@ -251,7 +251,7 @@ def test_prune_deletes_events_across_partitions(layout, occurrences):
 
 
 def before_partitioning():
-    """The migration 0006 follows: the schema of today but for the partitioned events."""
+    """The migration 0005 follows: the schema of today but for the partitioned events."""
     graph = MigrationExecutor(connection).loader.graph
     (parent,) = (node.key for node in graph.node_map[PARTITIONED].parents if node.key[0] == APP)
     return parent
@@ -265,7 +265,7 @@ def migrate(target):
 
 @postgresql_only
 def test_migration_converts_a_filled_table_in_place(clock, admin_client):
-    """Back to the migration before 0006 (a plain table), events filled by SQL and through the
+    """Back to the migration before 0005 (a plain table), events filled by SQL and through the
     API, forward again: every row is read back the same through the ORM from the partition of
     everything before the conversion, whose indexes are the old table's (none built under the
     lock), and new event ids go on from the old sequence."""

@@ -446,4 +446,118 @@ class Migration(migrations.Migration):
             ),
         ),
         migrations.RunPython(drop_pattern_twins, restore_pattern_twins, elidable=False),
+        # Retention's lease, budget state, trace context, cancel requests, unique keys and
+        # concurrency limits.
+        migrations.CreateModel(
+            name="MaintenanceLease",
+            fields=[
+                ("name", models.CharField(max_length=64, primary_key=True, serialize=False)),
+                ("owner", models.CharField(blank=True, max_length=256, null=True)),
+                ("expires_at", models.DateTimeField(blank=True, null=True)),
+                ("last_started_at", models.DateTimeField(blank=True, null=True)),
+                ("last_finished_at", models.DateTimeField(blank=True, null=True)),
+                ("last_result", models.JSONField(blank=True, default=None, null=True)),
+            ],
+            options={
+                "db_table": "durable_scheduler_maintenance",
+                "ordering": ["name"],
+            },
+        ),
+        migrations.AddField(
+            model_name="authorityusage",
+            name="mismatch",
+            field=models.JSONField(blank=True, default=None, null=True),
+        ),
+        migrations.AddField(
+            model_name="authorityusage",
+            name="verified_at",
+            field=models.DateTimeField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="occurrence",
+            name="trace_context",
+            field=models.JSONField(blank=True, default=None, null=True),
+        ),
+        migrations.AddField(
+            model_name="occurrence",
+            name="cancel_requested_at",
+            field=models.DateTimeField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="occurrence",
+            name="cancel_requested_fence",
+            field=models.PositiveBigIntegerField(blank=True, null=True),
+        ),
+        migrations.CreateModel(
+            name="UniqueLock",
+            fields=[
+                ("job_id", models.CharField(max_length=256, primary_key=True, serialize=False)),
+                ("locked_at", models.DateTimeField()),
+            ],
+            options={
+                "db_table": "durable_scheduler_unique_locks",
+                "ordering": ["job_id"],
+            },
+        ),
+        migrations.AddField(
+            model_name="occurrence",
+            name="unique_key",
+            field=models.CharField(blank=True, default=None, max_length=256, null=True),
+        ),
+        migrations.AddIndex(
+            model_name="occurrence",
+            index=models.Index(
+                condition=models.Q(
+                    ("unique_key__isnull", False),
+                    models.Q(
+                        ("status", "queued"), ("status", "retry_wait"), ("status", "running"), _connector="OR"
+                    ),
+                ),
+                fields=["job", "unique_key"],
+                name="dsch_occurrences_unique",
+            ),
+        ),
+        migrations.CreateModel(
+            name="ConcurrencySlot",
+            fields=[
+                ("slot_id", models.CharField(max_length=64, primary_key=True, serialize=False)),
+                ("scope", models.JSONField(default=list)),
+                ("holders", models.JSONField(default=list)),
+                ("updated_at", models.DateTimeField()),
+            ],
+            options={
+                "db_table": "durable_scheduler_concurrency_slots",
+            },
+        ),
+        migrations.AddField(
+            model_name="authoritypolicy",
+            name="max_running",
+            field=models.PositiveIntegerField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="concurrency",
+            field=models.PositiveIntegerField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="concurrency_key",
+            field=models.CharField(blank=True, max_length=256, null=True),
+        ),
+        migrations.AddField(
+            model_name="occurrence",
+            name="concurrency_key",
+            field=models.CharField(blank=True, max_length=256, null=True),
+        ),
+        migrations.AddConstraint(
+            model_name="authoritypolicy",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("max_running__isnull", True),
+                    models.Q(("max_running__gte", 1), ("max_running__lte", 10000)),
+                    _connector="OR",
+                ),
+                name="dsch_policy_max_running_range",
+            ),
+        ),
     ]

@@ -1,5 +1,5 @@
 """A frozen copy of the events table's conversion to range partitions by ``occurred_at``, for
-migration 0006 only (PostgreSQL; every other database keeps its plain table).
+migration 0005 only (PostgreSQL; every other database keeps its plain table).
 
 The conversion keeps the ACCESS EXCLUSIVE lock short however many rows the table holds: what
 would scan the table is done first without blocking writers (a ``NOT VALID`` check, validated

@@ -17,5 +17,5 @@ from django_durable_scheduler.migrations._events_partitions import backward, for
 
 class Migration(migrations.Migration):
     atomic = False
-    dependencies = [("durable_scheduler", "0005_retention")]
+    dependencies = [("durable_scheduler", "0004_cancelled_status_schedules_and_records")]
     operations = [migrations.RunPython(forward, backward, elidable=False)]
