@@ -32,11 +32,28 @@ class ExecutionContext:
     enqueued_at: datetime | None = None
     claimed_at: datetime | None = None
     priority: int = 0
+    # Why the occurrence exists when a chain or a batch made it (``Occurrence.cause``).
+    cause: dict[str, Any] | None = None
     _lease_lost: threading.Event = field(default_factory=threading.Event, repr=False)
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     # The event loop and task of an async handler while it runs, for a cancel to reach it.
     _async: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = field(default=None, repr=False)
     _async_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def predecessor(self) -> dict[str, Any] | None:
+        """For a follow-up (``then`` / ``on_dead_letter``): the occurrence it follows, as
+        ``{"occurrence_id", "job_id", "status", "result"}`` (``"error"`` instead of
+        ``"result"`` after a dead letter); None for any other occurrence."""
+        return self.cause if self.cause is not None and "occurrence_id" in self.cause else None
+
+    @property
+    def batch(self) -> dict[str, Any] | None:
+        """For a batch's callback: ``{"batch_id", "description", "size", "counts",
+        "cancelled"}``, ``counts`` being its members by final status (``succeeded``,
+        ``dead_letter``, ``cancelled``); the members' ids: ``scheduler.batch_members``.
+        None for any other occurrence."""
+        return self.cause if self.cause is not None and "batch_id" in self.cause else None
 
     @property
     def cancel_requested(self) -> bool:

@@ -32,6 +32,7 @@ from django.apps import apps
 
 from . import conf
 from .authority import default_authority, normalize_authority
+from .chains import EDGES, jobs_named, normalize_specs
 from .exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
 from .identity import (
     MAX_ATTEMPTS_LIMIT,
@@ -66,6 +67,8 @@ FIELDS = (
     "retry_base_delay",
     "retry_max_delay",
     "timeout",
+    "then",
+    "on_dead_letter",
 )
 
 
@@ -85,6 +88,9 @@ class DeclaredJob:
     timeout_ms: int | None = None  # None: the handler's (or the setting's)
     # The module that declares it; its app owns the job (a sync disables what it stops declaring).
     module: str | None = None
+    # Its follow-ups (chains.py): the jobs that follow each occurrence that succeeds / dies.
+    then: list[dict[str, Any]] | None = None
+    on_dead_letter: list[dict[str, Any]] | None = None
 
 
 _declared: dict[str, DeclaredJob] = {}
@@ -112,6 +118,8 @@ def _declaration(job_id: Any, kind: Any, fields: Mapping[str, Any], prefix: str)
         retry_base_delay_ms=base_ms,
         retry_max_delay_ms=max_ms,
         timeout_ms=timeout_ms(fields.get("timeout"), f"{prefix}timeout"),
+        then=normalize_specs(fields.get("then"), f"{prefix}then", nested=False),
+        on_dead_letter=normalize_specs(fields.get("on_dead_letter"), f"{prefix}on_dead_letter", nested=False),
     )
 
 
@@ -149,6 +157,8 @@ def declare_job(
     retry_base_delay: float | timedelta | None = None,
     retry_max_delay: float | timedelta | None = None,
     timeout: float | timedelta | None = None,
+    then: Any = None,
+    on_dead_letter: Any = None,
     module: str | None = None,
 ) -> DeclaredJob:
     """Declare a job in code (created or updated by ``manage.py scheduler_sync``).
@@ -170,6 +180,8 @@ def declare_job(
             "retry_base_delay": retry_base_delay,
             "retry_max_delay": retry_max_delay,
             "timeout": timeout,
+            "then": then,
+            "on_dead_letter": on_dead_letter,
         },
         "",
     )
@@ -252,6 +264,9 @@ def changes_for(declaration: DeclaredJob, job: Job) -> dict[str, Any]:
     if job.retry_base_delay_ms != base_ms or job.retry_max_delay_ms != max_ms:
         changes["retry_base_delay"] = timedelta(milliseconds=base_ms)
         changes["retry_max_delay"] = timedelta(milliseconds=max_ms)
+    for edge in EDGES:
+        if canonical_json(getattr(job, edge)) != canonical_json(getattr(declaration, edge)):
+            changes[edge] = getattr(declaration, edge)
     if job.timeout_ms != declaration.timeout_ms:
         changes["timeout"] = (
             None if declaration.timeout_ms is None else timedelta(milliseconds=declaration.timeout_ms)
@@ -287,6 +302,8 @@ def _sync_one(declaration: DeclaredJob, using: str | None) -> str:
                     timeout=None
                     if declaration.timeout_ms is None
                     else timedelta(milliseconds=declaration.timeout_ms),
+                    then=declaration.then,
+                    on_dead_letter=declaration.on_dead_letter,
                     using=using,
                 )
             except Conflict:
@@ -319,7 +336,7 @@ def sync_declared_jobs(using: str | None = None) -> dict[str, list[str]]:
     from . import kernel
 
     result: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": [], "disabled": []}
-    declarations = declared_jobs()
+    declarations = followed_first(declared_jobs())
     for declaration in declarations:
         result[_sync_one(declaration, using)].append(declaration.job_id)
         kernel.set_declared_in(declaration.job_id, _app_of(declaration.module), using=using)
@@ -337,6 +354,32 @@ def sync_declared_jobs(using: str | None = None) -> dict[str, list[str]]:
             )
             result["disabled"].append(job_id)
     return result
+
+
+def followed_first(declarations: list[DeclaredJob]) -> list[DeclaredJob]:
+    """``declarations`` with every job another one's follow-ups name before that one, so that
+    a sync creates it first (the kernel refuses a follow-up job that does not exist). A cycle
+    keeps its order: the kernel then refuses it, naming the cycle."""
+    by_id = {declaration.job_id: declaration for declaration in declarations}
+    ordered: list[DeclaredJob] = []
+    placed: set[str] = set()
+    visiting: set[str] = set()
+
+    def place(declaration: DeclaredJob) -> None:
+        if declaration.job_id in placed or declaration.job_id in visiting:
+            return
+        visiting.add(declaration.job_id)
+        named = jobs_named({edge: getattr(declaration, edge) for edge in EDGES})
+        for job_id in sorted(named):
+            if job_id in by_id:
+                place(by_id[job_id])
+        visiting.discard(declaration.job_id)
+        placed.add(declaration.job_id)
+        ordered.append(declaration)
+
+    for declaration in declarations:
+        place(declaration)
+    return ordered
 
 
 def _app_of(module: str | None) -> str | None:

@@ -11,32 +11,27 @@ lists come from the model: a field added to ``Occurrence`` needs no edit here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, connections
 
-from . import conf, dialect, tracing
-from .authority import principal_key
+from . import batches, conf, dialect, tracing
 from .budgets import settle_cancelled
 from .cancelling import request_cancel, requester
-from .concurrency import key_spec_of, render_key
+from .chains import EDGES, check_jobs_exist, normalize_specs
 from .events import new_event
 from .exceptions import (
     DataCorrupt,
-    IdempotencyPayloadMismatch,
     InvalidArgument,
     JobDisabled,
     NotFound,
 )
+from .followups import reached_terminal
 from .identity import (
-    IDEMPOTENCY_KEY_PREFIX,
-    OCCURRENCE_ID_PREFIX,
     canonical_json,
     column_max,
-    from_ms,
-    identity_digester,
     iso_ms,
     key_label,
     normalize_identifier,
@@ -44,10 +39,11 @@ from .identity import (
     normalize_json,
     to_ms,
 )
+from .inserting import JOB_PAYLOAD, Builder, found, insert_occurrence, payload_mismatch
 from .jobs import get_job
 from .lifecycle import TRANSITION, Action, check, writes
 from .metrics import count_enqueued
-from .models import Event, Job, Occurrence, OccurrenceStatus
+from .models import Batch, Job, Occurrence, OccurrenceStatus
 from .unique import UniqueRequest, find_live, lock_job, unique_request
 from .unique import debounce as debounce_waiting
 from .wakeup import notify_new_work
@@ -55,8 +51,6 @@ from .wakeup import notify_new_work
 MAX_CANCEL_REASON = 1024
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 _ITEM_KEYS = frozenset({"scheduled_for", "trigger_key", "available_at", "payload"})
-# The caller gave no payload: the occurrence takes its job's.
-JOB_PAYLOAD: Any = object()
 
 
 def _enqueue_args(
@@ -72,156 +66,10 @@ def _slot_args(scheduled_for: Any, trigger_key: Any, available_at: Any) -> tuple
     return scheduled_ms, key, available_ms
 
 
-class _Builder:
-    """Builds the queued occurrences of one job revision, and their events. What every
-    occurrence of the job shares (the identity prefix, the principal key) is computed once:
-    a bulk enqueue builds thousands, and a remembered job keeps its builder."""
-
-    def __init__(self, job: Job) -> None:
-        self.job = job
-        self.digest_of: Callable[[int, str], str] = identity_digester(job.job_id, job.revision)
-        self.principal_key = principal_key(job.authority)
-        self.key_spec = key_spec_of(job.concurrency_key, job.kind)
-
-    def occurrence(
-        self,
-        scheduled_ms: int,
-        trigger_key: str,
-        available_ms: int,
-        payload: Any,
-        now: datetime,
-        priority: int = 0,
-        trace_context: dict[str, str] | None = None,
-        unique_key: str | None = None,
-    ) -> Occurrence:
-        job = self.job
-        digest = self.digest_of(scheduled_ms, trigger_key)
-        scheduled = from_ms(scheduled_ms)
-        payload = job.payload if payload is JOB_PAYLOAD else payload
-        return Occurrence(
-            occurrence_id=OCCURRENCE_ID_PREFIX + digest,
-            # By id: a remembered job row may be stale in columns no guard covers.
-            job_id=job.job_id,
-            job_revision=job.revision,
-            idempotency_key=IDEMPOTENCY_KEY_PREFIX + digest,
-            trigger_key=trigger_key,
-            scheduled_for=scheduled,
-            available_at=scheduled if available_ms == scheduled_ms else from_ms(available_ms),
-            status=OccurrenceStatus.QUEUED,
-            max_attempts=job.max_attempts,
-            authority=job.authority,
-            payload=payload,
-            principal_key=self.principal_key,
-            priority=priority,
-            concurrency_key=render_key(self.key_spec, payload),
-            unique_key=unique_key,
-            created_at=now,
-            updated_at=now,
-            trace_context=trace_context,
-        )
-
-    @staticmethod
-    def event(occurrence: Occurrence) -> Event:
-        return new_event(
-            occurrence.job_id,
-            TRANSITION[Action.ENQUEUE].event,
-            occurrence.created_at,
-            occurrence_id=occurrence.occurrence_id,
-            data={
-                "jobRevision": occurrence.job_revision,
-                "scheduledFor": to_ms(occurrence.scheduled_for, "scheduled_for"),
-                "triggerKey": occurrence.trigger_key,
-            },
-        )
-
-
-def _payload_mismatch(job: Job, trigger_key: str) -> IdempotencyPayloadMismatch:
-    return IdempotencyPayloadMismatch(
-        "occurrence identity was reused with a different payload",
-        {"field": "payload", "job_id": job.job_id, "trigger_key": trigger_key},
-    )
-
-
-def _found(job: Job, occurrence: Occurrence, alias: str) -> tuple[Occurrence, bool]:
-    """The stored occurrence with ``occurrence``'s identity (not inserted: it was there)."""
-    existing = Occurrence.objects.using(alias).filter(idempotency_key=occurrence.idempotency_key).first()
-    if existing is None:
-        raise IntegrityError(f"occurrence {occurrence.occurrence_id!r} was neither inserted nor found")
-    if existing.occurrence_id != occurrence.occurrence_id:
-        raise DataCorrupt("occurrence idempotency identity does not match stored data")
-    if canonical_json(existing.payload) != canonical_json(occurrence.payload, "payload"):
-        raise _payload_mismatch(job, occurrence.trigger_key)
-    return existing, True
-
-
-def insert_occurrence(
-    job: Job,
-    *,
-    scheduled_ms: int,
-    trigger_key: str,
-    available_ms: int,
-    payload: Any,
-    now: datetime,
-    alias: str,
-    guard: tuple[str, list[Any]] | None = None,
-    builder: _Builder | None = None,
-    priority: int = 0,
-    trace_context: dict[str, str] | None = None,
-    unique_key: str | None = None,
-) -> tuple[Occurrence, bool]:
-    """Insert a queued occurrence of ``job`` with its event and wake workers, or find the one
-    with its identity: ``(occurrence, deduplicated)``. Inside the caller's write
-    transaction, except with ``guard`` on PostgreSQL (one statement, see
-    ``dialect.insert_guarded``). ``guard``: ``job`` is a remembered row, not one read in this
-    transaction; insert only if the stored row still has what the occurrence copies from it
-    (else ``dialect.GuardFailed``, nothing written). ``builder``: one of ``job``'s, kept
-    by the caller. ``trace_context``: the caller's (``tracing.capture()``), for the runs' spans;
-    a schedule's slots, materialized by a worker, have no caller and carry none. ``unique_key``:
-    the key a unique or debounced enqueue gives it."""
-    if not job.enabled:
-        raise JobDisabled(f"job {job.job_id!r} is disabled", {"job_id": job.job_id})
-    if payload is not JOB_PAYLOAD:
-        payload = normalize_json(payload, "payload")
-    build = builder or _Builder(job)
-    occurrence = build.occurrence(
-        scheduled_ms,
-        trigger_key,
-        available_ms,
-        payload,
-        now,
-        priority,
-        trace_context=trace_context,
-        unique_key=unique_key,
-    )
-    event = build.event(occurrence)
-    if guard is not None:
-        created = dialect.insert_guarded(alias, occurrence, guard, then=[event], notify=True)
-    elif dialect.can_skip_conflicts(alias):
-        created = bool(dialect.insert_rows(alias, [occurrence], skip_conflicts=True))
-        if created:
-            dialect.insert_rows(alias, [event])
-            notify_new_work(alias)
-    else:
-        try:
-            # A savepoint, so that losing an insert race leaves the transaction usable.
-            with transaction.atomic(using=alias):
-                occurrence.save(using=alias, force_insert=True)
-            created = True
-        except IntegrityError:
-            created = False
-        if created:
-            event.save(using=alias)
-            notify_new_work(alias)
-    if not created:
-        return _found(job, occurrence, alias)
-    count_enqueued(job.kind, job.authority)
-    return occurrence, False
-
-
 # The job columns an enqueued occurrence copies (its identity comes from the revision): an
 # enqueue from a remembered job inserts only while the stored row still has these values,
 # so it writes exactly what reading the job first would have written.
-_JOB_GUARD = ("revision", "enabled", "max_attempts", "authority")
+_JOB_GUARD = ("revision", "enabled", "max_attempts", "authority", *EDGES)
 
 
 class _Remembered:
@@ -231,7 +79,7 @@ class _Remembered:
     def __init__(self, job: Job) -> None:
         self.job = job
         self.guards: dict[bool, tuple[str, list[Any]]] = {}
-        self.builder = _Builder(job)
+        self.builder = Builder(job)
 
     def guard(self, alias: str, *, default_payload: bool) -> tuple[str, list[Any]]:
         guard = self.guards.get(default_payload)
@@ -263,6 +111,9 @@ def enqueue(
     unique_key: str | None = None,
     unique_while: str | None = None,
     debounce: float | timedelta | None = None,
+    then: Any = None,
+    on_dead_letter: Any = None,
+    batch: str | None = None,
     using: str | None = None,
 ) -> tuple[Occurrence, bool]:
     """Insert an occurrence, or return the existing one with the same identity.
@@ -278,6 +129,11 @@ def enqueue(
     and move its start to ``debounce`` from now (never earlier), or add one due then. The
     identity still comes first: an identity already stored is returned as without a key.
 
+    ``then`` / ``on_dead_letter``: the follow-ups enqueued when it succeeds / is
+    dead-lettered, after its job's own (a job id, a dict ``{"job_id", "payload"?, "then"?,
+    "on_dead_letter"?}``, or a list of them; see ``chains``). ``batch``: the id of an open
+    batch it joins (``batches``). Neither combines with ``unique_key``.
+
     On PostgreSQL and SQLite, a job this process has enqueued before is not read again: the
     insert is guarded to happen only while the job row still holds what it copies (on
     PostgreSQL one statement, with its event and wake-up).
@@ -285,6 +141,9 @@ def enqueue(
     job_id, scheduled_ms, key, available_ms = _enqueue_args(job_id, scheduled_for, trigger_key, available_at)
     priority = normalize_int(priority, "priority", minimum=MIN_PRIORITY, maximum=MAX_PRIORITY)
     unique = unique_request(unique_key, unique_while, debounce, available_at)
+    follow_ups = _follow_ups(then, on_dead_letter)
+    if unique is not None and (follow_ups is not None or batch is not None):
+        raise InvalidArgument("unique_key", "cannot be combined with then, on_dead_letter or batch")
     now = conf.now()
     alias = dialect.alias_for(using)
     args: dict[str, Any] = {
@@ -299,6 +158,8 @@ def enqueue(
     }
     if unique is not None:
         return _enqueue_unique(job_id, unique, args)
+    if follow_ups is not None or batch is not None:
+        return _enqueue_linked(job_id, follow_ups, batch, args)
     remembered = _REMEMBERED.get((alias, job_id))
     if remembered is not None and remembered.job.enabled:
         guard = remembered.guard(alias, default_payload=payload is JOB_PAYLOAD)
@@ -313,6 +174,35 @@ def enqueue(
         job = get_job(job_id, using=alias)
         _remember(alias, job)
         return insert_occurrence(job, **args)
+
+
+def _follow_ups(then: Any, on_dead_letter: Any) -> dict[str, Any] | None:
+    """An enqueue's own follow-ups, as stored (None: it names none)."""
+    specs = {
+        "then": normalize_specs(then, "then"),
+        "on_dead_letter": normalize_specs(on_dead_letter, "on_dead_letter"),
+    }
+    return {edge: value for edge, value in specs.items() if value} or None
+
+
+def _enqueue_linked(
+    job_id: str, follow_ups: dict[str, Any] | None, batch_id: str | None, args: dict[str, Any]
+) -> tuple[Occurrence, bool]:
+    """``enqueue`` with follow-ups or into a batch: the jobs the chain names checked, the
+    batch locked open while the member joins it."""
+    alias = args["alias"]
+    with dialect.write_transaction(alias):
+        job = get_job(job_id, using=alias)
+        check_jobs_exist(follow_ups, alias)
+        joined = None if batch_id is None else batches.join(batch_id, alias)
+        links = None if joined is None else {"batch_id": joined.batch_id}
+        occurrence, deduplicated = insert_occurrence(job, follow_ups=follow_ups, links=links, **args)
+        if joined is not None:
+            if deduplicated:
+                batches.not_a_member_elsewhere(occurrence, joined)
+            else:
+                batches.grew(joined, 1, alias)
+        return occurrence, deduplicated
 
 
 def _enqueue_unique(job_id: str, unique: UniqueRequest, args: dict[str, Any]) -> tuple[Occurrence, bool]:
@@ -330,13 +220,13 @@ def _enqueue_unique(job_id: str, unique: UniqueRequest, args: dict[str, Any]) ->
         payload = args["payload"]
         if payload is not JOB_PAYLOAD:
             args["payload"] = payload = normalize_json(payload, "payload")
-        build = _Builder(job)
+        build = Builder(job)
         # The slot's identity first, as without a key: the same call again finds its row.
         wanted = build.occurrence(
             args["scheduled_ms"], args["trigger_key"], args["available_ms"], payload, now
         )
         if Occurrence.objects.using(alias).filter(idempotency_key=wanted.idempotency_key).exists():
-            return _found(job, wanted, alias)
+            return found(job, wanted, alias)
         live = find_live(job.job_id, unique, alias)
         if live is None:
             return insert_occurrence(job, builder=build, unique_key=unique.key, **args)
@@ -349,6 +239,9 @@ def enqueue_many(
     job_id: str,
     items: Iterable[dict[str, Any]],
     *,
+    then: Any = None,
+    on_dead_letter: Any = None,
+    batch: str | None = None,
     using: str | None = None,
 ) -> list[tuple[Occurrence, bool]]:
     """Enqueue many occurrences of one job in one transaction (bulk insert).
@@ -356,7 +249,9 @@ def enqueue_many(
     Each item is a dict with ``scheduled_for``, ``trigger_key`` and optionally
     ``available_at`` and ``payload``; the result is ``(occurrence, deduplicated)`` per item,
     in order, with the same dedupe and payload-mismatch rules as :func:`enqueue`.
+    ``then``, ``on_dead_letter`` and ``batch``: as :func:`enqueue`'s, for every item.
     """
+    follow_ups = _follow_ups(then, on_dead_letter)
     job_id = normalize_identifier(job_id, "job_id")
     if isinstance(items, dict | str) or not isinstance(items, Iterable):
         raise InvalidArgument("items", "must be a list of dicts")
@@ -380,8 +275,11 @@ def enqueue_many(
         job = get_job(job_id, using=alias)
         if not job.enabled:
             raise JobDisabled(f"job {job_id!r} is disabled", {"job_id": job_id})
-        build = _Builder(job)
-        rows = [build.occurrence(*item, now, 0, trace_context) for item in parsed]
+        check_jobs_exist(follow_ups, alias)
+        joined = None if batch is None else batches.join(batch, alias)
+        links = {} if joined is None else {"batch_id": joined.batch_id}
+        build = Builder(job)
+        rows = [build.occurrence(*item, now, 0, trace_context, None, follow_ups, **links) for item in parsed]
         fresh, firsts = _split_fresh(job, rows)
         if dialect.can_skip_conflicts(alias):
             inserted = dialect.insert_rows(alias, _in_key_order(fresh), skip_conflicts=True)
@@ -396,6 +294,10 @@ def enqueue_many(
             dialect.insert_rows(alias, [row for row in _in_key_order(fresh) if row.pk in inserted])
         results = _judge_present(job, rows, firsts, present)
         new = [row for row in _in_key_order(fresh) if row.pk in inserted]
+        if joined is not None:
+            for prior in present.values():
+                batches.not_a_member_elsewhere(prior, joined)
+            batches.grew(joined, len(new), alias)
         dialect.insert_rows(alias, [build.event(row) for row in new])
         if new:
             notify_new_work(alias)
@@ -421,7 +323,7 @@ def _split_fresh(job: Job, rows: list[Occurrence]) -> tuple[dict[str, Occurrence
         if prior is None:
             fresh[row.occurrence_id] = prior = row
         elif canonical_json(prior.payload) != canonical_json(row.payload):
-            raise _payload_mismatch(job, row.trigger_key)
+            raise payload_mismatch(job, row.trigger_key)
         firsts.append(prior)
     return fresh, firsts
 
@@ -434,7 +336,7 @@ def _judge_present(
     for row, first in zip(rows, firsts, strict=True):
         prior = present.get(row.occurrence_id)
         if prior is not None and canonical_json(prior.payload) != canonical_json(row.payload):
-            raise _payload_mismatch(job, row.trigger_key)
+            raise payload_mismatch(job, row.trigger_key)
         if prior is not None:
             results.append((prior, True))
         else:
@@ -582,6 +484,7 @@ def cancel(
             setattr(occurrence, name, value)
         occurrence.save(using=alias, update_fields=list(values))
         settle_cancelled([occurrence_id], reason, now, alias)
+        reached_terminal([occurrence], now, alias)
         data: dict[str, Any] = {"reason": reason, "previousStatus": previous}
         if requested_by is not None:
             data["requestedBy"] = requested_by
@@ -614,3 +517,35 @@ def retry_dead_letter(occurrence_id: str, *, using: str | None = None) -> tuple[
             # The retry continues the dead letter's trace unless the caller's span is current.
             trace_context=tracing.capture() or dead.trace_context,
         )
+
+
+def enqueue_batch(
+    job_id: str,
+    items: Iterable[dict[str, Any]],
+    *,
+    callback: str,
+    callback_payload: Any = JOB_PAYLOAD,
+    batch_id: str | None = None,
+    description: str = "",
+    created_by: str | None = None,
+    then: Any = None,
+    on_dead_letter: Any = None,
+    using: str | None = None,
+) -> tuple[Batch, list[tuple[Occurrence, bool]]]:
+    """Open a batch, enqueue ``items`` (as :func:`enqueue_many`) as its members and close
+    it, in one transaction: its ``callback`` job gets one occurrence once every member is
+    terminal (see ``batches.open_batch`` for the batch's arguments)."""
+    with dialect.write_transaction(using) as alias:
+        batch = batches.open_batch(
+            callback,
+            payload=callback_payload,
+            batch_id=batch_id,
+            description=description,
+            created_by=created_by,
+            using=alias,
+        )
+        results = enqueue_many(
+            job_id, items, then=then, on_dead_letter=on_dead_letter, batch=batch.batch_id, using=alias
+        )
+        batch = batches.close_batch(batch.batch_id, using=alias)
+    return batch, results

@@ -28,6 +28,11 @@ SLOT_SKIPPED = "slot_skipped"
 AUTHORITY_DENIED = "authority_denied"
 AUTHORITY_DEFERRED = "authority_deferred"
 OCCURRENCE_CANCEL_REQUESTED = "occurrence_cancel_requested"
+FOLLOW_UP_SKIPPED = "follow_up_skipped"
+BATCH_OPENED = "batch_opened"
+BATCH_CLOSED = "batch_closed"
+BATCH_CANCELLED = "batch_cancelled"
+BATCH_COMPLETED = "batch_completed"
 
 # Every type above, in that order: what the admin's event filter offers.
 EVENT_TYPES = (
@@ -48,6 +53,11 @@ EVENT_TYPES = (
     AUTHORITY_DENIED,
     AUTHORITY_DEFERRED,
     OCCURRENCE_CANCEL_REQUESTED,
+    FOLLOW_UP_SKIPPED,
+    BATCH_OPENED,
+    BATCH_CLOSED,
+    BATCH_CANCELLED,
+    BATCH_COMPLETED,
 )
 
 

@@ -12,9 +12,10 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from . import conf
+from . import chains, conf
 from .authority import default_authority, normalize_authority
 from .budgets import settle_cancelled
+from .chains import EDGES, normalize_specs
 from .concurrency import normalize_limit, normalize_template
 from .dialect import alias_for, insert_rows, write_transaction
 from .events import JOB_CREATED, JOB_UPDATED, SLOT_SKIPPED, new_event
@@ -72,6 +73,8 @@ def _job_fields(changes: dict[str, Any], *, creating: bool) -> dict[str, Any]:
             out["concurrency"] = normalize_limit(value, "concurrency")
         elif key == "concurrency_key":
             out["concurrency_key"] = normalize_template(value, "concurrency_key")
+        elif key in EDGES:
+            out[key] = normalize_specs(value, key, nested=False)
         else:
             raise InvalidArgument(
                 key_label(key), "is not a job attribute that can be " + ("set" if creating else "changed")
@@ -115,6 +118,14 @@ def _bind_current(authority: dict[str, Any], alias: str) -> dict[str, Any]:
     return bind_to_current_policy(authority, using=alias)
 
 
+def _check_chain(job_id: str, fields: dict[str, Any], alias: str) -> None:
+    """The jobs a job's follow-ups name exist (itself aside: a job may follow itself only
+    through a cycle, which is refused next), and lead nowhere back to it."""
+    declared = {edge: fields.get(edge) for edge in EDGES}
+    chains.check_jobs_exist(declared, alias, skip=job_id)
+    chains.check_no_cycle(job_id, declared, alias)
+
+
 def _check_retry_delays(base_ms: int, max_ms: int) -> None:
     if max_ms < base_ms:
         raise InvalidArgument("retry_max_delay", "must not be shorter than retry_base_delay")
@@ -152,9 +163,15 @@ def create_job(
     timeout: float | timedelta | None = None,
     concurrency: int | None = None,
     concurrency_key: str | None = None,
+    then: Any = None,
+    on_dead_letter: Any = None,
     using: str | None = None,
 ) -> Job:
     """Create a job at revision 1. ``SCHEDULER_CONFLICT`` if the id is taken.
+
+    ``then`` / ``on_dead_letter``: the jobs (ids, or ``{"job_id", "payload"}`` dicts) whose
+    occurrence follows each of its occurrences that succeeds / is dead-lettered (see
+    ``chains``); a job that does not exist, or a chain that leads back here, is refused.
 
     ``timeout`` (seconds or a timedelta; None: the handler's) is how long one run may take;
     it overrides the handler's and the ``DURABLE_SCHEDULER_HANDLER_TIMEOUT`` default.
@@ -180,6 +197,8 @@ def create_job(
             "timeout": timeout,
             "concurrency": concurrency,
             "concurrency_key": concurrency_key,
+            "then": then,
+            "on_dead_letter": on_dead_letter,
         },
         creating=True,
     )
@@ -188,6 +207,7 @@ def create_job(
     with write_transaction(using) as alias:
         if Job.objects.using(alias).filter(pk=job_id).exists():
             raise Conflict(f"job {job_id!r} already exists", {"job_id": job_id})
+        _check_chain(job_id, fields, alias)
         job = Job(job_id=job_id, revision=1, created_at=now, updated_at=now, **fields)
         job.next_fire_at = initial_fire_time(job.trigger, now=now, anchor=now)
         # The first write: every argument has been checked by now.
@@ -235,6 +255,8 @@ def update_job(job_id: str, *, expected_revision: int, using: str | None = None,
             fields.get("retry_base_delay_ms", job.retry_base_delay_ms),
             fields.get("retry_max_delay_ms", job.retry_max_delay_ms),
         )
+        if any(edge in fields for edge in EDGES):
+            _check_chain(job_id, {edge: fields.get(edge, getattr(job, edge)) for edge in EDGES}, alias)
         if "kind" in fields and "authority" not in fields and _has_default_authority(job):
             fields["authority"] = None  # the default envelope requests the kind: follow it
         if "authority" in fields:

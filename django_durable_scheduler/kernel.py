@@ -6,6 +6,9 @@ It is five modules, one per concept, gathered here under one name:
 - ``enqueuing``: entering and withdrawing occurrences (``enqueue``, ``enqueue_many``,
   ``enqueue_once_per_trigger``, ``retry_dead_letter``, ``run_now``, ``cancel``; a running one
   is asked to stop, by ``cancelling``);
+- ``batches``: sets of occurrences with a callback once all are done (``open_batch``,
+  ``close_batch``, ``cancel_batch``, ``enqueue_batch``); ``followups`` enqueues what a chain
+  names (``chains``) when an occurrence ends;
 - ``materialize``: schedule slots becoming occurrences (``materialize_due``);
 - ``claiming``: taking due occurrences fairly (``claim``, ``claim_batch``, ``has_due``);
 - ``leases``: renew, settle, release, and the authority verdicts (``deny``, ``defer``) that
@@ -19,11 +22,16 @@ exist exactly when the caller commits.
 
 from __future__ import annotations
 
+from .batches import cancel_batch, close_batch, get_batch, open_batch
+from .batches import complete_due as complete_due_batches
+from .batches import members as batch_members
+from .batches import progress as batch_progress
 from .claiming import claim, claim_batch, has_due
 from .enqueuing import (
     JOB_PAYLOAD,
     cancel,
     enqueue,
+    enqueue_batch,
     enqueue_many,
     enqueue_once_per_trigger,
     retry_dead_letter,
@@ -60,24 +68,32 @@ __all__ = [
     "JOB_PAYLOAD",
     "MAX_ATTEMPTS_LIMIT",
     "backoff_delay_ms",
+    "batch_members",
+    "batch_progress",
     "cancel",
+    "cancel_batch",
     "check_result",
     "claim",
     "claim_batch",
+    "close_batch",
+    "complete_due_batches",
     "create_job",
     "dead_letter_expired",
     "declared_jobs_of",
     "defer",
     "deny",
     "enqueue",
+    "enqueue_batch",
     "enqueue_many",
     "enqueue_once_per_trigger",
+    "get_batch",
     "get_job",
     "get_occurrence",
     "has_due",
     "history",
     "materialize_due",
     "next_due_at",
+    "open_batch",
     "record_execution",
     "release",
     "renew",

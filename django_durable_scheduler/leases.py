@@ -30,6 +30,7 @@ from .events import (
     new_event,
 )
 from .exceptions import InvalidArgument, LeaseLost, SchedulerError
+from .followups import TERMINAL_FIELDS, reached_terminal
 from .identity import (
     column_max,
     from_ms,
@@ -57,7 +58,16 @@ MAX_TRACEBACK = 4 * MAX_ERROR_MESSAGE
 MAX_ERROR_DEPTH = 8
 _UNSET: Any = object()
 # What the expiry sweep reads of each row it ends.
-EXPIRY_FIELDS = ("pk", "job_id", "lease_owner", "fence", "attempt", "max_attempts", "cancel_requested_fence")
+EXPIRY_FIELDS = (
+    "pk",
+    "job_id",
+    "lease_owner",
+    "fence",
+    "attempt",
+    "max_attempts",
+    "cancel_requested_fence",
+    *TERMINAL_FIELDS,
+)
 # What settling reads of each held row under the lock: its state, lease, attempts and job
 # (the returned occurrences load the rest on first access).
 LEASE_FIELDS = (
@@ -70,6 +80,7 @@ LEASE_FIELDS = (
     "lease_owner",
     "lease_expires_at",
     "cancel_requested_fence",
+    *TERMINAL_FIELDS,
 )
 
 
@@ -98,7 +109,10 @@ def _dead_letter_rows(rows: Sequence[Occurrence], now: datetime, alias: str, *, 
         if not group:
             continue
         ids = [row.pk for row in group]
-        Occurrence.objects.using(alias).filter(pk__in=ids).update(**writes(action, now, last_error=stored))
+        values = writes(action, now, last_error=stored)
+        Occurrence.objects.using(alias).filter(pk__in=ids).update(**values)
+        for row in group:
+            row.status, row.last_error = values["status"], stored
         if action is Action.EXPIRE:
             outcome = {"status": "dead_letter", "error": error}
             settle_reservations(ids, OccurrenceStatus.DEAD_LETTER, outcome, now, alias)
@@ -117,6 +131,7 @@ def _dead_letter_rows(rows: Sequence[Occurrence], now: datetime, alias: str, *, 
             for row in group
         ]
     insert_rows(alias, events)
+    reached_terminal(rows, now, alias)
 
 
 def dead_letter_expired(*, limit: int = 500, using: str | None = None) -> int:
@@ -562,6 +577,7 @@ def _settle_held(
             for current, event_type, data, fence in pending_events
         ],
     )
+    reached_terminal((current for current, _, _, _ in pending_events if current.is_terminal), now, alias)
     return out
 
 
@@ -718,6 +734,7 @@ def deny(
             fence=fence,
             data=data,
         ).save(using=alias)
+        reached_terminal([current], now, alias)
     return current
 
 

@@ -14,9 +14,9 @@ from django.db.models import Count, Min, Q
 
 from . import conf
 from .dialect import alias_for, insert_rows, lock_rows, write_transaction
-from .enqueuing import JOB_PAYLOAD, insert_occurrence
 from .events import SLOT_SKIPPED, new_event
 from .identity import normalize_int, to_ms
+from .inserting import JOB_PAYLOAD, insert_occurrence
 from .models import PENDING_STATUSES, Job, Occurrence, OccurrenceStatus
 from .schedules import plan_slots
 from .triggers import slot_trigger_key

@@ -73,6 +73,10 @@ class Job(models.Model):
     # ``concurrency_key`` (a template on the payload, e.g. "{customer}") is set.
     concurrency = models.PositiveIntegerField(null=True, blank=True)
     concurrency_key = models.CharField(max_length=256, null=True, blank=True)
+    # The follow-ups every occurrence of the job names (chains.py): enqueued when it succeeds
+    # (``then``) or is dead-lettered (``on_dead_letter``); lists of {"job_id", "payload"?}.
+    then = models.JSONField(null=True, blank=True, default=None)
+    on_dead_letter = models.JSONField(null=True, blank=True, default=None)
 
     class Meta:
         db_table = "durable_scheduler_jobs"
@@ -139,6 +143,25 @@ class Occurrence(models.Model):
     # The caller's key for "one waiting at a time" (enqueue's unique_key, per job); None for
     # the rest, which then have no entry in the unique index.
     unique_key = models.CharField(max_length=256, null=True, blank=True, default=None)
+    # What follows it ({"then": [...], "on_dead_letter": [...]}: its job's and its enqueue's,
+    # see chains.py); None for the rest, which settle as before.
+    follow_ups = models.JSONField(null=True, blank=True, default=None)
+    # Why it exists, when another occurrence or a batch made it: the predecessor's id
+    # (``caused_by``) and what the handler sees of it (``cause``: its outcome, or the batch's
+    # counts), copied so that it outlives the predecessor's pruning.
+    caused_by = models.CharField(max_length=68, null=True, blank=True, default=None)
+    cause = models.JSONField(null=True, blank=True, default=None)
+    # The batch it is a member of (batches.py); None for the rest.
+    batch = models.ForeignKey(
+        "Batch",
+        on_delete=models.PROTECT,
+        related_name="members",
+        null=True,
+        blank=True,
+        default=None,
+        db_column="batch_id",
+        db_index=False,
+    )
 
     class Meta:
         db_table = "durable_scheduler_occurrences"
@@ -175,6 +198,15 @@ class Occurrence(models.Model):
                 fields=["status", "settled_at"],
                 name="dsch_occurrences_settled",
                 condition=Q(settled_at__isnull=False),
+            ),
+            # A batch's members by status (its progress, and whether any is still live):
+            # only members have an entry (MySQL/MariaDB: every row, with a NULL batch).
+            models.Index(
+                fields=["batch", "status"], name="dsch_occurrences_batch", condition=Q(batch__isnull=False)
+            ),
+            # The follow-ups of an occurrence (its page, history()): only follow-ups have one.
+            models.Index(
+                fields=["caused_by"], name="dsch_occurrences_caused_by", condition=Q(caused_by__isnull=False)
             ),
         ]
         constraints = [
@@ -256,6 +288,61 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_type} #{self.event_id}"
+
+
+class BatchStatus(models.TextChoices):
+    OPEN = "open"  # members may be added
+    CLOSED = "closed"  # no more members: complete once every one is terminal
+    COMPLETED = "completed"  # every member terminal and the callback enqueued
+
+
+class Batch(models.Model):
+    """A set of occurrences with a callback enqueued once every one of them is terminal
+    (batches.py). Settling a member never writes this row: completion is found by looking at
+    the members (docs/design.md, "Chains and batches")."""
+
+    batch_id = models.CharField(max_length=256, primary_key=True)
+    status = models.CharField(max_length=16, choices=BatchStatus.choices, default=BatchStatus.OPEN)
+    # The callback: an occurrence of this job, with this payload (None: the job's own).
+    callback_job = models.ForeignKey(
+        Job, on_delete=models.PROTECT, related_name="batches", db_column="callback_job_id"
+    )
+    callback_payload = models.JSONField(null=True, blank=True, default=None)
+    has_callback_payload = models.BooleanField(default=False)
+    description = models.CharField(max_length=256, blank=True, default="")
+    created_by = models.CharField(max_length=256, null=True, blank=True)
+    # Members added (each add writes this row once, never a settle).
+    size = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField()
+    closed_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    cancelled_by = models.CharField(max_length=256, null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    # At completion: the members by final status, and the callback occurrence.
+    counts = models.JSONField(null=True, blank=True, default=None)
+    callback = models.CharField(max_length=68, null=True, blank=True)
+
+    class Meta:
+        db_table = "durable_scheduler_batches"
+        verbose_name_plural = "batches"
+        ordering = ["-created_at", "batch_id"]
+        indexes = [models.Index(fields=["status", "created_at"], name="dsch_batches_status")]
+        constraints = [
+            models.CheckConstraint(
+                condition=OneOf("status", *(s.value for s in BatchStatus)), name="dsch_batch_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=SameTruth(Q(status=BatchStatus.OPEN), Q(closed_at__isnull=True)),
+                name="dsch_batch_open_not_closed",
+            ),
+            models.CheckConstraint(
+                condition=SameTruth(Q(status=BatchStatus.COMPLETED), Q(completed_at__isnull=False)),
+                name="dsch_batch_completed_at",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.batch_id
 
 
 class AuthorityPolicy(models.Model):

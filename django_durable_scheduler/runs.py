@@ -79,6 +79,7 @@ class Run:
             enqueued_at=occurrence.created_at,
             claimed_at=occurrence.updated_at,  # set by the claim
             priority=occurrence.priority,
+            cause=occurrence.cause,
         )
         return cls(occurrence, context, timeout_of(occurrence, default_timeout))
 

@@ -374,13 +374,14 @@ class Worker:
         self._stopping.set()
 
     def _maintain(self) -> None:
-        """Materialize the jobs' due slots and dead-letter expired leases, each on its own
-        period."""
+        """Materialize the jobs' due slots; dead-letter expired leases and complete the batches
+        whose completion a crash left unlooked-for, each on its own period."""
         materialize, sweep = self.pacer.upkeep(time.monotonic())
         if materialize:
             kernel.materialize_due(using=self.using)
         if sweep:
             kernel.dead_letter_expired(using=self.using)
+            kernel.complete_due_batches(using=self.using)
 
     def _capacity(self) -> int:
         return self.pacer.capacity(self.pool.stuck)
