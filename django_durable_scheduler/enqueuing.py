@@ -277,7 +277,7 @@ def enqueue_many(
             raise JobDisabled(f"job {job_id!r} is disabled", {"job_id": job_id})
         check_jobs_exist(follow_ups, alias)
         joined = None if batch is None else batches.join(batch, alias)
-        links = {} if joined is None else {"batch_id": joined.batch_id}
+        links: dict[str, Any] = {} if joined is None else {"batch_id": joined.batch_id}
         build = Builder(job)
         rows = [build.occurrence(*item, now, 0, trace_context, None, follow_ups, **links) for item in parsed]
         fresh, firsts = _split_fresh(job, rows)

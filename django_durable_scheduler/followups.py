@@ -58,7 +58,7 @@ def _enqueue_follow_ups(
 ) -> None:
     cause = _cause(row)
     scheduled_ms = to_ms(row.scheduled_for, "scheduled_for")
-    for index, spec in enumerate(row.follow_ups[edge]):
+    for index, spec in enumerate((row.follow_ups or {})[edge]):
         job_id = spec["job_id"]
         if job_id not in builders:
             job = Job.objects.using(alias).filter(pk=job_id).first()

@@ -28,7 +28,6 @@ from .batches import members as batch_members
 from .batches import progress as batch_progress
 from .claiming import claim, claim_batch, has_due
 from .enqueuing import (
-    JOB_PAYLOAD,
     cancel,
     enqueue,
     enqueue_batch,
@@ -39,6 +38,7 @@ from .enqueuing import (
 )
 from .events import history
 from .identity import MAX_ATTEMPTS_LIMIT
+from .inserting import JOB_PAYLOAD
 from .jobs import (
     create_job,
     declared_jobs_of,

@@ -34,15 +34,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import Model, Q, QuerySet
+from django.db.models import Exists, Model, OuterRef, Q, QuerySet
 
 from . import archive, budgets, conf, dialect, maintenance, partitions
+from .batches import CALLBACK_PREFIX
+from .followups import FOLLOW_UP_PREFIX
 from .identity import iso_ms
 from .models import (
     ACTIVE_STATUSES,
     TERMINAL_STATUSES,
     AuthorityPolicy,
     AuthorityReservation,
+    Batch,
+    BatchStatus,
     Event,
     Occurrence,
     ReservationStatus,
@@ -60,7 +64,9 @@ CHUNK = 10_000
 IDS_PER_QUERY = 900
 # Trigger keys the scheduler makes itself: slots (guarded by Job.last_slot_at), django.tasks
 # enqueues (a fresh random key each) and dead-letter retries (see _dedupe_kept).
-OWN_KEY_PREFIXES = ("schedule:", "task:", "retry:")
+# A chain's follow-ups and a batch's callback have keys made from what caused them, which
+# settles or completes once (followups.py, batches.py): nothing could enqueue them again.
+OWN_KEY_PREFIXES = ("schedule:", "task:", "retry:", FOLLOW_UP_PREFIX, CALLBACK_PREFIX)
 RETRY_PREFIX = "retry:"
 # How often a worker looks whether a run is due, at most (the period may be shorter).
 CHECK_EVERY = 60.0
@@ -109,9 +115,9 @@ def kept_occurrences(
 ) -> QuerySet[Occurrence]:
     """The occurrences whose events must survive a drop of history before the youngest
     cutoff: not settled, settled after their status's cutoff (``by_status``, default the
-    setting's), or kept for an open budget window."""
+    setting's), kept for an open budget window, or members of a batch not yet completed."""
     by_status = cutoffs(now) if by_status is None else by_status
-    young = Q(status__in=ACTIVE_STATUSES)
+    young = Q(status__in=ACTIVE_STATUSES) | Q(batch__status__in=UNFINISHED)
     for status, cutoff in by_status.items():
         young |= Q(status=status) if cutoff is None else Q(status=status, settled_at__gte=cutoff)
     return Occurrence.objects.using(alias).filter(young | _open_window(now, alias))
@@ -165,6 +171,9 @@ class PruneResult:
     kept: int = 0
     # Old enough, but kept: their row still dedupes an enqueue (workers' retention only).
     kept_for_keys: int = 0
+    # Old enough, but kept: their batch has not completed.
+    kept_for_batches: int = 0
+    batches: int = 0  # completed batches deleted (no member left)
     by_status: dict[str, int] = field(default_factory=dict)
     archiving: bool = False
     archived: list[str] = field(default_factory=list)
@@ -214,6 +223,8 @@ class PruneResult:
             f"{self.occurrences} occurrences ({statuses or 'none'}), {self.events} events{days}, "
             f"{self.reservations} reservations, {self.job_events} job events"
         )
+        if self.batches:
+            text += f", {self.batches} completed batches"
         return text + (f"; archived to {len(self.archived)} files" if self.archiving else "")
 
     def record(self, seconds: float) -> dict[str, Any]:
@@ -228,6 +239,8 @@ class PruneResult:
             "job_events": self.job_events,
             "kept_open_window": self.kept,
             "kept_for_keys": self.kept_for_keys,
+            "kept_for_batches": self.kept_for_batches,
+            "batches": self.batches,
             "archived_files": len(self.archived),
             "archived": self.archived[:ARCHIVED_SHOWN],
             "stopped": self.stopped,
@@ -271,6 +284,8 @@ def apply(plan: Plan, alias: str, result: PruneResult) -> PruneResult:
             _prune_status(plan, status, cutoff, alias, result)
     if plan.job_events is not None and not result.stopped:
         _prune_job_events(plan, plan.job_events, alias, result)
+    if not result.stopped:
+        _prune_batches(plan, alias, result)
     return result
 
 
@@ -321,11 +336,52 @@ def _doomed(plan: Plan, rows: list[tuple[str, datetime, str]], alias: str, resul
     ids = [pk for pk, _, _ in rows]
     keep = _kept_for_window(ids, plan.now, alias)
     result.kept += len(keep)
+    waiting = _kept_for_batch(ids, alias) - keep
+    result.kept_for_batches += len(waiting)
+    keep |= waiting
     if plan.protect_keys:
         protected = _dedupe_kept(plan, rows, alias) - keep
         result.kept_for_keys += len(protected)
         keep |= protected
     return [pk for pk in ids if pk not in keep]
+
+
+UNFINISHED = (BatchStatus.OPEN, BatchStatus.CLOSED)
+
+
+def _kept_for_batch(ids: list[str], alias: str) -> set[str]:
+    """The occurrences among ``ids`` whose batch has not completed: its completion counts
+    them (a batch without members left completes with what remains)."""
+    if not Batch.objects.using(alias).filter(status__in=UNFINISHED).exists():
+        return set()
+    return {
+        pk
+        for part in _slices(ids)
+        for pk in Occurrence.objects.using(alias)
+        .filter(pk__in=part, batch__status__in=UNFINISHED)
+        .values_list("pk", flat=True)
+    }
+
+
+def _prune_batches(plan: Plan, alias: str, result: PruneResult) -> None:
+    """Delete the completed batches none of whose members is left, once they completed
+    before the longest of the status cutoffs (their members went by then, or are kept)."""
+    ages = [cutoff for cutoff in plan.cutoffs.values() if cutoff is not None]
+    if not ages or len(ages) < len(plan.cutoffs):
+        return  # some status is kept forever: its members, and their batches, stay
+    done = Batch.objects.using(alias).filter(status=BatchStatus.COMPLETED, completed_at__lt=min(ages))
+    gone = done.exclude(Exists(Occurrence.objects.using(alias).filter(batch_id=OuterRef("pk"))))
+    if plan.dry_run:
+        result.batches += gone.count()
+        return
+    while not result.stopped:
+        ids = list(gone.values_list("pk", flat=True)[: plan.batch_size])
+        if not ids:
+            return
+        with dialect.write_transaction(alias):
+            result.batches += Batch.objects.using(alias).filter(pk__in=ids).delete()[0]
+        if len(ids) < plan.batch_size or not plan.rest():
+            return
 
 
 def _dedupe_kept(plan: Plan, rows: list[tuple[str, datetime, str]], alias: str) -> set[str]:

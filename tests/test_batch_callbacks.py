@@ -164,7 +164,7 @@ def test_the_sweep_completes_a_batch_whose_look_was_lost(jobs, clock):
 
 
 def test_a_disabled_callback_job_gets_its_callback_which_waits(jobs, clock):
-    batch, _ = kernel.enqueue_batch("export", _items(1), callback="report")
+    kernel.enqueue_batch("export", _items(1), callback="report")
     kernel.update_job("report", expected_revision=1, enabled=False)
     _settle_all()
     callback = Occurrence.objects.get(job_id="report")
@@ -246,3 +246,24 @@ def test_the_public_names(jobs):
         "batch_members",
     ):
         assert callable(getattr(scheduler, name))
+
+
+def test_retention_keeps_the_members_of_a_batch_until_it_completes(jobs, clock):
+    from datetime import timedelta
+
+    from django_durable_scheduler import retention
+
+    batch = kernel.open_batch("report")
+    kernel.enqueue_many("export", _items(2), batch=batch.pk)
+    _settle_all()
+    clock.advance(40 * 86400)
+    kept = retention.prune(timedelta(days=7))
+    assert kept.kept_for_batches == 2 and Occurrence.objects.filter(batch_id=batch.pk).count() == 2
+    kernel.close_batch(batch.pk)
+    assert Batch.objects.get().counts == {"succeeded": 2, "dead_letter": 0, "cancelled": 0}
+    _settle_all()  # the callback
+    clock.advance(40 * 86400)
+    gone = retention.prune(timedelta(days=7))
+    # The members went, and with them the completed batch; its counts were in the callback.
+    assert gone.occurrences == 3 and gone.batches == 1
+    assert not Batch.objects.exists()
