@@ -516,6 +516,11 @@ def retry_dead_letter(occurrence_id: str, *, using: str | None = None) -> tuple[
             alias=alias,
             # The retry continues the dead letter's trace unless the caller's span is current.
             trace_context=tracing.capture() or dead.trace_context,
+            # Its chain too (its dead-letter follow-ups already ran; its success ones may yet)
+            # and its cause; not its batch, which counted the dead letter.
+            follow_ups=dead.follow_ups,
+            chain_as_stored=True,
+            links={"caused_by": dead.caused_by, "cause": dead.cause},
         )
 
 

@@ -59,11 +59,15 @@ class Builder:
         trace_context: dict[str, str] | None = None,
         unique_key: str | None = None,
         follow_ups: dict[str, Any] | None = None,
+        *,
+        chain_as_stored: bool = False,
         **links: Any,
     ) -> Occurrence:
         """One queued occurrence; ``follow_ups``: its enqueue's own (its job's come first);
-        ``links``: what ties it to a predecessor or a batch (``caused_by``, ``cause``,
-        ``batch_id``)."""
+        ``chain_as_stored``: ``follow_ups`` are the whole chain, without the job's (the retry
+        of a dead letter carries the dead letter's). ``links``: what ties it to a predecessor
+        or a batch (``caused_by``, ``cause``, ``batch_id``)."""
+        self_chain = {} if chain_as_stored else self.chain
         job = self.job
         digest = self.digest_of(scheduled_ms, trigger_key)
         scheduled = from_ms(scheduled_ms)
@@ -88,7 +92,7 @@ class Builder:
             created_at=now,
             updated_at=now,
             trace_context=trace_context,
-            follow_ups=chains.merged(self.chain, follow_ups) if self.chain or follow_ups else None,
+            follow_ups=chains.merged(self_chain, follow_ups) if self_chain or follow_ups else None,
             **links,
         )
 
@@ -149,6 +153,7 @@ def insert_occurrence(
     trace_context: dict[str, str] | None = None,
     unique_key: str | None = None,
     follow_ups: dict[str, Any] | None = None,
+    chain_as_stored: bool = False,
     links: dict[str, Any] | None = None,
     disabled_waits: bool = False,
 ) -> tuple[Occurrence, bool]:
@@ -161,7 +166,7 @@ def insert_occurrence(
     by the caller. ``trace_context``: the caller's (``tracing.capture()``), for the runs' spans;
     a schedule's slots, materialized by a worker, have no caller and carry none. ``unique_key``:
     the key a unique or debounced enqueue gives it. ``follow_ups`` and ``links``: see
-    :meth:`Builder.occurrence`. ``disabled_waits``: a disabled job still gets the occurrence,
+    :meth:`Builder.occurrence`, and ``chain_as_stored``. ``disabled_waits``: a disabled job still gets the occurrence,
     which waits until the job is enabled (a follow-up or a callback, whose cause is done)."""
     if not job.enabled and not disabled_waits:
         raise JobDisabled(f"job {job.job_id!r} is disabled", {"job_id": job.job_id})
@@ -178,6 +183,7 @@ def insert_occurrence(
         trace_context=trace_context,
         unique_key=unique_key,
         follow_ups=follow_ups,
+        chain_as_stored=chain_as_stored,
         **(links or {}),
     )
     event = build.event(occurrence)

@@ -180,3 +180,19 @@ def test_a_cycle_of_job_follow_ups_is_refused(jobs, clock):
         kernel.create_job("self", "reports.send", then=["self"])
     assert snapshot() == before
     assert Job.objects.get(pk="alert").then is None
+
+
+def test_the_retry_of_a_dead_letter_carries_its_chain_and_cause(jobs, clock):
+    first, _ = kernel.enqueue(
+        "export", scheduled_for=CLOCK_START, trigger_key="t1", then="report", on_dead_letter="alert"
+    )
+    _run("export", outcome="failed", error="no", retryable=False)
+    (alert,) = Occurrence.objects.filter(caused_by=first.pk)
+    assert alert.job_id == "alert"
+    kernel.cancel(alert.pk)
+    retried, _ = kernel.retry_dead_letter(first.pk)
+    assert retried.follow_ups == first.follow_ups and retried.batch_id is None
+    clock.advance(1)
+    _run("export", result="second time")
+    (follow,) = Occurrence.objects.filter(caused_by=retried.pk)
+    assert follow.job_id == "report" and follow.cause["result"] == "second time"
