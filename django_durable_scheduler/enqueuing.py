@@ -25,6 +25,7 @@ from .events import new_event
 from .exceptions import (
     DataCorrupt,
     InvalidArgument,
+    InvalidState,
     JobDisabled,
     NotFound,
 )
@@ -43,7 +44,7 @@ from .inserting import JOB_PAYLOAD, Builder, found, insert_occurrence, payload_m
 from .jobs import get_job
 from .lifecycle import TRANSITION, Action, check, writes
 from .metrics import count_enqueued
-from .models import Batch, Job, Occurrence, OccurrenceStatus
+from .models import Batch, BatchStatus, Job, Occurrence, OccurrenceStatus
 from .unique import UniqueRequest, find_live, lock_job, unique_request
 from .unique import debounce as debounce_waiting
 from .wakeup import notify_new_work
@@ -253,22 +254,7 @@ def enqueue_many(
     """
     follow_ups = _follow_ups(then, on_dead_letter)
     job_id = normalize_identifier(job_id, "job_id")
-    if isinstance(items, dict | str) or not isinstance(items, Iterable):
-        raise InvalidArgument("items", "must be a list of dicts")
-    parsed: list[tuple[int, str, int, Any]] = []
-    for index, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise InvalidArgument(f"items[{index}]", "must be a dict")
-        unknown = sorted(key_label(key) for key in item if key not in _ITEM_KEYS)
-        if unknown:
-            raise InvalidArgument(f"items[{index}].{unknown[0]}", "is not an enqueue argument")
-        scheduled_ms, key, available_ms = _slot_args(
-            item.get("scheduled_for"), item.get("trigger_key"), item.get("available_at")
-        )
-        payload = (
-            normalize_json(item["payload"], f"items[{index}].payload") if "payload" in item else JOB_PAYLOAD
-        )
-        parsed.append((scheduled_ms, key, available_ms, payload))
+    parsed = _parse_items(items)
     now = conf.now()
     trace_context = tracing.capture()
     with dialect.write_transaction(using) as alias:
@@ -303,6 +289,27 @@ def enqueue_many(
             notify_new_work(alias)
             count_enqueued(job.kind, job.authority, len(new))
     return results
+
+
+def _parse_items(items: Any) -> list[tuple[int, str, int, Any]]:
+    """``enqueue_many``'s items as (scheduled ms, trigger key, available ms, payload)."""
+    if isinstance(items, dict | str) or not isinstance(items, Iterable):
+        raise InvalidArgument("items", "must be a list of dicts")
+    parsed: list[tuple[int, str, int, Any]] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InvalidArgument(f"items[{index}]", "must be a dict")
+        unknown = sorted(key_label(key) for key in item if key not in _ITEM_KEYS)
+        if unknown:
+            raise InvalidArgument(f"items[{index}].{unknown[0]}", "is not an enqueue argument")
+        scheduled_ms, key, available_ms = _slot_args(
+            item.get("scheduled_for"), item.get("trigger_key"), item.get("available_at")
+        )
+        payload = (
+            normalize_json(item["payload"], f"items[{index}].payload") if "payload" in item else JOB_PAYLOAD
+        )
+        parsed.append((scheduled_ms, key, available_ms, payload))
+    return parsed
 
 
 def _present(alias: str, ids: list[str]) -> dict[str, Occurrence]:
@@ -524,6 +531,23 @@ def retry_dead_letter(occurrence_id: str, *, using: str | None = None) -> tuple[
         )
 
 
+def _members_again(job_id: str, items: Any, batch: Batch, alias: str) -> list[tuple[Occurrence, bool]]:
+    """The members a repeated ``enqueue_batch`` names, all found in its closed batch, or
+    ``InvalidState``: a closed batch takes no new member."""
+    job = get_job(job_id, using=alias)
+    build = Builder(job)
+    now = conf.now()
+    rows = [build.occurrence(*item, now) for item in _parse_items(items)]
+    fresh, firsts = _split_fresh(job, rows)
+    present = _present(alias, list(fresh))
+    if len(present) != len(fresh) or any(row.batch_id != batch.batch_id for row in present.values()):
+        raise InvalidState(
+            f"batch {batch.batch_id!r} is {batch.status}: it takes no more members",
+            {"field": "batch", "batch_id": batch.batch_id, "status": batch.status},
+        )
+    return _judge_present(job, rows, firsts, present)
+
+
 def enqueue_batch(
     job_id: str,
     items: Iterable[dict[str, Any]],
@@ -539,8 +563,10 @@ def enqueue_batch(
 ) -> tuple[Batch, list[tuple[Occurrence, bool]]]:
     """Open a batch, enqueue ``items`` (as :func:`enqueue_many`) as its members and close
     it, in one transaction: its ``callback`` job gets one occurrence once every member is
-    terminal (see ``batches.open_batch`` for the batch's arguments)."""
+    terminal (see ``batches.open_batch`` for the batch's arguments). The same call again
+    (same ``batch_id`` and items) returns the batch and its members, deduplicated."""
     with dialect.write_transaction(using) as alias:
+        existed = batch_id is not None and Batch.objects.using(alias).filter(pk=batch_id).exists()
         batch = batches.open_batch(
             callback,
             payload=callback_payload,
@@ -549,6 +575,8 @@ def enqueue_batch(
             created_by=created_by,
             using=alias,
         )
+        if existed and batch.status != BatchStatus.OPEN:
+            return batch, _members_again(job_id, items, batch, alias)
         results = enqueue_many(
             job_id, items, then=then, on_dead_letter=on_dead_letter, batch=batch.batch_id, using=alias
         )

@@ -165,9 +165,10 @@ def insert_occurrence(
     (else ``dialect.GuardFailed``, nothing written). ``builder``: one of ``job``'s, kept
     by the caller. ``trace_context``: the caller's (``tracing.capture()``), for the runs' spans;
     a schedule's slots, materialized by a worker, have no caller and carry none. ``unique_key``:
-    the key a unique or debounced enqueue gives it. ``follow_ups`` and ``links``: see
-    :meth:`Builder.occurrence`, and ``chain_as_stored``. ``disabled_waits``: a disabled job still gets the occurrence,
-    which waits until the job is enabled (a follow-up or a callback, whose cause is done)."""
+    the key a unique or debounced enqueue gives it. ``follow_ups``, ``chain_as_stored`` and
+    ``links``: see :meth:`Builder.occurrence`. ``disabled_waits``: a disabled job still gets
+    the occurrence, which waits until the job is enabled (a follow-up or a callback, whose
+    cause is done)."""
     if not job.enabled and not disabled_waits:
         raise JobDisabled(f"job {job.job_id!r} is disabled", {"job_id": job.job_id})
     if payload is not JOB_PAYLOAD:

@@ -267,3 +267,14 @@ def test_retention_keeps_the_members_of_a_batch_until_it_completes(jobs, clock):
     # The members went, and with them the completed batch; its counts were in the callback.
     assert gone.occurrences == 3 and gone.batches == 1
     assert not Batch.objects.exists()
+
+
+def test_enqueue_batch_again_returns_the_batch_and_its_members(jobs, clock):
+    batch, first = kernel.enqueue_batch("export", _items(3), callback="report", batch_id="nightly")
+    again, second = kernel.enqueue_batch("export", _items(3), callback="report", batch_id="nightly")
+    assert again.pk == batch.pk and again.size == 3
+    assert [row.pk for row, _ in second] == [row.pk for row, _ in first]
+    assert all(deduplicated for _, deduplicated in second)
+    with pytest.raises(InvalidState, match="takes no more members"):
+        kernel.enqueue_batch("export", _items(4), callback="report", batch_id="nightly")
+    assert Occurrence.objects.filter(batch_id="nightly").count() == 3
