@@ -103,12 +103,14 @@ def snapshot() -> dict:
         AuthorityPolicyRevision,
         AuthorityReservation,
         AuthorityUsage,
+        Batch,
         Event,
         Job,
         Occurrence,
     )
 
     models = (
+        Batch,
         Job,
         Occurrence,
         Event,

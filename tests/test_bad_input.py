@@ -76,6 +76,7 @@ def build_world(clock: Clock) -> World:
         created_at=clock(),
         updated_at=clock(),
     )
+    scheduler.open_batch("job-a", batch_id="open-batch")  # open: takes members
     clock.advance(2)  # job-b's final-attempt lease is now expired; job-a's is not
     return World(now=clock(), queued=queued.pk, running=running.pk)
 
