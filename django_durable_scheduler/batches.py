@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.models import Count
 
 from . import conf
@@ -49,6 +49,7 @@ MAX_BATCH_ID = 200  # so that the callback's trigger key fits
 MAX_DESCRIPTION = 256
 # Waiting members a cancel ends per transaction (its row locks are held that long).
 CANCEL_CHUNK = 1000
+CANCEL_RETRIES = 3
 # Closed batches the workers' sweep looks at per turn.
 SWEEP_LIMIT = 100
 
@@ -211,17 +212,32 @@ def cancel_batch(
             if batch.status == BatchStatus.OPEN:
                 batch.status, batch.closed_at = BatchStatus.CLOSED, now
             batch.save(using=alias, update_fields=["status", "closed_at", "cancelled_at", "cancelled_by"])
-    cancelled = 0
+    cancelled, failures = 0, 0
     while True:
-        with write_transaction(using) as alias:
-            ended = _cancel_waiting(batch_id, reason or "batch cancelled", now, alias)
-            cancelled += ended
-            if ended < CANCEL_CHUNK:
-                _event(
-                    batch, BATCH_CANCELLED, now, reason=reason, requestedBy=requested_by, cancelled=cancelled
-                ).save(using=alias)
-                look_after_commit([batch_id], alias)
-                break
+        try:
+            with write_transaction(using) as alias:
+                ended = _cancel_waiting(batch_id, reason or "batch cancelled", now, alias)
+                if ended < CANCEL_CHUNK:
+                    _event(
+                        batch,
+                        BATCH_CANCELLED,
+                        now,
+                        reason=reason,
+                        requestedBy=requested_by,
+                        cancelled=cancelled + ended,
+                    ).save(using=alias)
+                    look_after_commit([batch_id], alias)
+        except DatabaseError:
+            # A chunk's locks can meet a claim's (MariaDB's gap locks) and lose as a deadlock:
+            # the chunks before it are committed, so take it again, unless a caller's
+            # transaction holds this one (it is broken now: the caller must see the error).
+            failures += 1
+            if failures > CANCEL_RETRIES or connections[alias_for(using)].in_atomic_block:
+                raise
+            continue
+        cancelled += ended
+        if ended < CANCEL_CHUNK:
+            break
     batch.refresh_from_db(using=alias_for(using))
     return batch
 
