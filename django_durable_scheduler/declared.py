@@ -358,22 +358,26 @@ def sync_declared_jobs(using: str | None = None) -> dict[str, list[str]]:
 
 def followed_first(declarations: list[DeclaredJob]) -> list[DeclaredJob]:
     """``declarations`` with every job another one's follow-ups name before that one, so that
-    a sync creates it first (the kernel refuses a follow-up job that does not exist). A cycle
-    keeps its order: the kernel then refuses it, naming the cycle."""
+    a sync creates it first (the kernel refuses a follow-up job that does not exist). Declared
+    follow-ups that lead back to their job are refused here, naming the cycle."""
     by_id = {declaration.job_id: declaration for declaration in declarations}
     ordered: list[DeclaredJob] = []
     placed: set[str] = set()
-    visiting: set[str] = set()
+    path: list[str] = []
 
     def place(declaration: DeclaredJob) -> None:
-        if declaration.job_id in placed or declaration.job_id in visiting:
+        if declaration.job_id in placed:
             return
-        visiting.add(declaration.job_id)
-        named = jobs_named({edge: getattr(declaration, edge) for edge in EDGES})
-        for job_id in sorted(named):
+        if declaration.job_id in path:
+            cycle = [*path[path.index(declaration.job_id) :], declaration.job_id]
+            raise InvalidArgument(
+                "then", f"makes a cycle of follow-ups: {' -> '.join(cycle)}", {"cycle": cycle}
+            )
+        path.append(declaration.job_id)
+        for job_id in sorted(jobs_named({edge: getattr(declaration, edge) for edge in EDGES})):
             if job_id in by_id:
                 place(by_id[job_id])
-        visiting.discard(declaration.job_id)
+        path.pop()
         placed.add(declaration.job_id)
         ordered.append(declaration)
 

@@ -419,3 +419,26 @@ def test_re_enabling_follows_the_misfire_policy(clock, misfire, off_for, kept):
         assert cancelled.status == "cancelled" and cancelled.last_error["message"] == "misfired"
     asked.refresh_from_db()
     assert asked.status == "queued"  # enqueued explicitly: it still runs
+
+
+def test_declared_chains_sync_their_follow_ups_first_and_update(isolated):
+    # "a.export" names "z.report", which sorts after it: the sync creates "z.report" first.
+    register(isolated, "a.export", authority=AUTHORITY, then=["z.report"], on_dead_letter="z.report")
+    scheduler.declare_job("z.report", "reports.send", authority=AUTHORITY)
+    assert sync()["created"] == ["z.report", "a.export"]
+    job = Job.objects.get(pk="a.export")
+    assert job.then == [{"job_id": "z.report"}] and job.on_dead_letter == [{"job_id": "z.report"}]
+    assert sync()["unchanged"] == ["z.report", "a.export"]
+    declared._declared["a.export"] = replace(declared._declared["a.export"], then=None)
+    assert sync()["updated"] == ["a.export"]
+    assert Job.objects.get(pk="a.export").then is None
+
+
+def test_a_declared_chain_is_checked_where_it_is_written(isolated):
+    with pytest.raises(InvalidArgument) as raised:
+        register(isolated, "a.export", authority=AUTHORITY, then=[{"job_id": "b", "then": ["c"]}])
+    assert raised.value.field == "job.then[0].then"
+    with pytest.raises(InvalidArgument, match="cycle"):
+        register(isolated, "b.loop", authority=AUTHORITY, then=["c.loop"])
+        scheduler.declare_job("c.loop", "reports.send", authority=AUTHORITY, then=["b.loop"])
+        sync()
