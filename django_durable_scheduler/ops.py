@@ -16,9 +16,12 @@ from django.db.models import Case, Count, F, Min, Q, When
 from . import conf, dialect, retention, rollups
 from .identity import from_ms, iso_ms, to_ms
 from .models import (
+    ACTIVE_STATUSES,
     PENDING_STATUSES,
     AuthorityPolicy,
     AuthorityUsage,
+    Batch,
+    BatchStatus,
     Occurrence,
     OccurrenceStatus,
     WorkerHeartbeat,
@@ -31,6 +34,7 @@ SETTLED_COUNTED = timedelta(days=1)
 DEFAULT_MAX_LAG = timedelta(seconds=300)
 # A policy is "near its budget" when the current window used this share of runs or units.
 NEAR_BUDGET_PERCENT = 80
+STALLED_LOOKED_AT = 20  # closed batches the status probes for members still live
 DEFAULT_PRUNE_BATCH = 500
 MAX_PRUNE_BATCH = 10_000
 MAX_DURATION = timedelta(days=36_500)
@@ -154,6 +158,10 @@ class Status:
     problems: list[str] = field(default_factory=list)
     # The workers' last retention run (retention.py).
     last_retention: retention.LastRun = field(default_factory=lambda: retention.LastRun(enabled=False))
+    # Batches not completed, by status (open, closed), and the closed ones with no live
+    # member left whose completion is overdue (batches.py: a worker's sweep completes them).
+    batches: dict[str, int] = field(default_factory=dict)
+    stalled_batches: list[str] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -181,6 +189,8 @@ class Status:
             "disabled_waiting": self.disabled_waiting,
             "jobs_without_policy": self.without_policy,
             "retention": self.last_retention.as_json(),
+            "batches": self.batches,
+            "stalled_batches": self.stalled_batches,
         }
 
 
@@ -327,6 +337,12 @@ def collect_status(
         without_policy={f"{t}:{i}": jobs for (t, i), jobs in jobs_without_policy(using=alias).items()},
         last_retention=retention.last_run(alias, now),
     )
+    status.batches, status.stalled_batches = _batches(now - max_lag, alias)
+    if status.stalled_batches:
+        status.problems.append(
+            f"{len(status.stalled_batches)} closed batch(es) have every member done but no callback yet "
+            f"(the workers' sweep completes them): {', '.join(status.stalled_batches[:5])}"
+        )
     if status.due and not live:
         status.problems.append(f"no live worker while {status.due} occurrence(s) are due")
     lag = status.oldest_due_lag
@@ -342,6 +358,20 @@ def collect_status(
     return status
 
 
+def _batches(closed_before: datetime, alias: str) -> tuple[dict[str, int], list[str]]:
+    """The batches not completed by status, and the closed ones (a bounded few) whose members
+    are all done since before ``closed_before`` but that have no callback yet."""
+    unfinished = Batch.objects.using(alias).exclude(status=BatchStatus.COMPLETED)
+    counts = dict(unfinished.values_list("status").annotate(n=Count("pk")).order_by())
+    overdue = unfinished.filter(status=BatchStatus.CLOSED, closed_at__lt=closed_before)
+    stalled = [
+        batch_id
+        for batch_id in overdue.order_by("closed_at").values_list("pk", flat=True)[:STALLED_LOOKED_AT]
+        if not Occurrence.objects.using(alias).filter(batch_id=batch_id, status__in=ACTIVE_STATUSES).exists()
+    ]
+    return counts, stalled
+
+
 def format_status(status: Status) -> str:
     """The status as text, for people."""
     lines = ["occurrences: " + ", ".join(f"{name} {n}" for name, n in status.counts.items())]
@@ -355,6 +385,10 @@ def format_status(status: Status) -> str:
         )
     if status.disabled_waiting:
         lines.append(f"waiting on disabled jobs: {status.disabled_waiting}")
+    if status.batches:
+        lines.append(
+            "batches not completed: " + ", ".join(f"{name} {n}" for name, n in sorted(status.batches.items()))
+        )
     for title, workers in (("live workers", status.live_workers), ("stale workers", status.stale_workers)):
         lines.append(f"{title}: {len(workers)}")
         lines.extend(

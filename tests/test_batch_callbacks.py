@@ -278,3 +278,22 @@ def test_enqueue_batch_again_returns_the_batch_and_its_members(jobs, clock):
     with pytest.raises(InvalidState, match="takes no more members"):
         kernel.enqueue_batch("export", _items(4), callback="report", batch_id="nightly")
     assert Occurrence.objects.filter(batch_id="nightly").count() == 3
+
+
+def test_the_status_lists_unfinished_batches_and_a_stalled_one(jobs, clock):
+    from datetime import timedelta
+
+    from django_durable_scheduler import ops
+
+    kernel.open_batch("report", batch_id="still-open")
+    kernel.enqueue_batch("export", _items(1), callback="report", batch_id="stalled")
+    assert ops.collect_status().batches == {"open": 1, "closed": 1}
+    # Its member done, but the look after the commit lost (a crash), and no worker sweeping.
+    Occurrence.objects.filter(batch_id="stalled").update(
+        status=OccurrenceStatus.SUCCEEDED, settled_at=clock()
+    )
+    clock.advance(600)
+    status = ops.collect_status(max_lag=timedelta(seconds=300))
+    assert status.stalled_batches == ["stalled"]
+    assert any("stalled" in problem for problem in status.problems)
+    assert "batches not completed: closed 1, open 1" in ops.format_status(status)
