@@ -519,9 +519,9 @@ def test_pattern_twins_of_the_hot_keys_go_and_come_back():
         assert twins <= set(at_0003)  # Django made them: the names are right
         migrate(latest())
         assert twins.isdisjoint(indexes())
-        # The twins left: the jobs', workers', maintenance leases', concurrency slots' and unique
-        # locks' keys, in tables whose rows are inserted rarely (a slot once per limit key, a
-        # unique lock once per job, then updated in place).
+        # The twins left: the jobs', workers', maintenance leases', concurrency slots', unique
+        # locks' and batches' keys, in tables whose rows are inserted rarely (a slot once per
+        # limit key, a unique lock once per job, a batch once per batch, then updated in place).
         left = {table for table, definition in indexes().values() if "pattern_ops" in definition}
         assert left == {
             "durable_scheduler_jobs",
@@ -529,6 +529,7 @@ def test_pattern_twins_of_the_hot_keys_go_and_come_back():
             "durable_scheduler_maintenance",
             "durable_scheduler_concurrency_slots",
             "durable_scheduler_unique_locks",
+            "durable_scheduler_batches",
         }
         migrate([(APP, "0003_authority_backfill")])
         assert indexes() == at_0003
