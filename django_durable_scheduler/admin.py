@@ -3,7 +3,8 @@
 Nothing here writes a scheduler table directly: policies are saved with
 ``policies.set_policy``, jobs with ``kernel.create_job``/``update_job``, and every action
 goes through the kernel, so the admin gets the API's validation, revision checks and events.
-Occurrences, events, usage, reservations, policy history and worker heartbeats are read-only.
+Occurrences, events, usage, reservations, policy history and worker heartbeats are read-only;
+so are batches, but for their close and cancel actions (``kernel.close_batch``/``cancel_batch``).
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from django.contrib.admin.utils import quote
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.forms import BaseForm, ModelForm
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.module_loading import import_string
 from django.utils.safestring import mark_safe
 
-from . import conf, dashboard, kernel, policies, tracing
+from . import chainview, conf, dashboard, kernel, policies, tracing
 from .counting import BoundedCountPaginator
 from .events import EVENT_TYPES
 from .exceptions import SchedulerError
@@ -40,6 +41,8 @@ from .models import (
     AuthorityPolicyRevision,
     AuthorityReservation,
     AuthorityUsage,
+    Batch,
+    BatchStatus,
     Event,
     Job,
     Occurrence,
@@ -111,9 +114,10 @@ def _report(
     skipped: int = 0,
     skipped_why: str = "",
     failures: Iterable[str] = (),
+    plural: str = "",
 ) -> None:
     failed = list(failures)
-    parts = [f"{verb} {done} {noun}{'' if done == 1 else 's'}."]
+    parts = [f"{verb} {done} {noun if done == 1 else plural or noun + 's'}."]
     if skipped:
         parts.append(f"{skipped} skipped ({skipped_why}).")
     level = messages.SUCCESS if done and not failed else messages.INFO
@@ -329,6 +333,8 @@ class JobAdmin(ApiFormAdmin):
         "trigger",
         "payload",
         "authority",
+        "then",
+        "on_dead_letter",
         "enabled",
         "max_attempts",
         ("retry_base_delay", "retry_max_delay"),
@@ -353,7 +359,16 @@ class JobAdmin(ApiFormAdmin):
             return [(None, {"fields": ["job_id", *self._EDIT]})]
         recent = ("Recent occurrences", {"fields": ["recent_occurrences"]})
         if not self.has_change_permission(request, obj):
-            view = ["kind", "trigger", "payload", "authority", "enabled", "max_attempts"]
+            view = [
+                "kind",
+                "trigger",
+                "payload",
+                "authority",
+                "then",
+                "on_dead_letter",
+                "enabled",
+                "max_attempts",
+            ]
             return [(None, {"fields": ["job_id", *view]}), ("Schedule", {"fields": self._INFO}), recent]
         return [(None, {"fields": ["job_id", *self._EDIT]}), ("Schedule", {"fields": self._INFO}), recent]
 
@@ -622,7 +637,17 @@ class OccurrenceAdmin(ReadOnlyAdmin):
 
     # A django.tasks task's occurrence also shows what Django calls it (tasks/display.py).
     task_fields = ["task_path", "task_status", "task_args", "task_kwargs", "task_errors"]
-    readonly_fields = [*task_fields, "trace_id"]
+    # A chain's or a batch's occurrence shows them in a section of their own (chainview.py).
+    link_fields = [
+        "predecessor",
+        "declared_follow_ups",
+        "follow_up_occurrences",
+        "batch_link",
+        "completes_batch",
+    ]
+    readonly_fields = [*task_fields, "trace_id", *link_fields]
+    # The columns that section shows in words and links instead.
+    LINK_COLUMNS = ("follow_ups", "caused_by", "cause", "batch")
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         fields = []
@@ -634,6 +659,46 @@ class OccurrenceAdmin(ReadOnlyAdmin):
         if obj is not None and task_view(obj, obj.job.kind) is not None:
             return [*self.task_fields, *fields]
         return fields
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = [name for name in self.get_fields(request, obj) if name not in self.LINK_COLUMNS]
+        if obj is None or not chainview.has_links(obj):
+            return [(None, {"fields": fields})]
+        return [(None, {"fields": fields}), ("Chain and batch", {"fields": self._links_of(obj)})]
+
+    @staticmethod
+    def _links_of(obj: Occurrence) -> list[str]:
+        """The rows of the chain and batch section that apply to ``obj``."""
+        rows = []
+        if obj.caused_by:
+            rows += ["predecessor", "cause"]
+        if obj.follow_ups:
+            rows += ["declared_follow_ups", "follow_up_occurrences"]
+        if obj.batch_id:
+            rows.append("batch_link")
+        if chainview.completed_batch_id(obj) is not None:
+            rows += ["completes_batch", "cause"]
+        return rows
+
+    @admin.display(description="caused by")
+    def predecessor(self, obj: Occurrence) -> str:
+        return chainview.predecessor(obj)
+
+    @admin.display(description="declared follow-ups")
+    def declared_follow_ups(self, obj: Occurrence) -> str:
+        return chainview.declared(obj.follow_ups)
+
+    @admin.display(description="follow-ups enqueued")
+    def follow_up_occurrences(self, obj: Occurrence) -> str:
+        return chainview.follow_ups(obj)
+
+    @admin.display(description="member of batch")
+    def batch_link(self, obj: Occurrence) -> str:
+        return chainview.batch_link(obj.batch_id, obj._state.db)
+
+    @admin.display(description="callback of batch")
+    def completes_batch(self, obj: Occurrence) -> str:
+        return chainview.batch_link(chainview.completed_batch_id(obj), obj._state.db)
 
     @admin.display(description="trace id")
     def trace_id(self, obj: Occurrence) -> str:
@@ -803,6 +868,202 @@ class OccurrenceAdmin(ReadOnlyAdmin):
         return None
 
 
+# --------------------------------------------------------------------------- batches
+
+# What each batch action applies to: close an open batch; cancel one not yet completed.
+CLOSABLE = (BatchStatus.OPEN,)
+BATCH_CANCELLABLE = (BatchStatus.OPEN, BatchStatus.CLOSED)
+
+
+@admin.register(Batch)
+class BatchAdmin(ReadOnlyAdmin):
+    """Batches, read-only but for the close and cancel actions, which go through the kernel
+    (``close_batch``, ``cancel_batch``); opened and filled through the API only."""
+
+    change_form_template = "admin/durable_scheduler/batch/change_form.html"
+    list_display = [
+        "batch_id",
+        "description",
+        "status",
+        "size",
+        "created_by",
+        "created_at",
+        "completed_at",
+        "cancelled",
+    ]
+    list_filter = ["status"]
+    search_fields = ["=batch_id", "description"]
+    search_help_text = "A batch id (exactly), else part of a description."
+    actions = ["close_batches", "cancel_batches"]
+    show_full_result_count = False
+    paginator = BoundedCountPaginator
+    show_facets = admin.ShowFacets.NEVER  # a count per choice would read every row
+    fieldsets = [
+        (
+            None,
+            {
+                "fields": [
+                    "batch_id",
+                    "description",
+                    "status",
+                    "created_by",
+                    "created_at",
+                    "closed_at",
+                    ("cancelled_at", "cancelled_by"),
+                    "completed_at",
+                ]
+            },
+        ),
+        ("Progress", {"fields": ["size", "progress"]}),
+        ("Callback", {"fields": ["callback_job_link", "callback_payload_display", "callback_link"]}),
+    ]
+    readonly_fields = ["progress", "callback_job_link", "callback_payload_display", "callback_link"]
+
+    @admin.display(description="cancelled", boolean=True, ordering="cancelled_at")
+    def cancelled(self, obj: Batch) -> bool:
+        return obj.cancelled_at is not None
+
+    @admin.display(description="members by outcome")
+    def progress(self, obj: Batch) -> str:
+        """Counted now while the batch runs (``kernel.batch_progress``); once completed, the
+        counts it completed with (retention may prune its members after that)."""
+        if obj.status == BatchStatus.COMPLETED:
+            counts = obj.counts if isinstance(obj.counts, dict) else {}
+        else:
+            counts = kernel.batch_progress(obj.batch_id, using=obj._state.db)
+        return chainview.progress_html(chainview.progress_of(obj, counts))
+
+    @admin.display(description="callback job")
+    def callback_job_link(self, obj: Batch) -> str:
+        return format_html('<a href="{}">{}</a>', chainview.job_url(obj.callback_job_id), obj.callback_job_id)
+
+    @admin.display(description="callback payload")
+    def callback_payload_display(self, obj: Batch) -> str:
+        if not obj.has_callback_payload:
+            return "the job's own payload"
+        return format_html("<code>{}</code>", canonical_json(obj.callback_payload))
+
+    @admin.display(description="callback occurrence")
+    def callback_link(self, obj: Batch) -> str:
+        if obj.callback is None:
+            return "enqueued when every member has ended" if obj.status != BatchStatus.COMPLETED else "-"
+        return format_html('<a href="{}">{}</a>', chainview.occurrence_url(obj.callback), obj.callback)
+
+    def has_manage_permission(self, request: HttpRequest) -> bool:
+        """Closing and cancelling change batches through the kernel: Django's change
+        permission on the model, although the admin never edits a batch's fields."""
+        opts = self.opts
+        return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
+
+    def render_change_form(
+        self,
+        request: Any,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Any = None,
+    ) -> HttpResponse:
+        manage = obj is not None and self.has_manage_permission(request)
+        context.update(
+            can_close=manage and obj.status in CLOSABLE,
+            can_cancel=manage and obj.status in BATCH_CANCELLABLE,
+            action_checkbox_name=ACTION_CHECKBOX_NAME,
+        )
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def _confirmed(
+        self, request: HttpRequest, queryset: QuerySet[Batch], verb: str, applies: tuple[str, ...]
+    ) -> TemplateResponse | None:
+        """None once the user has confirmed; before that, the page that says how many
+        batches the action applies to and how many it will skip (as the occurrences'
+        actions ask)."""
+        if request.POST.get("post") == "yes":
+            return None
+        total = queryset.count()
+        applicable = queryset.filter(status__in=applies).count()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Are you sure?",
+            "opts": self.opts,
+            "verb": verb,
+            "statuses": " or ".join(str(status) for status in applies),
+            "total": total,
+            "applicable": applicable,
+            "skipped": total - applicable,
+            "action": request.POST.get("action", ""),
+            "select_across": request.POST.get("select_across") == "1",
+            "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "back_to": request.POST.get("_back_to", ""),
+        }
+        return TemplateResponse(request, "admin/durable_scheduler/batch/confirm_action.html", context)
+
+    def _each(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Batch],
+        apply: Any,
+        applies: tuple[str, ...],
+        done_label: str,
+    ) -> HttpResponse | None:
+        """``apply(batch_id)`` on each batch of the selection in one of the ``applies``
+        statuses, through the kernel; the others are skipped, failures reported. Back to the
+        batch's page when the action was asked for from there."""
+        done = skipped = 0
+        failures: list[str] = []
+        for batch_id, status in queryset.values_list("batch_id", "status").iterator():
+            if status not in applies:
+                skipped += 1
+                continue
+            try:
+                apply(batch_id)
+                done += 1
+            except SchedulerError as exc:
+                failures.append(f"{batch_id}: {exc}")
+        statuses = " or ".join(str(status) for status in applies)
+        _report(self, request, done, done_label, "batch", skipped, f"not {statuses}", failures, "batches")
+        back_to = request.POST.get("_back_to", "")
+        if back_to and Batch.objects.using(queryset.db).filter(pk=back_to).exists():
+            return HttpResponseRedirect(chainview.batch_url(back_to))
+        return None
+
+    @admin.action(description="Close selected batches (open: no more members)", permissions=["manage"])
+    def close_batches(self, request: HttpRequest, queryset: QuerySet[Batch]) -> HttpResponse | None:
+        """An open batch takes no more members and completes once every member has ended
+        (at once if it has none)."""
+        if (page := self._confirmed(request, queryset, "close", CLOSABLE)) is not None:
+            return page
+        return self._each(
+            request,
+            queryset,
+            kernel.close_batch,
+            CLOSABLE,
+            "Closed (each completes, and its callback is enqueued, once its members have ended):",
+        )
+
+    @admin.action(
+        description="Cancel selected batches (their waiting members are cancelled)", permissions=["manage"]
+    )
+    def cancel_batches(self, request: HttpRequest, queryset: QuerySet[Batch]) -> HttpResponse | None:
+        """A batch not yet completed is closed and its waiting members cancelled; running
+        ones finish as they will, then its callback runs with ``cancelled`` true. The
+        batch and its event name the user who asked."""
+        if (page := self._confirmed(request, queryset, "cancel", BATCH_CANCELLABLE)) is not None:
+            return page
+        user = request.user.get_username()
+        apply = functools.partial(
+            kernel.cancel_batch, reason=f"batch cancelled in the admin by {user}", requested_by=user or None
+        )
+        return self._each(
+            request,
+            queryset,
+            apply,
+            BATCH_CANCELLABLE,
+            "Cancelled (waiting members cancelled, running ones finish; then the callback runs):",
+        )
+
+
 # --------------------------------------------------------------------------- read-only history and state
 
 
@@ -913,6 +1174,7 @@ __all__ = [
     "AuthorityPolicyRevisionAdmin",
     "AuthorityReservationAdmin",
     "AuthorityUsageAdmin",
+    "BatchAdmin",
     "EventAdmin",
     "JobAdmin",
     "OccurrenceAdmin",
@@ -951,6 +1213,7 @@ class DashboardAdmin(ReadOnlyAdmin):
             "can_cancel": request.user.has_perm("durable_scheduler.change_occurrence"),
             "chart_width": dashboard.LABEL_WIDTH + dashboard.BAR_WIDTH + 40,
             "refresh": self.REFRESH_SECONDS,
+            "batches_shown": dashboard.BATCHES_SHOWN,
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/durable_scheduler/dashboard.html", context)

@@ -1,10 +1,12 @@
 """The admin dashboard's figures: outcomes per kind over the last hour and day, the due lag,
-the workers and what each runs, budget use per principal, and the last day's dead letters.
+the workers and what each runs, budget use per principal, the batches in progress, and the
+last day's dead letters.
 
 Every query is an indexed aggregate or a bounded list, so the page stays fast on a large
 occurrences table: settled outcomes come from the hourly counts of ``rollups`` (and the
 ``(status, settled_at)`` index for the hour in progress), running ones through the claim index,
-budget use from the current window's usage rows.
+budget use from the current window's usage rows, a batch's progress by bounded counts of its
+members.
 """
 
 from __future__ import annotations
@@ -16,14 +18,15 @@ from typing import NamedTuple
 
 from django.db.models import Count
 
-from . import concurrency, conf, ops, rollups
+from . import chainview, concurrency, conf, ops, rollups
 from .dialect import alias_for
-from .models import AuthorityPolicy, Job, Occurrence, OccurrenceStatus
+from .models import AuthorityPolicy, Batch, BatchStatus, Job, Occurrence, OccurrenceStatus
 
 WINDOWS = (("last hour", timedelta(hours=1)), ("last day", timedelta(days=1)))
 DEAD_LETTERS_SHOWN = 25
 RUNNING_SHOWN = 200
 LIMITS_SHOWN = 20
+BATCHES_SHOWN = 20
 # The outcomes a chart bar shows, in its order.
 OUTCOMES = (OccurrenceStatus.SUCCEEDED, OccurrenceStatus.DEAD_LETTER, OccurrenceStatus.CANCELLED)
 
@@ -102,6 +105,8 @@ class Dashboard:
     largest: dict[str, int] = field(default_factory=dict)  # by window: the longest bar's total
     # The concurrency limits with the most running first (see concurrency_limits).
     limits: list[dict[str, object]] = field(default_factory=list)
+    # The newest batches not yet completed, with their progress (see open_batches).
+    batches: list[OpenBatch] = field(default_factory=list)
 
     def charts(self) -> list[Chart]:
         return [
@@ -130,6 +135,25 @@ class Dashboard:
         rows = [WorkerRow(w, False, self.running.get(w.worker_id, [])) for w in self.status.live_workers]
         rows += [WorkerRow(w, True, self.running.get(w.worker_id, [])) for w in self.status.stale_workers]
         return rows
+
+
+@dataclass
+class OpenBatch:
+    batch: Batch
+    progress: chainview.Terminal
+
+
+def open_batches(*, using: str | None = None) -> list[OpenBatch]:
+    """The newest :data:`BATCHES_SHOWN` batches that are open or closed (not yet completed),
+    each with how many of its members have ended. One range of the ``(status, created_at)``
+    index per status, then bounded counts per batch (``chainview.terminal_members``)."""
+    alias = alias_for(using)
+    found: list[Batch] = []
+    for status in (BatchStatus.OPEN, BatchStatus.CLOSED):
+        rows = Batch.objects.using(alias).filter(status=status).order_by("-created_at", "-batch_id")
+        found.extend(rows[:BATCHES_SHOWN])
+    found.sort(key=lambda batch: (batch.created_at, batch.batch_id), reverse=True)
+    return [OpenBatch(batch, chainview.terminal_members(batch, alias)) for batch in found[:BATCHES_SHOWN]]
 
 
 def outcomes_since(since: datetime, now: datetime, alias: str) -> list[KindOutcomes]:
@@ -210,5 +234,6 @@ def collect(*, using: str | None = None) -> Dashboard:
         dead_letters=dead,
     )
     board.limits = concurrency_limits(using=alias, now=now)
+    board.batches = open_batches(using=alias)
     board.largest = {title: max((k.total for k in kinds), default=0) for title, kinds in outcomes.items()}
     return board

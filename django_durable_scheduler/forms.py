@@ -336,6 +336,17 @@ class JobForm(_ApiForm):
         label="Authority",
         help_text='{"principal": {"type": ..., "id": ...}, "requestedCapabilities": [...], ...}',
     )
+    then = _JsonField(
+        label="Then",
+        required=False,
+        help_text="The jobs whose occurrence follows each of this job's that succeeds: a list of job ids "
+        'or {"job_id": ..., "payload": ...} (null: none).',
+    )
+    on_dead_letter = _JsonField(
+        label="On dead letter",
+        required=False,
+        help_text="The same, for each occurrence that is dead-lettered (null: none).",
+    )
     retry_base_delay = forms.FloatField(
         label="Retry base delay (s)", required=False, help_text="First retry delay; it doubles each attempt."
     )
@@ -351,6 +362,8 @@ class JobForm(_ApiForm):
         "trigger": "trigger",
         "payload": "payload",
         "authority": "authority",
+        "then": "then",
+        "on_dead_letter": "on_dead_letter",
         "enabled": "enabled",
         "max_attempts": "max_attempts",
         "retry_base_delay": "retry_base_delay",
@@ -365,6 +378,8 @@ class JobForm(_ApiForm):
                 trigger=instance.trigger,
                 payload=instance.payload,
                 authority=instance.authority,
+                then=instance.then,
+                on_dead_letter=instance.on_dead_letter,
                 retry_base_delay=instance.retry_base_delay_ms / 1000,
                 retry_max_delay=instance.retry_max_delay_ms / 1000,
             )
@@ -427,6 +442,9 @@ def add_job_error(form: forms.BaseForm, exc: SchedulerError, id_field: str, noun
     elif isinstance(exc, InvalidArgument):
         field = _form_field(str(exc.details.get("field", "")), form, {"job_id": id_field})
         form.add_error(field, ValidationError(str(exc), code="invalid"))
+    elif isinstance(exc, NotFound) and (field := _form_field(str(exc.details.get("field", "")), form)):
+        # A job a chain names (then / on_dead_letter), not this one.
+        form.add_error(field, ValidationError(str(exc), code="not_found"))
     elif isinstance(exc, NotFound):
         form.add_error(None, ValidationError(f"This {noun} no longer exists.", code="not_found"))
     else:
