@@ -136,9 +136,9 @@ def check_no_cycle(job_id: str, declared: Mapping[str, Any] | None, alias: str) 
                 path.append(node)
                 node = parent[node]
             path = [job_id, *reversed(path)]
-            raise InvalidArgument(
-                "then", f"makes a cycle of follow-ups: {' -> '.join(path)}", {"cycle": path}
-            )
+            # The field is the edge of this job's own that the cycle leaves by.
+            field = next(edge for edge in EDGES if path[1] in jobs_named({edge: (declared or {}).get(edge)}))
+            raise InvalidArgument(field, f"makes a cycle of follow-ups: {' -> '.join(path)}", {"cycle": path})
         seen |= frontier
         found: set[str] = set()
         for row in Job.objects.using(alias).filter(pk__in=sorted(frontier)).only("job_id", *EDGES):

@@ -326,7 +326,10 @@ class Batch(models.Model):
         db_table = "durable_scheduler_batches"
         verbose_name_plural = "batches"
         ordering = ["-created_at", "batch_id"]
-        indexes = [models.Index(fields=["status", "created_at"], name="dsch_batches_status")]
+        indexes = [
+            models.Index(fields=["status", "created_at"], name="dsch_batches_status"),
+            models.Index(fields=["created_at"], name="dsch_batches_created"),  # the admin's order
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=OneOf("status", *(s.value for s in BatchStatus)), name="dsch_batch_status_valid"

@@ -196,3 +196,10 @@ def test_the_retry_of_a_dead_letter_carries_its_chain_and_cause(jobs, clock):
     _run("export", result="second time")
     (follow,) = Occurrence.objects.filter(caused_by=retried.pk)
     assert follow.job_id == "report" and follow.cause["result"] == "second time"
+
+
+def test_a_cycle_through_on_dead_letter_is_refused_on_that_field(jobs, clock):
+    kernel.update_job("report", expected_revision=1, then=["export"])
+    with pytest.raises(InvalidArgument, match="export -> report -> export") as raised:
+        kernel.update_job("export", expected_revision=1, on_dead_letter=["report"])
+    assert raised.value.field == "on_dead_letter"
