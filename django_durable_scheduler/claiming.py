@@ -60,20 +60,27 @@ STATELESS_PRINCIPALS = 64
 # events since the last claim (a bulk enqueue) costs a bounded read, not a walk of the log.
 CURSOR_EVENTS = 1000
 
-# What a claim reads of each row it takes: what settling reads and what the handler is given.
-CLAIM_FIELDS = (
-    *leases.LEASE_FIELDS,
-    "scheduled_for",
-    "available_at",
-    "authority",
-    "payload",
-    "trigger_key",
-    "job_revision",
-    "idempotency_key",
-    "created_at",
-    "principal_key",
-    "priority",
-    "trace_context",  # the run's span continues the enqueuer's trace (tracing.py)
+# What a claim reads of each row it takes: what settling reads and what the handler is given
+# (every field ``runs.Run.of`` reads: one left out is loaded by a query per claimed row). Each
+# column once, though LEASE_FIELDS names some of them too.
+CLAIM_FIELDS = tuple(
+    dict.fromkeys(
+        (
+            *leases.LEASE_FIELDS,
+            "scheduled_for",
+            "available_at",
+            "authority",
+            "payload",
+            "trigger_key",
+            "job_revision",
+            "idempotency_key",
+            "created_at",
+            "principal_key",
+            "priority",
+            "trace_context",  # the run's span continues the enqueuer's trace (tracing.py)
+            "cause",  # what a follow-up or a batch's callback sees (ctx.predecessor, ctx.batch)
+        )
+    )
 )
 
 # --------------------------------------------------------------------------- the SQL

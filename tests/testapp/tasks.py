@@ -183,3 +183,35 @@ def per_customer(ctx):
     time.sleep(float((ctx.payload or {}).get("seconds", 0.5)))
     _record_run(ctx, "end")
     return "done"
+
+
+# --- chains and batches under SIGKILL (tests/test_chains_crash.py)
+
+
+@scheduler.handler("test.step")
+def step(ctx):
+    """A chain's predecessor or a batch's member, as ``payload.mode`` says: "ok" sleeps
+    ``payload.seconds`` and succeeds, "fail" fails for good (dead-lettered at once), "flaky"
+    fails its first attempt (retried), "hang" sleeps ``payload.seconds`` (longer than the test:
+    only a SIGKILL, then its lease's expiry, ends it)."""
+    payload = ctx.payload or {}
+    mode = payload.get("mode", "ok")
+    if mode == "fail":
+        raise scheduler.PermanentFailure("this step never works", code="E_STEP")
+    if mode == "flaky" and ctx.attempt < 2:
+        raise RuntimeError("first attempt fails")
+    time.sleep(float(payload.get("seconds", 0)))
+    return {"occurrence": ctx.occurrence_id, "attempt": ctx.attempt, "i": payload.get("i")}
+
+
+@scheduler.handler("test.follow")
+def follow(ctx):
+    """A follow-up or a batch's callback: sleeps ``payload.seconds``, then returns what it saw
+    of why it exists (``ctx.predecessor``, ``ctx.batch``), for the test to compare with the rows."""
+    time.sleep(float((ctx.payload or {}).get("seconds", 0)))
+    return {
+        "occurrence": ctx.occurrence_id,
+        "attempt": ctx.attempt,
+        "predecessor": ctx.predecessor,
+        "batch": ctx.batch,
+    }
