@@ -132,6 +132,7 @@ FIRST_SHARE = frozenset(
         "test_admin_browser",
         "test_scale",
         "test_crash",
+        "test_chains_crash",
     }
 )
 
