@@ -74,6 +74,7 @@ CLAIM_FIELDS = (
     "principal_key",
     "priority",
     "trace_context",  # the run's span continues the enqueuer's trace (tracing.py)
+    "cause",  # ctx.predecessor / ctx.batch: without it, every run would read its row again
 )
 
 # --------------------------------------------------------------------------- the SQL
