@@ -473,7 +473,7 @@ def profile_pair(res: Results, ours: BatchOurs, n: int, workers: int) -> None:
         shares[mode]["seconds"] = seconds
         say(f"profile {mode}: {n:,} in {seconds:.1f} s under py-spy; loop wall time: {shares[mode]['parts']}")
     ours.clear()
-    res.extra["profile"] = {"n": n, "workers": workers, "modes": shares}
+    res.extra["batch_profile"] = {"n": n, "workers": workers, "modes": shares}
 
 
 def loop_shares(raw: str) -> dict[str, Any]:

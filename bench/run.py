@@ -366,7 +366,7 @@ def run_batch(python: Path, args: argparse.Namespace, dbs: list[str], argv: list
     options = {"reps": args.reps, "n": args.n, "workers": args.workers, "autovacuum": args.autovacuum}
     report(results, argv, out_path, options, started)
     for db, data in results.items():
-        for mode, shares in ((data.get("profile") or {}).get("modes") or {}).items():
+        for mode, shares in ((data.get("batch_profile") or {}).get("modes") or {}).items():
             print(f"\n--- {db}: where the worker loop's wall time goes, {mode} (py-spy --idle)")
             for part, pct in shares["parts"].items():
                 print(f"  {pct:6.1f} %  {part}")
