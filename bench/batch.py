@@ -11,7 +11,7 @@ measured), then N no-op occurrences are committed at once, either by one ``enque
 or by one ``enqueue_batch`` with a callback job (one batch of N members), and drained. The settle
 rate is N over the time from that commit to the last member's ``settled_at``. For the batch:
 the time from the last member settled to its callback enqueued (the callback's ``created_at``),
-to the batch seen completed (this process looks every 5 ms once no member is live) and to the
+to the batch seen completed (this process looks every 5 ms from about 90 % settled on) and to the
 callback run; and the checks: every member ran once, one callback, one ``batch_completed``
 event, the batch's counts and size. While the batch drains, this process times the look the
 workers make after each settle transaction (``batches._done``: the batch row, then one EXISTS
@@ -23,7 +23,9 @@ PostgreSQL: the database is dropped and created here (``dschbench*`` names only)
 batches tables (how often the batch row was written while its members settled: the hot row
 the design avoids), and the lock waits sampled every 50 ms (bench/scale.py's sampler).
 ``--autovacuum on`` (the default) turns autovacuum on for the run, as a steady-state install
-has it, and restores the previous setting after (bench/history.py's ``autovacuum_on``).
+has it, and restores the previous setting after (bench/history.py's ``autovacuum_on``); it is
+off for the occurrences table while the backlog's transaction runs, which is followed by an
+``ANALYZE`` (see ``_no_autoanalyze``).
 ``--profile N``: one more pair of drains of N, each worker under ``py-spy record --idle``: the
 share of the worker loop's wall time spent in the batch look, settling, claiming and waiting.
 """
@@ -185,6 +187,28 @@ def _enqueue(mode: str, n: int, tag: str) -> str | None:
     return batch.batch_id
 
 
+@contextlib.contextmanager
+def _no_autoanalyze(postgres: bool) -> Iterator[None]:
+    """PostgreSQL: no autovacuum of the occurrences table while the backlog's transaction runs,
+    and an ANALYZE once it has committed. An autoanalyze of the just-truncated table during
+    that transaction counts no live row in thousands of pages; the foreign-key checks at its
+    commit (each event's occurrence) are then planned as a scan of the claim index (it holds
+    occurrence_id last) and each reads the whole index: the commit of 100,000 takes minutes."""
+    if not postgres:
+        yield
+        return
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE durable_scheduler_occurrences SET (autovacuum_enabled = false)")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE durable_scheduler_occurrences")
+            cursor.execute("ALTER TABLE durable_scheduler_occurrences RESET (autovacuum_enabled)")
+
+
 def _explain_probe(batch_id: str) -> str:
     """``EXPLAIN (ANALYZE, BUFFERS)`` of the EXISTS the workers' look sends (``batches._has_live``)."""
     from django.db import connection
@@ -210,8 +234,11 @@ class Watch:
 
 
 def _watch(mode: str, n: int, batch_id: str | None, procs: Procs, t_commit: float) -> Watch | None:
-    """Wait until no member is live (every 0.2 s; a count of the succeeded every 2 s), then for
-    a batch until it is seen completed (every 5 ms) and its callback has run. None on timeout."""
+    """Wait until no member is live (looked at every 0.2 s; the succeeded counted every 2 s);
+    for a batch, from about 90 % settled on (or no member live), look every 5 ms whether it is
+    completed, then wait for its callback to have run. None on timeout. The 90 % is projected
+    from the last count: a drain of a few seconds may end before it, and its "seen completed"
+    is then up to 0.2 s late."""
     from django.db import connection
 
     from django_durable_scheduler import batches
@@ -219,39 +246,47 @@ def _watch(mode: str, n: int, batch_id: str | None, procs: Procs, t_commit: floa
 
     watch = Watch()
     members = Occurrence.objects.filter(job_id=Ours.NOOP_JOB)
+    completed = Batch.objects.filter(pk=batch_id, status="completed")
     deadline = time.monotonic() + DRAIN_TIMEOUT
-    next_count = 0.0
+    next_count = next_look = 0.0
     marks = [0.25, 0.5, 0.75]
+    tail = False
     while True:
-        if time.monotonic() > deadline or procs.all_exited():
+        now = time.monotonic()
+        if now > deadline or procs.all_exited():
             return None
-        procs.sample_rss()
-        if batch_id is not None:
-            # The look each worker makes after a settle transaction, timed from here.
-            start = time.perf_counter()
-            batches._done(batch_id, "default")
-            watch.look_ms.append((time.perf_counter() - start) * 1000)
-        if time.monotonic() >= next_count:
+        if tail and completed.exists():
+            watch.seen_completed = time.time()
+            break
+        if now >= next_look:
+            next_look = now + 0.2
+            procs.sample_rss()
+            if batch_id is not None:
+                # The look each worker makes after a settle transaction, timed from here.
+                start = time.perf_counter()
+                batches._done(batch_id, "default")
+                watch.look_ms.append((time.perf_counter() - start) * 1000)
+                tail = tail or not batches._has_live(batch_id, "default")
+            elif not members.filter(status__in=ACTIVE_STATUSES).exists():
+                break
+        if now >= next_count:
+            next_count = now + 2.0
             done = members.filter(status="succeeded").count()
             watch.progress.append((time.time() - t_commit, done))
-            next_count = time.monotonic() + 2.0
             while marks and done >= marks[0] * n:
                 if batch_id is not None and connection.vendor == "postgresql":
                     watch.plans[f"{marks[0]:.0%} settled ({done:,})"] = _explain_probe(batch_id)
                 marks.pop(0)
-        if not members.filter(status__in=ACTIVE_STATUSES).exists():
-            break
-        time.sleep(0.2)
+        if batch_id is not None and not tail:
+            # The last 10 % is near, from the rate so far (a count comes only every 2 s).
+            elapsed, counted = watch.progress[-1]
+            rate = counted / elapsed if elapsed > 0 else 0.0
+            tail = counted + rate * (time.time() - t_commit - elapsed) >= 0.9 * n
+        time.sleep(0.005 if tail else 0.05)
     if batch_id is None:
         return watch
     if connection.vendor == "postgresql":
         watch.plans["every member settled"] = _explain_probe(batch_id)
-    completed = Batch.objects.filter(pk=batch_id, status="completed")
-    while not completed.exists():
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.005)
-    watch.seen_completed = time.time()
     ran = Occurrence.objects.filter(job_id=CALLBACK_JOB, status="succeeded")
     while not ran.exists():
         if time.monotonic() > deadline or procs.all_exited():
@@ -315,10 +350,11 @@ def drain(res: Results, ours: BatchOurs, mode: str, n: int, workers: int, rep: i
     postgres = res.db == "postgres"
     try:
         with LockSampler() if postgres else contextlib.nullcontext() as locks:
-            start = time.perf_counter()
-            batch_id = _enqueue(mode, n, f"bench-{short}-{rep}")
-            t_commit = time.time()
-            enqueue_seconds = time.perf_counter() - start
+            with _no_autoanalyze(postgres):
+                start = time.perf_counter()
+                batch_id = _enqueue(mode, n, f"bench-{short}-{rep}")
+                t_commit = time.time()
+                enqueue_seconds = time.perf_counter() - start
             before = pg_counters()
             watch = _watch(mode, n, batch_id, procs, t_commit)
     finally:
