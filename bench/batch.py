@@ -261,12 +261,13 @@ def _watch(mode: str, n: int, batch_id: str | None, procs: Procs, t_commit: floa
         if now >= next_look:
             next_look = now + 0.2
             procs.sample_rss()
-            if batch_id is not None:
-                # The look each worker makes after a settle transaction, timed from here.
+            if batch_id is not None and not tail:
+                # The look each worker makes after a settle transaction, timed from here (not
+                # in the tail: near the end it reads many pages, and it would delay the 5 ms looks).
                 start = time.perf_counter()
                 batches._done(batch_id, "default")
                 watch.look_ms.append((time.perf_counter() - start) * 1000)
-                tail = tail or not batches._has_live(batch_id, "default")
+                tail = not batches._has_live(batch_id, "default")
             elif not members.filter(status__in=ACTIVE_STATUSES).exists():
                 break
         if now >= next_count:
