@@ -65,6 +65,8 @@ PARTS = (
     ("has_due / next_due_at", ("has_due (", "next_due_at (")),
     ("maintain (materialize, sweeps)", ("Worker._maintain (django_durable_scheduler/worker.py)",)),
     ("waiting (sleep, gather)", ("Worker._sleep (", "Worker._gather (")),
+    # A burst worker's exit: it waits for the heartbeat thread, which may be renewing leases.
+    ("exit (burst: waiting for the heartbeat thread)", ("Worker._shutdown (",)),
 )
 # Functions whose inclusive share of the loop is reported too: the look's two parts, and a
 # deferred field loaded one row at a time (one more round trip per occurrence).
@@ -268,7 +270,7 @@ def _watch(mode: str, n: int, batch_id: str | None, procs: Procs, t_commit: floa
                 batches._done(batch_id, "default")
                 watch.look_ms.append((time.perf_counter() - start) * 1000)
                 tail = not batches._has_live(batch_id, "default")
-            elif not members.filter(status__in=ACTIVE_STATUSES).exists():
+            elif batch_id is None and not members.filter(status__in=ACTIVE_STATUSES).exists():
                 break
         if now >= next_count:
             next_count = now + 2.0
