@@ -250,7 +250,24 @@ def main(argv: list[str]) -> int:
         "--workloads",
         default="w1,w2,w3,w4,pgbench,profile",
         help="subset of w1,w2,w3,w4,pgbench,profile, or scale (PostgreSQL: 1-8 processes, with a plot),"
-        " or history (PostgreSQL: millions of settled rows against 10,000; bench/history.py)",
+        " or history (PostgreSQL: millions of settled rows against 10,000; bench/history.py),"
+        " or batch (one batch's members against plain occurrences: settle rate, callback; bench/batch.py)",
+    )
+    parser.add_argument(
+        "--workers", type=int, default=2, help="batch: runscheduler processes per drain (default 2)"
+    )
+    parser.add_argument(
+        "--batch-profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="batch: one more pair of drains of N with the workers under py-spy (default none)",
+    )
+    parser.add_argument(
+        "--autovacuum",
+        choices=("on", "as-is"),
+        default="on",
+        help="batch on PostgreSQL: autovacuum on for the run, then restored (default), or as it is",
     )
     parser.add_argument("--pg-url", default=PG_URL, help="PostgreSQL database (dschbench* names only)")
     parser.add_argument("--out", default=None, help="results file (default bench/results-<date>.json)")
@@ -283,6 +300,8 @@ def main(argv: list[str]) -> int:
         cmd += ["--reps", str(args.reps)] + (["--rows", "200000"] if args.quick else [])
         say(f"history: {' '.join(cmd[1:])}")
         return subprocess.call(cmd, cwd=ROOT)
+    if "batch" in args.workloads.split(","):
+        return run_batch(python, args, dbs, argv)
     started = time.monotonic()
     results: dict[str, dict] = {}
     tmp = Path(tempfile.mkdtemp(prefix="dschbench-"))
@@ -312,6 +331,49 @@ def main(argv: list[str]) -> int:
     report(
         results, argv, args.out, {"quick": args.quick, "reps": args.reps, "n": args.n, "w3": args.w3}, started
     )
+    return 0 if results else 1
+
+
+def run_batch(python: Path, args: argparse.Namespace, dbs: list[str], argv: list[str]) -> int:
+    """bench/batch.py once per database, then the same table and results file as the suite's
+    (default ``bench/results-<date>-batches.json``)."""
+    started = time.monotonic()
+    results: dict[str, dict] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="dschbench-batch-"))
+    for db in dbs:
+        if db == "postgres":
+            why = pg_answers(python)
+            if why:
+                say(f"skipping postgres: the server does not answer: {why}")
+                continue
+            # A database of its own, so that it never drops a suite run's at the default name.
+            url = args.pg_url if args.pg_url != PG_URL else f"{PG_URL}_batch"
+        else:
+            url = f"sqlite:///{tmp / 'dschbench-batch.sqlite3'}"
+        out = tmp / f"{db}.json"
+        cmd = [str(python), "-m", "bench.batch", "--url", url, "--out", str(out), "--reps", str(args.reps)]
+        cmd += ["--workers", str(args.workers), "--autovacuum", args.autovacuum]
+        cmd += (["--n", str(args.n)] if args.n else []) + (["--quick"] if args.quick else [])
+        cmd += ["--profile", str(args.batch_profile)] if args.batch_profile else []
+        say(f"{db}: {' '.join(cmd[1:])}")
+        code = subprocess.call(cmd, cwd=ROOT)
+        if out.exists():
+            results[db] = json.loads(out.read_text())
+        if code:
+            say(f"{db}: bench.batch exited {code}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    out_path = args.out or str(BENCH / f"results-{datetime.now(UTC):%Y-%m-%d}-batches.json")
+    options = {"reps": args.reps, "n": args.n, "workers": args.workers, "autovacuum": args.autovacuum}
+    report(results, argv, out_path, options, started)
+    for db, data in results.items():
+        for mode, shares in ((data.get("batch_profile") or {}).get("modes") or {}).items():
+            print(f"\n--- {db}: where the worker loop's wall time goes, {mode} (py-spy --idle)")
+            for part, pct in shares["parts"].items():
+                print(f"  {pct:6.1f} %  {part}")
+            for name, pct in shares["inclusive"].items():
+                print(f"  {pct:6.1f} %  inclusive: {name}")
+        if data.get("autovacuum"):
+            print(f"{db}: autovacuum {data['autovacuum']}")
     return 0 if results else 1
 
 

@@ -10,6 +10,7 @@ import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel
 from django_durable_scheduler.exceptions import InvalidArgument, NotFound
 from django_durable_scheduler.models import Event, Job, Occurrence, OccurrenceStatus
+from django_durable_scheduler.runs import Run
 
 from .conftest import CLOCK_START, authority_for, snapshot
 
@@ -60,6 +61,25 @@ def test_a_follow_up_is_enqueued_with_the_success_and_sees_the_result(jobs, cloc
     clock.advance(1)
     _run("report")
     assert Occurrence.objects.count() == 2
+
+
+def test_a_claimed_follow_up_hands_its_cause_to_the_handler_without_reading_its_row_again(
+    jobs, clock, django_assert_num_queries
+):
+    first, _ = kernel.enqueue("export", scheduled_for=CLOCK_START, trigger_key="t1", then=["report"])
+    _run("export", result={"rows": 7})
+    clock.advance(1)
+    (row,) = kernel.claim_batch(owner=OWNER, lease=60, limit=1, sweep_expired=False)
+    # The worker builds each run's context from the claimed row: a field the claim did not
+    # read would cost one more query per run.
+    with django_assert_num_queries(0):
+        run = Run.of(row, owner=OWNER, using=None, default_timeout=None)
+    assert run.context.predecessor == {
+        "occurrence_id": first.pk,
+        "job_id": "export",
+        "status": "succeeded",
+        "result": {"rows": 7},
+    }
 
 
 def test_a_dead_letter_enqueues_the_on_dead_letter_follow_up_only(jobs, clock):
