@@ -571,6 +571,40 @@ class JobListFilter(admin.RelatedFieldListFilter):
         return [(job_id, job_id) for job_id in jobs.values_list("job_id", flat=True)[: self.SHOWN]]
 
 
+def confirmation(
+    model_admin: admin.ModelAdmin[Any],
+    request: HttpRequest,
+    queryset: QuerySet[Any],
+    verb: str,
+    applies: tuple[str, ...],
+    template: str,
+    **extra: Any,
+) -> TemplateResponse | None:
+    """None once the user has confirmed an action; before that, ``template``: how many rows
+    it applies to (those in a status of ``applies``) and how many it will skip, posting the same
+    selection back (the checked rows, or with ``select_across`` what the filters match)."""
+    if request.POST.get("post") == "yes":
+        return None
+    total = queryset.count()
+    applicable = queryset.filter(status__in=applies).count()
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": "Are you sure?",
+        "opts": model_admin.opts,
+        "verb": verb,
+        "statuses": " or ".join(str(status) for status in applies),
+        "total": total,
+        "applicable": applicable,
+        "skipped": total - applicable,
+        "action": request.POST.get("action", ""),
+        "select_across": request.POST.get("select_across") == "1",
+        "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+        "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        **extra,
+    }
+    return TemplateResponse(request, template, context)
+
+
 @admin.register(Occurrence)
 class OccurrenceAdmin(ReadOnlyAdmin):
     list_display = [
@@ -755,25 +789,8 @@ class OccurrenceAdmin(ReadOnlyAdmin):
         occurrences the action applies to and how many it will skip. It posts the same
         selection back: the checked rows, or (``select_across``) everything the list's
         filters match, re-read when confirmed."""
-        if request.POST.get("post") == "yes":
-            return None
-        total = queryset.count()
-        applicable = queryset.filter(status__in=applies).count()
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "Are you sure?",
-            "opts": self.opts,
-            "verb": verb,
-            "statuses": " or ".join(str(status) for status in applies),
-            "total": total,
-            "applicable": applicable,
-            "skipped": total - applicable,
-            "action": request.POST.get("action", ""),
-            "select_across": request.POST.get("select_across") == "1",
-            "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
-            "action_checkbox_name": ACTION_CHECKBOX_NAME,
-        }
-        return TemplateResponse(request, "admin/durable_scheduler/occurrence/confirm_action.html", context)
+        template = "admin/durable_scheduler/occurrence/confirm_action.html"
+        return confirmation(self, request, queryset, verb, applies, template)
 
     def _each_pending(
         self,
@@ -975,29 +992,11 @@ class BatchAdmin(ReadOnlyAdmin):
     def _confirmed(
         self, request: HttpRequest, queryset: QuerySet[Batch], verb: str, applies: tuple[str, ...]
     ) -> TemplateResponse | None:
-        """None once the user has confirmed; before that, the page that says how many
-        batches the action applies to and how many it will skip (as the occurrences'
-        actions ask)."""
-        if request.POST.get("post") == "yes":
-            return None
-        total = queryset.count()
-        applicable = queryset.filter(status__in=applies).count()
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "Are you sure?",
-            "opts": self.opts,
-            "verb": verb,
-            "statuses": " or ".join(str(status) for status in applies),
-            "total": total,
-            "applicable": applicable,
-            "skipped": total - applicable,
-            "action": request.POST.get("action", ""),
-            "select_across": request.POST.get("select_across") == "1",
-            "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
-            "action_checkbox_name": ACTION_CHECKBOX_NAME,
-            "back_to": request.POST.get("_back_to", ""),
-        }
-        return TemplateResponse(request, "admin/durable_scheduler/batch/confirm_action.html", context)
+        """As the occurrences' actions ask: None once confirmed, else the page that says how
+        many batches the action applies to (and where "no" goes back to, from a batch's page)."""
+        template = "admin/durable_scheduler/batch/confirm_action.html"
+        back_to = request.POST.get("_back_to", "")
+        return confirmation(self, request, queryset, verb, applies, template, back_to=back_to)
 
     def _each(
         self,

@@ -338,24 +338,31 @@ def collect_status(
         last_retention=retention.last_run(alias, now),
     )
     status.batches, status.stalled_batches = _batches(now - max_lag, alias)
-    if status.stalled_batches:
-        status.problems.append(
-            f"{len(status.stalled_batches)} closed batch(es) have every member done but no callback yet "
-            f"(the workers' sweep completes them): {', '.join(status.stalled_batches[:5])}"
-        )
-    if status.due and not live:
-        status.problems.append(f"no live worker while {status.due} occurrence(s) are due")
+    status.problems.extend(_problems(status, max_lag))
+    return status
+
+
+def _problems(status: Status, max_lag: timedelta) -> list[str]:
+    """What makes ``status`` unhealthy, one line each."""
+    problems = []
+    if status.due and not status.live_workers:
+        problems.append(f"no live worker while {status.due} occurrence(s) are due")
     lag = status.oldest_due_lag
     if lag is not None and lag > max_lag:
-        status.problems.append(
+        problems.append(
             f"the oldest due occurrence has waited {lag.total_seconds():.0f} s "
             f"(limit {max_lag.total_seconds():g} s)"
         )
-    starved = [k for k in unhandled if k.due]
-    if live and starved:
+    starved = [k for k in status.unhandled if k.due]
+    if status.live_workers and starved:
         listed = ", ".join(f"{k.kind} ({k.due} due)" for k in starved)
-        status.problems.append(f"due work for kinds no live worker handles: {listed}")
-    return status
+        problems.append(f"due work for kinds no live worker handles: {listed}")
+    if status.stalled_batches:
+        problems.append(
+            f"{len(status.stalled_batches)} closed batch(es) have every member done but no callback yet "
+            f"(the workers' sweep completes them): {', '.join(status.stalled_batches[:5])}"
+        )
+    return problems
 
 
 def _batches(closed_before: datetime, alias: str) -> tuple[dict[str, int], list[str]]:

@@ -158,10 +158,7 @@ def _expected_cause(pred: Occurrence) -> dict:
     return cause
 
 
-def test_chains_under_sigkill_get_one_follow_up_per_outcome(workers):
-    seed = random.randrange(1_000_000)
-    rng = random.Random(seed)
-    print(f"\n[chains] seed {seed}")
+def _chain_jobs() -> None:
     authority = granted("chains")
     for job_id in ("then-b", "dead-c"):
         scheduler.create_job(
@@ -171,9 +168,10 @@ def test_chains_under_sigkill_get_one_follow_up_per_outcome(workers):
         "chain", "test.step", authority=authority, max_attempts=4, retry_base_delay=0.05, retry_max_delay=0.1
     )
     scheduler.create_job("chain-hang", "test.step", authority=authority, max_attempts=1)
-    fleet = Fleet(workers, 3, rng)
-    fleet.wait_ready()
 
+
+def _enqueue_predecessors() -> list[str]:
+    """CHAIN predecessors of every mode and HANGING ones that end only with their worker."""
     follow = {"then": ["then-b"], "on_dead_letter": ["dead-c"]}
     with transaction.atomic():
         preds = [
@@ -192,10 +190,12 @@ def test_chains_under_sigkill_get_one_follow_up_per_outcome(workers):
             )[0].pk
             for i in range(HANGING)
         ]
+    return preds
 
-    kill_at_random(fleet, RANDOM_KILLS, (0.3, 1.5))
 
-    # The hanging ones end only when their worker dies: kill whoever holds one, until all end.
+def _kill_hanging_holders(fleet: Fleet, rng: random.Random, preds: list[str]) -> None:
+    """The hanging ones end only when their worker dies: kill whoever holds one, until all end."""
+
     def all_ended() -> bool:
         return Occurrence.objects.filter(pk__in=preds, status__in=TERMINAL).count() == len(preds) and not (
             Occurrence.objects.filter(status__in=LIVE).exists()
@@ -216,15 +216,9 @@ def test_chains_under_sigkill_get_one_follow_up_per_outcome(workers):
         if holders:
             fleet.kill(rng.choice(sorted(holders)))
         time.sleep(0.2)
-    fleet.stop()
 
-    preds_by_pk = assert_ended_once(preds)
-    outcomes = Counter(p.status for p in preds_by_pk.values())
-    reclaims = Event.objects.filter(event_type="occurrence_reclaimed").count()
-    print(f"[chains] kills {fleet.kills}, orphaned {fleet.orphaned}, reclaims {reclaims}; {dict(outcomes)}")
-    assert "cancelled" not in outcomes
-    assert fleet.orphaned >= HANGING, "the hanging predecessors ended without their workers' death"
 
+def _assert_one_follow_up_each(preds: list[str], preds_by_pk: dict) -> None:
     follow_ups = list(Occurrence.objects.exclude(pk__in=preds))
     assert {f.job_id for f in follow_ups} <= {"then-b", "dead-c"}
     # One follow-up per predecessor, none twice: by cause, and by trigger key.
@@ -241,7 +235,9 @@ def test_chains_under_sigkill_get_one_follow_up_per_outcome(workers):
         # What the handler saw is what the row says.
         assert f.result["predecessor"] == f.cause and f.result["batch"] is None
         assert f.result["occurrence"] == f.pk
-    # Each mode ended as it must, whatever the kills did.
+
+
+def _assert_each_mode_ended_as_it_must(preds_by_pk: dict) -> None:
     for pk, pred in preds_by_pk.items():
         mode = pred.payload["mode"]
         if mode == "fail":
@@ -251,6 +247,29 @@ def test_chains_under_sigkill_get_one_follow_up_per_outcome(workers):
             assert pred.last_error["code"] == "SCHEDULER_LEASE_EXPIRED", pred.last_error
         elif pred.status == "succeeded":
             assert pred.result == {"occurrence": pk, "attempt": pred.attempt, "i": pred.payload["i"]}
+
+
+def test_chains_under_sigkill_get_one_follow_up_per_outcome(workers):
+    seed = random.randrange(1_000_000)
+    rng = random.Random(seed)
+    print(f"\n[chains] seed {seed}")
+    _chain_jobs()
+    fleet = Fleet(workers, 3, rng)
+    fleet.wait_ready()
+    preds = _enqueue_predecessors()
+    kill_at_random(fleet, RANDOM_KILLS, (0.3, 1.5))
+    _kill_hanging_holders(fleet, rng, preds)
+    fleet.stop()
+
+    preds_by_pk = assert_ended_once(preds)
+    outcomes = Counter(p.status for p in preds_by_pk.values())
+    reclaims = Event.objects.filter(event_type="occurrence_reclaimed").count()
+    print(f"[chains] kills {fleet.kills}, orphaned {fleet.orphaned}, reclaims {reclaims}; {dict(outcomes)}")
+    assert "cancelled" not in outcomes
+    assert fleet.orphaned >= HANGING, "the hanging predecessors ended without their workers' death"
+    _assert_one_follow_up_each(preds, preds_by_pk)
+    # Each mode ended as it must, whatever the kills did.
+    _assert_each_mode_ended_as_it_must(preds_by_pk)
     assert outcomes["succeeded"] >= 1 and outcomes["dead_letter"] >= CHAIN // 6 + HANGING
 
 
