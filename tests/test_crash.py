@@ -95,7 +95,9 @@ def test_sigkill_mid_handler_is_reclaimed_after_lease_expiry_and_fenced(workers)
     assert wait_for(lambda: Occurrence.objects.filter(pk=pk, metadata={"started": 1}).exists(), 60), (
         a.output()
     )
-    time.sleep(0.8)  # let A's heartbeat renew the lease at least once
+    # Let A's heartbeat renew the lease at least once (waited for: a loaded machine is slow).
+    renewed = Event.objects.filter(occurrence_id=pk, event_type="occurrence_renewed", owner_id="A")
+    assert wait_for(renewed.exists, 30), a.output()
     os.kill(a.pid, signal.SIGKILL)
     assert a.wait(30) == -signal.SIGKILL
     killed = Occurrence.objects.get(pk=pk)
