@@ -37,6 +37,7 @@ import contextlib
 import os
 import statistics
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -139,6 +140,50 @@ def pg_counters() -> dict[str, int]:
             out[f"{table} updated"] = updated
             out[f"{table} hot updated"] = hot
     return out
+
+
+class WaitEvents:
+    """What this database's active backends (but this process's) are waiting on, sampled
+    every 50 ms on a connection of its own: samples per ``wait_event_type:wait_event``, with
+    ``CPU`` for an active backend that waits on nothing (running, or waiting outside PostgreSQL's
+    view)."""
+
+    def __init__(self, exclude: int | None) -> None:
+        self.counts: Counter[str] = Counter()
+        self.samples = 0
+        self._exclude = exclude
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> WaitEvents:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        from django.db import connection
+
+        try:
+            with connection.cursor() as cursor:
+                while not self._stop.wait(0.05):
+                    cursor.execute(
+                        "SELECT wait_event_type, wait_event FROM pg_stat_activity WHERE datname ="
+                        " current_database() AND state = 'active' AND pid <> pg_backend_pid()"
+                        " AND pid IS DISTINCT FROM %s",
+                        [self._exclude],
+                    )
+                    self.samples += 1
+                    for kind, event in cursor.fetchall():
+                        self.counts["CPU" if kind is None else f"{kind}:{event}"] += 1
+        finally:
+            connection.close()
+
+    def summary(self, top: int = 8) -> dict[str, float]:
+        """The most sampled waits, as the mean number of backends in each per sample."""
+        return {name: round(count / max(1, self.samples), 3) for name, count in self.counts.most_common(top)}
 
 
 # --------------------------------------------------------------------------- one drain
@@ -272,7 +317,7 @@ def _watch(mode: str, n: int, batch_id: str | None, procs: Procs, t_commit: floa
                 tail = not batches._has_live(batch_id, "default")
             elif batch_id is None and not members.filter(status__in=ACTIVE_STATUSES).exists():
                 break
-        if now >= next_count:
+        if now >= next_count and not tail:
             next_count = now + 2.0
             done = members.filter(status="succeeded").count()
             watch.progress.append((time.time() - t_commit, done))
@@ -340,6 +385,7 @@ def _batch_checks(n: int, batch_id: str) -> tuple[dict[str, Any], list[str]]:
 
 def drain(res: Results, ours: BatchOurs, mode: str, n: int, workers: int, rep: int) -> float | None:
     """One run: idle workers, N committed at once (plain or one batch), drained; the rows added."""
+    from django.db import connection
     from django.db.models import Max, Min
 
     from bench.scale import LockSampler
@@ -352,7 +398,11 @@ def drain(res: Results, ours: BatchOurs, mode: str, n: int, workers: int, rep: i
     procs = _start_workers(workers, f"batch-{short}-{rep}")
     postgres = res.db == "postgres"
     try:
-        with LockSampler() if postgres else contextlib.nullcontext() as locks:
+        connection.ensure_connection()
+        own = connection.connection.info.backend_pid if postgres else None
+        samplers = (LockSampler(), WaitEvents(own)) if postgres else (None, None)
+        with contextlib.ExitStack() as stack:
+            locks, waits = (stack.enter_context(x) if x is not None else None for x in samplers)
             with _no_autoanalyze(postgres):
                 start = time.perf_counter()
                 batch_id = _enqueue(mode, n, f"bench-{short}-{rep}")
@@ -398,6 +448,8 @@ def drain(res: Results, ours: BatchOurs, mode: str, n: int, workers: int, rep: i
             for what in ("updated", "hot updated"):
                 key = f"{table} {what}"
                 detail[f"{key} during the drain"] = after.get(key, 0) - before.get(key, 0)
+    if waits is not None:
+        detail["active backends by wait event (mean per sample)"] = waits.summary()
     if locks is not None:
         detail["lock waits mean"] = statistics.fmean(locks.samples) if locks.samples else 0.0
         detail["lock waits peak"] = max(locks.samples, default=0)
@@ -471,6 +523,9 @@ def drain(res: Results, ours: BatchOurs, mode: str, n: int, workers: int, rep: i
         f", lock waits mean {detail['lock waits mean']:.2f} peak {detail['lock waits peak']}" if locks else ""
     )
     seconds = last - t_commit
+    if waits is not None:
+        top = list(detail["active backends by wait event (mean per sample)"].items())[:4]
+        locks_text += "; active backends by wait: " + ", ".join(f"{k} {v:.2f}" for k, v in top)
     say(
         f"{workload} rep {rep + 1} {mode}: enqueue {n / enqueue_seconds:,.0f}/s, drain {seconds:.1f} s"
         f" = {rate:,.0f}/s, load {detail['load1']:.1f}{per}{locks_text}; members exactly once:"
