@@ -383,10 +383,126 @@ def _batch_checks(n: int, batch_id: str) -> tuple[dict[str, Any], list[str]]:
     return detail, problems
 
 
+def _batch_detail(
+    res: Results,
+    watch: Any,
+    detail: dict[str, Any],
+    *,
+    batch_id: str,
+    n: int,
+    last: float,
+    rep: int,
+    mode: str,
+) -> list[str]:
+    """A batch run's own figures into ``detail`` and ``res`` (the look, the lags to the
+    callback, the checks); the problems its checks found."""
+    workload = detail["workload"]
+    config = detail["config"]
+    checks, problems = _batch_checks(n, batch_id)
+    detail.update(checks)
+    if res.db == "postgres" and detail["batches updated during the drain"] != 1:
+        problems.append(f"the batch row was updated {detail['batches updated during the drain']} times")
+    looks = sorted(watch.look_ms)
+    detail["look ms"] = {
+        "n": len(looks),
+        "median": statistics.median(looks) if looks else None,
+        "p95": looks[min(len(looks) - 1, int(len(looks) * 0.95))] if looks else None,
+        "max": looks[-1] if looks else None,
+    }
+    for name, plan in watch.plans.items():
+        res.plans[f"rep {rep + 1}: the look's EXISTS at {name}"] = plan
+    lags = {
+        "last member settled -> callback enqueued": checks["callback_created_at"],
+        "last member settled -> batch seen completed": watch.seen_completed,
+        "last member settled -> callback ran": checks["callback_settled_at"],
+    }
+    for name, at in lags.items():
+        ms = None if at is None else (at - last) * 1000
+        detail[name] = ms
+        res.add(f"{workload}: {name}", mode, ms, unit="ms", better="lower", config=config)
+    if looks:
+        res.add(
+            f"{workload}: the look after a settle (batch row + EXISTS), from outside",
+            mode,
+            detail["look ms"]["median"],
+            unit="ms",
+            better="lower",
+            config=f"batches._done every 0.2 s during the drain, {len(looks)} samples",
+        )
+    return problems
+
+
+def _database_detail(
+    n: int, before: dict[str, Any], after: dict[str, Any], waits: Any, locks: Any
+) -> dict[str, Any]:
+    """What PostgreSQL's counters and the samplers saw during one drain (nothing elsewhere)."""
+    detail: dict[str, Any] = {}
+    if before:
+        detail["commits per occurrence"] = (after["commits"] - before["commits"]) / n
+        detail["rollbacks per occurrence"] = (after["rollbacks"] - before["rollbacks"]) / n
+        for table in ("occurrences", "batches"):
+            for what in ("updated", "hot updated"):
+                key = f"{table} {what}"
+                detail[f"{key} during the drain"] = after.get(key, 0) - before.get(key, 0)
+    if waits is not None:
+        detail["active backends by wait event (mean per sample)"] = waits.summary()
+    if locks is not None:
+        detail["lock waits mean"] = statistics.fmean(locks.samples) if locks.samples else 0.0
+        detail["lock waits peak"] = max(locks.samples, default=0)
+        detail["lock waits by lock"] = locks.summary()
+    return detail
+
+
+def _say_drain(
+    detail: dict[str, Any],
+    *,
+    rep: int,
+    mode: str,
+    n: int,
+    rate: float,
+    batch_id: str | None,
+    once: bool,
+    problems: list[str],
+) -> None:
+    """One run's line on the console."""
+    workload = detail["workload"]
+    seconds, enqueue_seconds = detail["seconds"], detail["enqueue_seconds"]
+    counted = "commits per occurrence" in detail  # PostgreSQL's statistics counters
+    locks = "lock waits mean" in detail
+    waits = "active backends by wait event (mean per sample)" in detail
+    extra = ""
+    if batch_id is not None:
+        lag = {
+            k: _ms_text(detail[f"last member settled -> {k}"])
+            for k in ("callback enqueued", "batch seen completed", "callback ran")
+        }
+        look = detail["look ms"]
+        extra = (
+            f"; last settled -> callback enqueued {lag['callback enqueued']}, seen completed"
+            f" {lag['batch seen completed']}, callback ran {lag['callback ran']}; {detail['callbacks']}"
+            f" callback(s), counts {detail['counts']}; look median {_ms_text(look['median'])}"
+            f" p95 {_ms_text(look['p95'])}"
+        )
+        if counted:
+            extra += f"; batch row updated {detail['batches updated during the drain']}x during the drain"
+    per = f", commits/occ {detail['commits per occurrence']:.3f}" if counted else ""
+    locks_text = (
+        f", lock waits mean {detail['lock waits mean']:.2f} peak {detail['lock waits peak']}" if locks else ""
+    )
+    if waits:
+        top = list(detail["active backends by wait event (mean per sample)"].items())[:4]
+        locks_text += "; active backends by wait: " + ", ".join(f"{k} {v:.2f}" for k, v in top)
+    say(
+        f"{workload} rep {rep + 1} {mode}: enqueue {n / enqueue_seconds:,.0f}/s, drain {seconds:.1f} s"
+        f" = {rate:,.0f}/s, load {detail['load1']:.1f}{per}{locks_text}; members exactly once:"
+        f" {'yes' if once else 'NO'}{extra}" + (f"; PROBLEMS: {problems}" if problems else "")
+    )
+
+
 def drain(res: Results, ours: BatchOurs, mode: str, n: int, workers: int, rep: int) -> float | None:
     """One run: idle workers, N committed at once (plain or one batch), drained; the rows added."""
     from django.db import connection
-    from django.db.models import Max, Min
+    from django.db.models import Max
 
     from bench.scale import LockSampler
     from django_durable_scheduler.models import Occurrence
@@ -427,13 +543,14 @@ def drain(res: Results, ours: BatchOurs, mode: str, n: int, workers: int, rep: i
         res.add(f"{workload}: settle rate", mode, None, unit="ops/s", better="higher", config=config)
         res.notes.append(f"{workload} rep {rep + 1} {mode}: NOT finished")
         return None
-    span = Occurrence.objects.filter(job_id=Ours.NOOP_JOB).aggregate(
-        first=Min("settled_at"), last=Max("settled_at")
+    last = (
+        Occurrence.objects.filter(job_id=Ours.NOOP_JOB).aggregate(last=Max("settled_at"))["last"].timestamp()
     )
-    last = span["last"].timestamp()
     rate = n / (last - t_commit)
     once = ours.members_once(n)
     detail: dict[str, Any] = {
+        "workload": workload,
+        "config": config,
         "seconds": last - t_commit,
         "enqueue_seconds": enqueue_seconds,
         "load1": os.getloadavg()[0],
@@ -441,53 +558,10 @@ def drain(res: Results, ours: BatchOurs, mode: str, n: int, workers: int, rep: i
         "peak_rss_mb": procs.peak_rss_kb / 1024,
         "progress": watch.progress,
     }
-    if before:
-        detail["commits per occurrence"] = (after["commits"] - before["commits"]) / n
-        detail["rollbacks per occurrence"] = (after["rollbacks"] - before["rollbacks"]) / n
-        for table in ("occurrences", "batches"):
-            for what in ("updated", "hot updated"):
-                key = f"{table} {what}"
-                detail[f"{key} during the drain"] = after.get(key, 0) - before.get(key, 0)
-    if waits is not None:
-        detail["active backends by wait event (mean per sample)"] = waits.summary()
-    if locks is not None:
-        detail["lock waits mean"] = statistics.fmean(locks.samples) if locks.samples else 0.0
-        detail["lock waits peak"] = max(locks.samples, default=0)
-        detail["lock waits by lock"] = locks.summary()
+    detail.update(_database_detail(n, before, after, waits, locks))
     problems = [] if once else ["members not exactly once"]
     if batch_id is not None:
-        checks, wrong = _batch_checks(n, batch_id)
-        detail.update(checks)
-        problems += wrong
-        if postgres and detail["batches updated during the drain"] != 1:
-            problems.append(f"the batch row was updated {detail['batches updated during the drain']} times")
-        looks = sorted(watch.look_ms)
-        detail["look ms"] = {
-            "n": len(looks),
-            "median": statistics.median(looks) if looks else None,
-            "p95": looks[min(len(looks) - 1, int(len(looks) * 0.95))] if looks else None,
-            "max": looks[-1] if looks else None,
-        }
-        for name, plan in watch.plans.items():
-            res.plans[f"rep {rep + 1}: the look's EXISTS at {name}"] = plan
-        lags = {
-            "last member settled -> callback enqueued": checks["callback_created_at"],
-            "last member settled -> batch seen completed": watch.seen_completed,
-            "last member settled -> callback ran": checks["callback_settled_at"],
-        }
-        for name, at in lags.items():
-            ms = None if at is None else (at - last) * 1000
-            detail[name] = ms
-            res.add(f"{workload}: {name}", mode, ms, unit="ms", better="lower", config=config)
-        if looks:
-            res.add(
-                f"{workload}: the look after a settle (batch row + EXISTS), from outside",
-                mode,
-                detail["look ms"]["median"],
-                unit="ms",
-                better="lower",
-                config=f"batches._done every 0.2 s during the drain, {len(looks)} samples",
-            )
+        problems += _batch_detail(res, watch, detail, batch_id=batch_id, n=n, last=last, rep=rep, mode=mode)
     detail["problems"] = problems
     if problems:
         res.notes.append(f"{workload} rep {rep + 1} {mode}: " + "; ".join(problems))
@@ -503,34 +577,7 @@ def drain(res: Results, ours: BatchOurs, mode: str, n: int, workers: int, rep: i
             better="lower",
             config=config,
         )
-    extra = ""
-    if batch_id is not None:
-        lag = {
-            k: _ms_text(detail[f"last member settled -> {k}"])
-            for k in ("callback enqueued", "batch seen completed", "callback ran")
-        }
-        look = detail["look ms"]
-        extra = (
-            f"; last settled -> callback enqueued {lag['callback enqueued']}, seen completed"
-            f" {lag['batch seen completed']}, callback ran {lag['callback ran']}; {detail['callbacks']}"
-            f" callback(s), counts {detail['counts']}; look median {_ms_text(look['median'])}"
-            f" p95 {_ms_text(look['p95'])}"
-        )
-        if postgres:
-            extra += f"; batch row updated {detail['batches updated during the drain']}x during the drain"
-    per = f", commits/occ {detail['commits per occurrence']:.3f}" if before else ""
-    locks_text = (
-        f", lock waits mean {detail['lock waits mean']:.2f} peak {detail['lock waits peak']}" if locks else ""
-    )
-    seconds = last - t_commit
-    if waits is not None:
-        top = list(detail["active backends by wait event (mean per sample)"].items())[:4]
-        locks_text += "; active backends by wait: " + ", ".join(f"{k} {v:.2f}" for k, v in top)
-    say(
-        f"{workload} rep {rep + 1} {mode}: enqueue {n / enqueue_seconds:,.0f}/s, drain {seconds:.1f} s"
-        f" = {rate:,.0f}/s, load {detail['load1']:.1f}{per}{locks_text}; members exactly once:"
-        f" {'yes' if once else 'NO'}{extra}" + (f"; PROBLEMS: {problems}" if problems else "")
-    )
+    _say_drain(detail, rep=rep, mode=mode, n=n, rate=rate, batch_id=batch_id, once=once, problems=problems)
     return rate
 
 

@@ -241,7 +241,7 @@ def drain_vs_pgbench(rows: list[dict]) -> list[str]:
     return lines
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python3 bench/run.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for trying it out")
     parser.add_argument("--db", default="sqlite,postgres", help="comma-separated: sqlite,postgres")
@@ -281,6 +281,11 @@ def main(argv: list[str]) -> int:
         help="only merge results files of earlier runs (e.g. one per database) into one table and file",
     )
     parser.add_argument("--setup-only", action="store_true", help="build .venv-bench and stop")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     dbs = [d.strip() for d in args.db.split(",") if d.strip()]
     if not set(dbs) <= {"sqlite", "postgres"} or not dbs:
