@@ -20,6 +20,10 @@
   index of their own (each leads a composite index that serves it, and on MySQL/MariaDB carries
   the foreign key); and on PostgreSQL the ``varchar_pattern_ops`` twins of the hot tables' keys
   go (see ``drop_pattern_twins``).
+- Chains and batches: ``Job.then`` / ``on_dead_letter`` and ``Occurrence.follow_ups`` (the
+  follow-ups a job or an enqueue names), ``Occurrence.caused_by`` / ``cause`` (the predecessor
+  or batch that made it), the ``Batch`` table and ``Occurrence.batch``, with the partial indexes
+  of a batch's members by status and of an occurrence's follow-ups.
 - The occurrence table's status, lease and settled checks written with ``constraints.OneOf``
   and ``constraints.SameTruth``: the same conditions in a smaller form, of which PostgreSQL
   rebuilds about half as much for each statement that writes a row (see ``constraints.py``).
@@ -558,6 +562,134 @@ class Migration(migrations.Migration):
                     _connector="OR",
                 ),
                 name="dsch_policy_max_running_range",
+            ),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="on_dead_letter",
+            field=models.JSONField(blank=True, default=None, null=True),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="then",
+            field=models.JSONField(blank=True, default=None, null=True),
+        ),
+        migrations.AddField(
+            model_name="occurrence",
+            name="cause",
+            field=models.JSONField(blank=True, default=None, null=True),
+        ),
+        migrations.AddField(
+            model_name="occurrence",
+            name="caused_by",
+            field=models.CharField(blank=True, default=None, max_length=68, null=True),
+        ),
+        migrations.AddField(
+            model_name="occurrence",
+            name="follow_ups",
+            field=models.JSONField(blank=True, default=None, null=True),
+        ),
+        migrations.CreateModel(
+            name="Batch",
+            fields=[
+                ("batch_id", models.CharField(max_length=256, primary_key=True, serialize=False)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("open", "Open"), ("closed", "Closed"), ("completed", "Completed")],
+                        default="open",
+                        max_length=16,
+                    ),
+                ),
+                ("callback_payload", models.JSONField(blank=True, default=None, null=True)),
+                ("has_callback_payload", models.BooleanField(default=False)),
+                ("description", models.CharField(blank=True, default="", max_length=256)),
+                ("created_by", models.CharField(blank=True, max_length=256, null=True)),
+                ("size", models.PositiveIntegerField(default=0)),
+                ("created_at", models.DateTimeField()),
+                ("closed_at", models.DateTimeField(blank=True, null=True)),
+                ("cancelled_at", models.DateTimeField(blank=True, null=True)),
+                ("cancelled_by", models.CharField(blank=True, max_length=256, null=True)),
+                ("completed_at", models.DateTimeField(blank=True, null=True)),
+                ("counts", models.JSONField(blank=True, default=None, null=True)),
+                ("callback", models.CharField(blank=True, max_length=68, null=True)),
+                (
+                    "callback_job",
+                    models.ForeignKey(
+                        db_column="callback_job_id",
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="batches",
+                        to="durable_scheduler.job",
+                    ),
+                ),
+            ],
+            options={
+                "verbose_name_plural": "batches",
+                "db_table": "durable_scheduler_batches",
+                "ordering": ["-created_at", "batch_id"],
+            },
+        ),
+        migrations.AddField(
+            model_name="occurrence",
+            name="batch",
+            field=models.ForeignKey(
+                blank=True,
+                db_column="batch_id",
+                db_index=False,
+                default=None,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="members",
+                to="durable_scheduler.batch",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="occurrence",
+            index=models.Index(
+                condition=models.Q(("batch__isnull", False)),
+                fields=["batch", "status"],
+                name="dsch_occurrences_batch",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="occurrence",
+            index=models.Index(
+                condition=models.Q(("caused_by__isnull", False)),
+                fields=["caused_by"],
+                name="dsch_occurrences_caused_by",
+            ),
+        ),
+        migrations.AddIndex(
+            model_name="batch",
+            index=models.Index(fields=["status", "created_at"], name="dsch_batches_status"),
+        ),
+        migrations.AddIndex(
+            model_name="batch",
+            index=models.Index(fields=["created_at"], name="dsch_batches_created"),
+        ),
+        migrations.AddConstraint(
+            model_name="batch",
+            constraint=models.CheckConstraint(
+                condition=django_durable_scheduler.constraints.OneOf("status", "open", "closed", "completed"),
+                name="dsch_batch_status_valid",
+            ),
+        ),
+        migrations.AddConstraint(
+            model_name="batch",
+            constraint=models.CheckConstraint(
+                condition=django_durable_scheduler.constraints.SameTruth(
+                    models.Q(("status", "open")), models.Q(("closed_at__isnull", True))
+                ),
+                name="dsch_batch_open_not_closed",
+            ),
+        ),
+        migrations.AddConstraint(
+            model_name="batch",
+            constraint=models.CheckConstraint(
+                condition=django_durable_scheduler.constraints.SameTruth(
+                    models.Q(("status", "completed")), models.Q(("completed_at__isnull", False))
+                ),
+                name="dsch_batch_completed_at",
             ),
         ),
     ]
