@@ -24,14 +24,12 @@ from django.db import DatabaseError, connections, transaction
 from django.db.models import Count
 
 from . import conf
-from .budgets import settle_cancelled
-from .cancelling import requester
-from .dialect import alias_for, insert_rows, write_transaction
+from .cancelling import cancel_pending, requester
+from .dialect import alias_for, write_transaction
 from .events import BATCH_CANCELLED, BATCH_CLOSED, BATCH_COMPLETED, BATCH_OPENED, new_event
 from .exceptions import Conflict, InvalidArgument, InvalidState, NotFound
 from .identity import canonical_json, normalize_identifier, normalize_int, normalize_json, to_ms
 from .inserting import JOB_PAYLOAD, insert_occurrence
-from .lifecycle import TRANSITION, Action, writes
 from .models import (
     ACTIVE_STATUSES,
     PENDING_STATUSES,
@@ -251,26 +249,7 @@ def _cancel_waiting(batch_id: str, reason: str, now: datetime, alias: str) -> in
         .order_by("pk")
         .values_list("pk", "job_id", "status")[:CANCEL_CHUNK]
     )
-    if not rows:
-        return 0
-    ids = [pk for pk, _, _ in rows]
-    Occurrence.objects.using(alias).filter(pk__in=ids).update(
-        **writes(Action.CANCEL, now, last_error={"code": "SCHEDULER_CANCELLED", "message": reason})
-    )
-    settle_cancelled(ids, reason, now, alias)
-    insert_rows(
-        alias,
-        [
-            new_event(
-                job_id,
-                TRANSITION[Action.CANCEL].event,
-                now,
-                occurrence_id=pk,
-                data={"reason": reason, "previousStatus": status, "batchId": batch_id},
-            )
-            for pk, job_id, status in rows
-        ],
-    )
+    cancel_pending(rows, reason, now, alias, batchId=batch_id)
     return len(rows)
 
 

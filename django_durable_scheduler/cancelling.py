@@ -15,6 +15,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from .budgets import settle_cancelled
+from .dialect import insert_rows
 from .events import new_event
 from .exceptions import InvalidArgument, InvalidState
 from .identity import normalize_json
@@ -90,3 +92,32 @@ def request_cancel(
         data=data,
     ).save(using=alias)
     return current
+
+
+def cancel_pending(
+    rows: list[tuple[str, str, str]], reason: str, now: datetime, alias: str, **data: Any
+) -> None:
+    """The ``cancel`` transition of many waiting occurrences at once, ``rows`` being
+    ``(occurrence_id, job_id, previous status)`` of rows the caller selected pending and
+    locked: one UPDATE, their reservations settled, one event each (with ``data``)."""
+    if not rows:
+        return
+    ids = [pk for pk, _, _ in rows]
+    Occurrence.objects.using(alias).filter(pk__in=ids).update(
+        **writes(Action.CANCEL, now, last_error={"code": "SCHEDULER_CANCELLED", "message": reason})
+    )
+    settle_cancelled(ids, reason, now, alias)
+    event = TRANSITION[Action.CANCEL].event
+    insert_rows(
+        alias,
+        [
+            new_event(
+                job_id,
+                event,
+                now,
+                occurrence_id=pk,
+                data={"reason": reason, "previousStatus": status, **data},
+            )
+            for pk, job_id, status in rows
+        ],
+    )

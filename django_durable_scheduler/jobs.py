@@ -14,10 +14,10 @@ from django.db import IntegrityError, transaction
 
 from . import chains, conf
 from .authority import default_authority, normalize_authority
-from .budgets import settle_cancelled
+from .cancelling import cancel_pending
 from .chains import EDGES, normalize_specs
 from .concurrency import normalize_limit, normalize_template
-from .dialect import alias_for, insert_rows, write_transaction
+from .dialect import alias_for, write_transaction
 from .events import JOB_CREATED, JOB_UPDATED, SLOT_SKIPPED, new_event
 from .exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
 from .identity import (
@@ -33,7 +33,6 @@ from .identity import (
     retry_max_delay_ms,
     timeout_ms,
 )
-from .lifecycle import TRANSITION, Action, writes
 from .models import PENDING_STATUSES, Job, Occurrence
 from .policies import bind_to_current_policy, get_policy, grant_default
 from .schedules import MISFIRE_GRACE, catchup_window, expired_one_off, initial_fire_time
@@ -351,27 +350,9 @@ def _misfired_while_disabled(job: Job, now: datetime, alias: str) -> list[str]:
 def _cancel_schedule(
     job: Job, pending: list[tuple[str, str]], reason: str, now: datetime, alias: str
 ) -> list[str]:
-    ids = [pk for pk, _ in pending]
-    if ids:
-        # The rows were selected (and locked) pending: the cancel transition's source.
-        Occurrence.objects.using(alias).filter(pk__in=ids).update(
-            **writes(Action.CANCEL, now, last_error={"code": "SCHEDULER_CANCELLED", "message": reason})
-        )
-        settle_cancelled(ids, reason, now, alias)
-        insert_rows(
-            alias,
-            [
-                new_event(
-                    job.job_id,
-                    TRANSITION[Action.CANCEL].event,
-                    now,
-                    occurrence_id=pk,
-                    data={"reason": reason, "previousStatus": status},
-                )
-                for pk, status in pending
-            ],
-        )
-    return ids
+    # The rows were selected (and locked) pending: the cancel transition's source.
+    cancel_pending([(pk, job.job_id, status) for pk, status in pending], reason, now, alias)
+    return [pk for pk, _ in pending]
 
 
 def set_declared_in(job_id: str, app: str | None, *, using: str | None = None) -> None:
