@@ -288,7 +288,7 @@ def _watch(mode: str, n: int, batch_id: str | None, procs: Procs, t_commit: floa
     is then up to 0.2 s late."""
     from django.db import connection
 
-    from django_durable_scheduler import batches
+    from django_durable_scheduler.kernel import batches
     from django_durable_scheduler.models import ACTIVE_STATUSES, Batch, Occurrence
 
     watch = Watch()

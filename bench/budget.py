@@ -56,7 +56,7 @@ def _copy(model: Any, exprs: dict[str, str], source: str, n: int, params: list[A
 def _fill(principal: str, n: int) -> None:
     """A policy, a job and ``n`` settled runs of ``principal`` charged in the current window."""
     import django_durable_scheduler as scheduler
-    from django_durable_scheduler import budgets, claiming
+    from django_durable_scheduler.kernel import budgets, claiming
     from django_durable_scheduler.models import AuthorityReservation, AuthorityUsage, Occurrence
 
     job = f"job-{principal}"
@@ -87,7 +87,7 @@ def _fill(principal: str, n: int) -> None:
 
 
 def _charge_fn(path: str | None) -> Any:
-    from django_durable_scheduler import budgets
+    from django_durable_scheduler.kernel import budgets
 
     if path is None:
         return budgets.charge
@@ -142,7 +142,7 @@ def _hold(batches: tuple[int, ...] = (1, 8, 32, 100)) -> None:
     from django.db import connection
 
     import django_durable_scheduler as scheduler
-    from django_durable_scheduler import claiming
+    from django_durable_scheduler.kernel import claiming
     from django_durable_scheduler.models import Job
 
     if not Job.objects.filter(pk="job-hold").exists():

@@ -89,7 +89,7 @@ def time_collect(reps: int) -> int:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from django_durable_scheduler import dashboard
+    from django_durable_scheduler.admin import dashboard
 
     totals = []
     for _ in range(reps + 1):

@@ -238,7 +238,8 @@ def prune_now(older_than: float, batched_only: bool) -> dict[str, Any]:
     did, as the workers' retention records it."""
     from datetime import timedelta
 
-    from django_durable_scheduler import conf, retention
+    from django_durable_scheduler import conf
+    from django_durable_scheduler.housekeeping import retention
     from django_durable_scheduler.models import TERMINAL_STATUSES
 
     started = time.perf_counter()

@@ -46,8 +46,9 @@ def make_templates() -> None:
     occurrence id, settled_at)."""
     from django.db import connection
 
-    from django_durable_scheduler import kernel, policies
-    from django_durable_scheduler.claiming import claim_authorized
+    from django_durable_scheduler import kernel
+    from django_durable_scheduler.kernel import policies
+    from django_durable_scheduler.kernel.claiming import claim_authorized
 
     for n in range(JOBS):
         if n >= BENCH_JOBS and n < BENCH_JOBS + PRINCIPALS:
@@ -230,7 +231,8 @@ def partition_days() -> list[str]:
     back-dated row; empty on a fresh database, it is dropped and the days made in its place."""
     from django.db import connection
 
-    from django_durable_scheduler import conf, partitions
+    from django_durable_scheduler import conf
+    from django_durable_scheduler.housekeeping import partitions
 
     quote = connection.ops.quote_name
     for part in partitions.partitions(connection.alias):

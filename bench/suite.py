@@ -400,8 +400,8 @@ def _timed(fn: Any, repeat: int) -> tuple[list[float], int]:
 
 
 def _authority_text(principal: str) -> str:
-    from django_durable_scheduler.authority import normalize_authority
-    from django_durable_scheduler.identity import canonical_json
+    from django_durable_scheduler.rules.authority import normalize_authority
+    from django_durable_scheduler.rules.identity import canonical_json
 
     return canonical_json(
         normalize_authority(
@@ -414,8 +414,8 @@ def insert_jobs(n: int) -> None:
     """n enabled cron jobs (a realistic mix of expressions and zones), none due for a while."""
     from datetime import UTC, datetime, timedelta
 
-    from django_durable_scheduler.authority import normalize_authority
     from django_durable_scheduler.models import Job
+    from django_durable_scheduler.rules.authority import normalize_authority
 
     crons = [
         {"cron": "0 9 * * 1-5", "timezone": "Europe/Berlin"},

@@ -50,7 +50,8 @@ class Ours:
         self.run = 0
 
     def setup(self) -> None:
-        from django_durable_scheduler import kernel, policies
+        from django_durable_scheduler import kernel
+        from django_durable_scheduler.kernel import policies
         from django_durable_scheduler.models import Job
 
         # The worker authorizes every run: give the bench principal a budget that never binds.
@@ -150,7 +151,7 @@ class OursTasks(Ours):
     def setup(self) -> None:
         from django.conf import settings
 
-        from django_durable_scheduler import policies
+        from django_durable_scheduler.kernel import policies
         from django_durable_scheduler.tasks import queue_kind
 
         # The backend's OPTIONS principal, granted its queue's kind with a budget that never binds

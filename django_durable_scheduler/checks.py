@@ -28,9 +28,9 @@ from django.db.migrations.loader import MigrationLoader
 from django.utils.module_loading import import_string, module_has_submodule
 
 from . import conf
-from .authority import MAX_BUDGET, normalize_principal
 from .exceptions import InvalidArgument
-from .identity import timeout_ms
+from .rules.authority import MAX_BUDGET, normalize_principal
+from .rules.validation import timeout_ms
 
 TAG = "durable_scheduler"
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -444,8 +444,8 @@ def check_jobs_have_handlers(app_configs: Any = None, **kwargs: Any) -> list[Che
 
 @register(Tags.database, TAG)
 def check_jobs_have_policies(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    from .kernel.policies import jobs_without_policy
     from .models import Job
-    from .policies import jobs_without_policy
 
     messages: list[CheckMessage] = []
     for alias in kwargs.get("databases") or []:

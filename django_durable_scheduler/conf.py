@@ -17,8 +17,6 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.utils.module_loading import import_string
 
-from .identity import MAX_RETRY_BASE_DELAY_MS, MAX_RETRY_MAX_DELAY_MS, MAX_TIMEOUT_MS
-
 logger = logging.getLogger("django_durable_scheduler")
 
 DEFAULTS: dict[str, Any] = {
@@ -72,6 +70,11 @@ DEFAULTS: dict[str, Any] = {
 # same value it checks the same bound: a claim's lease, a job's retry delays and run timeout.
 MAX_LEASE_MS = 24 * 60 * 60 * 1000  # DEFAULT_LEASE, and any lease a claim asks for
 MAX_DEFAULT_LEASE = MAX_LEASE_MS // 1000
+# A job's backoff bounds and the longest timeout a handler, a job or the default setting may
+# give (31 days): the settings below and the validation of every job share them.
+MAX_RETRY_BASE_DELAY_MS = 24 * 60 * 60 * 1000
+MAX_RETRY_MAX_DELAY_MS = 31 * MAX_RETRY_BASE_DELAY_MS
+MAX_TIMEOUT_MS = 31 * 24 * 60 * 60 * 1000
 MAX_RETRY_BASE_DELAY = MAX_RETRY_BASE_DELAY_MS // 1000
 MAX_RETRY_MAX_DELAY = MAX_RETRY_MAX_DELAY_MS // 1000
 MAX_HANDLER_TIMEOUT = MAX_TIMEOUT_MS // 1000
@@ -256,7 +259,7 @@ class DatabaseClock:
     def _measure(self, host: Callable[[], datetime]) -> None:
         from django.db import DatabaseError
 
-        from .dialect import alias_for, server_now
+        from .db.dialect import alias_for, server_now
 
         self._measured_at = time.monotonic()
         try:

@@ -31,23 +31,22 @@ from typing import TYPE_CHECKING, Any
 from django.apps import apps
 
 from . import conf
-from .authority import default_authority, normalize_authority
-from .chains import EDGES, jobs_named, normalize_specs
 from .exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
-from .identity import (
+from .rules.authority import default_authority, normalize_authority
+from .rules.chains import EDGES, jobs_named, normalize_specs
+from .rules.identity import canonical_json, normalize_json
+from .rules.triggers import validate_trigger
+from .rules.validation import (
     MAX_ATTEMPTS_LIMIT,
-    canonical_json,
     key_label,
     normalize_bool,
     normalize_identifier,
     normalize_int,
-    normalize_json,
     retry_base_delay_ms,
     retry_delays_ms,
     retry_max_delay_ms,
     timeout_ms,
 )
-from .triggers import validate_trigger
 
 if TYPE_CHECKING:
     from .models import Job

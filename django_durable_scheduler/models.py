@@ -4,7 +4,7 @@ policies, usage and reservations (the authority layer). Names are
 
 These models are the only definition of the schema: the kernel's SQL takes its columns from
 their ``_meta``, so a field added here with a migration needs no other edit. Only the kernel
-(``kernel.py`` and the modules it gathers) writes occurrence state; these models carry no
+(the ``kernel`` package) writes occurrence state; these models carry no
 state transitions of their own.
 """
 

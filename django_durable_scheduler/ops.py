@@ -13,8 +13,10 @@ from typing import Any
 
 from django.db.models import Case, Count, F, Min, Q, When
 
-from . import conf, dialect, retention, rollups
-from .identity import from_ms, iso_ms, to_ms
+from . import conf
+from .db import dialect
+from .housekeeping import retention, rollups
+from .kernel.policies import jobs_without_policy
 from .models import (
     ACTIVE_STATUSES,
     PENDING_STATUSES,
@@ -26,7 +28,7 @@ from .models import (
     OccurrenceStatus,
     WorkerHeartbeat,
 )
-from .policies import jobs_without_policy
+from .rules.validation import from_ms, iso_ms, to_ms
 
 DEFAULT_STALE_AFTER = timedelta(seconds=60)
 # The status counts settled occurrences (succeeded, dead_letter, cancelled) of this last span.

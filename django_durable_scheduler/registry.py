@@ -8,11 +8,11 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-from . import concurrency as _limits
-from .authority import MAX_BUDGET
 from .declared import add_declaration, declaration_from_handler, forget_kind
 from .exceptions import InvalidArgument
-from .identity import normalize_identifier, normalize_int, timeout_ms
+from .kernel import concurrency as _limits
+from .rules.authority import MAX_BUDGET
+from .rules.validation import normalize_identifier, normalize_int, timeout_ms
 
 HandlerFunc = Callable[[Any], Any]
 

@@ -36,8 +36,8 @@ def _code(names: tuple[str, ...]) -> str:
 def render() -> str:
     """The generated block, markers included."""
     _setup_django()
-    from django_durable_scheduler.lifecycle import TRANSITIONS
     from django_durable_scheduler.models import TERMINAL_STATUSES
+    from django_durable_scheduler.rules.lifecycle import TRANSITIONS
 
     diagram = ["```mermaid", "stateDiagram-v2"]
     for t in TRANSITIONS:

@@ -13,10 +13,11 @@ from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission, User
 from django.urls import reverse
 
-from django_durable_scheduler import kernel, policies
+from django_durable_scheduler import kernel
 from django_durable_scheduler.admin import revision_diff
-from django_durable_scheduler.forms import describe_window, parse_capability_lines, split_window
-from django_durable_scheduler.identity import derive_occurrence_identity, to_ms
+from django_durable_scheduler.admin.forms import describe_window, parse_capability_lines, split_window
+from django_durable_scheduler.kernel import policies
+from django_durable_scheduler.kernel.reservations import reserve_authority
 from django_durable_scheduler.models import (
     AuthorityPolicy,
     AuthorityPolicyRevision,
@@ -27,7 +28,8 @@ from django_durable_scheduler.models import (
     OccurrenceStatus,
     WorkerHeartbeat,
 )
-from django_durable_scheduler.reservations import reserve_authority
+from django_durable_scheduler.rules.identity import derive_occurrence_identity
+from django_durable_scheduler.rules.validation import to_ms
 
 from .conftest import AUTHORITY, authority_for
 

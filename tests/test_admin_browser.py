@@ -10,7 +10,8 @@ import django
 import pytest
 from django.db import connection
 
-from django_durable_scheduler import kernel, policies
+from django_durable_scheduler import kernel
+from django_durable_scheduler.kernel import policies
 from django_durable_scheduler.models import AuthorityPolicy, Occurrence
 
 from .browser import TIMEOUT_MS, skip_unless_browser

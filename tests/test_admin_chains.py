@@ -15,9 +15,12 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import chainview, events, kernel, retention
+from django_durable_scheduler import kernel
+from django_durable_scheduler.admin import chainview
 from django_durable_scheduler.exceptions import InvalidArgument
+from django_durable_scheduler.housekeeping import retention
 from django_durable_scheduler.models import Batch, BatchStatus, Event, Job, Occurrence, OccurrenceStatus
+from django_durable_scheduler.rules import events
 
 from .conftest import CLOCK_START, authority_for, snapshot
 from .test_admin import form_errors, job_data, page_messages, run_action, staff_user, url

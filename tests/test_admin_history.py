@@ -11,9 +11,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from django_durable_scheduler import events, kernel
-from django_durable_scheduler.counting import bounded_count
+from django_durable_scheduler import kernel
+from django_durable_scheduler.db.counting import bounded_count
 from django_durable_scheduler.models import Event, Job, Occurrence
+from django_durable_scheduler.rules import events
 
 from .conftest import AUTHORITY
 

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import triggers
+from django_durable_scheduler.rules import triggers
 
 from .conftest import AUTHORITY, snapshot
 from .test_bad_input import NOW, QUEUED, RUNNING, Ref, World

@@ -29,10 +29,7 @@ from typing import Any
 import pytest
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler.models import (
-    AuthorityPolicy,
-    Event,
-)
+from django_durable_scheduler.models import AuthorityPolicy, Event
 
 from .conftest import AUTHORITY, Clock, snapshot
 

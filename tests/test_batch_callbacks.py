@@ -251,7 +251,7 @@ def test_the_public_names(jobs):
 def test_retention_keeps_the_members_of_a_batch_until_it_completes(jobs, clock):
     from datetime import timedelta
 
-    from django_durable_scheduler import retention
+    from django_durable_scheduler.housekeeping import retention
 
     batch = kernel.open_batch("report")
     kernel.enqueue_many("export", _items(2), batch=batch.pk)

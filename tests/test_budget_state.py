@@ -14,7 +14,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import claiming, retention
+from django_durable_scheduler.housekeeping import retention
+from django_durable_scheduler.kernel import claiming
 from django_durable_scheduler.models import AuthorityReservation, AuthorityUsage, Occurrence
 
 from .conftest import authority_for

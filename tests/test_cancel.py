@@ -15,7 +15,6 @@ from django.db import transaction
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel
-from django_durable_scheduler.context import ExecutionContext
 from django_durable_scheduler.exceptions import (
     InvalidArgument,
     InvalidState,
@@ -24,6 +23,7 @@ from django_durable_scheduler.exceptions import (
     SchedulerError,
 )
 from django_durable_scheduler.models import AuthorityReservation, Event, Occurrence, OccurrenceStatus
+from django_durable_scheduler.worker.context import ExecutionContext
 
 from .conftest import CLOCK_START, snapshot
 from .procs.runner import Workers, granted, wait_for

@@ -10,7 +10,7 @@ import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel
 from django_durable_scheduler.exceptions import InvalidArgument, NotFound
 from django_durable_scheduler.models import Event, Job, Occurrence, OccurrenceStatus
-from django_durable_scheduler.runs import Run
+from django_durable_scheduler.worker.runs import Run
 
 from .conftest import CLOCK_START, authority_for, snapshot
 

@@ -12,7 +12,7 @@ import pytest
 from django.db import connection, transaction
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import claiming, reservations
+from django_durable_scheduler.kernel import claiming, reservations
 from django_durable_scheduler.models import AuthorityReservation, AuthorityUsage, Event, Occurrence
 from django_durable_scheduler.worker import Worker
 

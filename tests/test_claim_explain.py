@@ -18,10 +18,11 @@ import pytest
 from django.db import connection
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import claiming, conf
-from django_durable_scheduler.authority import principal_key
-from django_durable_scheduler.dialect import insert_rows
+from django_durable_scheduler import conf
+from django_durable_scheduler.db.dialect import insert_rows
+from django_durable_scheduler.kernel import claiming
 from django_durable_scheduler.models import Event, Job, Occurrence, OccurrenceStatus
+from django_durable_scheduler.rules.authority import principal_key
 
 from .conftest import authority_for
 

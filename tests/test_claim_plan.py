@@ -35,9 +35,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler.authority import principal_key
-from django_durable_scheduler.identity import derive_occurrence_identity, to_ms
 from django_durable_scheduler.models import Occurrence, OccurrenceStatus
+from django_durable_scheduler.rules.authority import principal_key
+from django_durable_scheduler.rules.identity import derive_occurrence_identity
+from django_durable_scheduler.rules.validation import to_ms
 
 pytestmark = pytest.mark.django_db
 

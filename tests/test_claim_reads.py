@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from django_durable_scheduler import kernel
-from django_durable_scheduler.runs import Run
+from django_durable_scheduler.worker.runs import Run
 
 from .conftest import CLOCK_START, authority_for
 

@@ -14,7 +14,8 @@ from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import conf, dialect
+from django_durable_scheduler import conf
+from django_durable_scheduler.db import dialect
 from django_durable_scheduler.models import Occurrence
 
 from .conftest import ROOT, subprocess_env

@@ -15,7 +15,8 @@ import pytest
 from django.db import transaction
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import claiming, dashboard
+from django_durable_scheduler.admin import dashboard
+from django_durable_scheduler.kernel import claiming
 from django_durable_scheduler.models import ConcurrencySlot, Event, Occurrence
 
 from .conftest import authority_for

@@ -10,7 +10,8 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import dashboard, kernel
+from django_durable_scheduler import kernel
+from django_durable_scheduler.admin import dashboard
 from django_durable_scheduler.models import Event, Occurrence, WorkerHeartbeat
 
 from .test_admin import staff_user

@@ -14,9 +14,9 @@ from django.core.management import call_command
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import checks, declared
-from django_durable_scheduler.authority import DEFAULT_MAX_RUNS, DEFAULT_MAX_UNITS, DEFAULT_WINDOW_MS
+from django_durable_scheduler.kernel.policies import jobs_without_policy
 from django_durable_scheduler.models import Occurrence
-from django_durable_scheduler.policies import jobs_without_policy
+from django_durable_scheduler.rules.authority import DEFAULT_MAX_RUNS, DEFAULT_MAX_UNITS, DEFAULT_WINDOW_MS
 from django_durable_scheduler.worker import Worker
 
 from .conftest import authority_for

@@ -12,10 +12,10 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import enqueuing
-from django_durable_scheduler.authority import principal_key
-from django_durable_scheduler.identity import to_ms
+from django_durable_scheduler.kernel import enqueuing
 from django_durable_scheduler.models import Event, Job, Occurrence
+from django_durable_scheduler.rules.authority import principal_key
+from django_durable_scheduler.rules.validation import to_ms
 
 from .conftest import authority_for
 
@@ -328,7 +328,7 @@ def test_inserted_objects_are_marked_as_save_marks_them(clock):
 
 def test_insert_columns_come_from_the_model():
     """Every concrete column but the auto-increment key, in the model's order."""
-    from django_durable_scheduler.dialect import insert_fields
+    from django_durable_scheduler.db.dialect import insert_fields
 
     assert [f.attname for f in insert_fields(Occurrence)] == [
         f.attname for f in Occurrence._meta.concrete_fields

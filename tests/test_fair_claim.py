@@ -9,9 +9,9 @@ from datetime import timedelta
 import pytest
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler.authority import principal_key
-from django_durable_scheduler.claiming import CURSOR_EVENTS, last_claimed_principal
+from django_durable_scheduler.kernel.claiming import CURSOR_EVENTS, last_claimed_principal
 from django_durable_scheduler.models import Event
+from django_durable_scheduler.rules.authority import principal_key
 
 from .conftest import authority_for
 

@@ -10,9 +10,9 @@ import pytest
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel
-from django_durable_scheduler.heartbeat import Heartbeat
 from django_durable_scheduler.models import Occurrence, WorkerHeartbeat
-from django_durable_scheduler.runs import Held, Run
+from django_durable_scheduler.worker.heartbeat import Heartbeat
+from django_durable_scheduler.worker.runs import Held, Run
 
 from .conftest import AUTHORITY
 

@@ -6,7 +6,8 @@ import pytest
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler.exceptions import InvalidArgument
-from django_durable_scheduler.identity import canonical_json, normalize_identifier, to_ms
+from django_durable_scheduler.rules.identity import canonical_json
+from django_durable_scheduler.rules.validation import normalize_identifier, to_ms
 
 
 def test_identity_vector():
@@ -111,7 +112,11 @@ def test_identity_material_is_the_canonical_json_of_its_fields(job_id, trigger_k
     """The identity writes its material out for speed; it must be canonical_json's."""
     import hashlib
 
-    from django_durable_scheduler.identity import IDENTITY_DOMAIN, canonical_json, derive_occurrence_identity
+    from django_durable_scheduler.rules.identity import (
+        IDENTITY_DOMAIN,
+        canonical_json,
+        derive_occurrence_identity,
+    )
 
     material = canonical_json(
         {

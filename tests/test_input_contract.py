@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import triggers
+from django_durable_scheduler.rules import triggers
 
 from .conftest import AUTHORITY, snapshot
 from .test_bad_input import DEFAULTS, NOW, RUNNING, Ref, World
@@ -415,7 +415,7 @@ def test_exception_with_nul_is_stored_replaced(world):
 def test_longest_principal_key_is_stored(world):
     """The other side of the principal key bound: a key of exactly its column's length."""
     principal = {"type": "t" * 64, "id": '"' * 73 + "i" * (256 - 73)}  # 327 + 73 escapes
-    from django_durable_scheduler.authority import principal_key
+    from django_durable_scheduler.rules.authority import principal_key
 
     assert len(principal_key({"principal": principal})) == 400
     scheduler.create_job("job-key", "reports.send", authority={"principal": principal})
@@ -441,7 +441,7 @@ def test_every_new_function_has_cases():
 
 
 def test_preview_is_short_and_never_fails():
-    from django_durable_scheduler.identity import preview
+    from django_durable_scheduler.rules.validation import preview
 
     class Loud:
         def __repr__(self) -> str:

@@ -15,10 +15,18 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from django_durable_scheduler import kernel, lifecycle
+from django_durable_scheduler import kernel
 from django_durable_scheduler.exceptions import InvalidState, LeaseLost, NotFound
-from django_durable_scheduler.lifecycle import TRANSITION, TRANSITIONS, Action, Attempt, Fence, Transition
 from django_durable_scheduler.models import TERMINAL_STATUSES, Event, Occurrence, OccurrenceStatus
+from django_durable_scheduler.rules import lifecycle
+from django_durable_scheduler.rules.lifecycle import (
+    TRANSITION,
+    TRANSITIONS,
+    Action,
+    Attempt,
+    Fence,
+    Transition,
+)
 
 from .conftest import CLOCK_START, ROOT
 

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from django_durable_scheduler import migrations as migrations_package
 from django_durable_scheduler.exceptions import InvalidArgument
 from django_durable_scheduler.migrations._first_fire_time import first_fire_time
-from django_durable_scheduler.schedules import initial_fire_time
-from django_durable_scheduler.triggers import validate_trigger
+from django_durable_scheduler.rules.schedules import initial_fire_time
+from django_durable_scheduler.rules.triggers import validate_trigger
 
 # The installed package's migrations: the Django 6 legs run these tests beside the wheel.
 MIGRATIONS = Path(migrations_package.__file__).resolve().parent
@@ -92,7 +92,7 @@ def test_a_migration_calls_no_private_method(path):
 @no_database
 def test_the_checks_find_what_they_look_for():
     bad = ast.parse(
-        "from django_durable_scheduler.triggers import validate_trigger\n"
+        "from django_durable_scheduler.rules.triggers import validate_trigger\n"
         "from .. import schedules\n"
         "def step(apps, schema_editor):\n"
         "    import django_durable_scheduler.exceptions\n"

@@ -127,7 +127,7 @@ def test_v1_to_latest_and_back(v1_apps):
     check_occurrences_bound(new)
 
     # The empty policy stays readable through the public API.
-    from django_durable_scheduler.authority import normalize_capabilities
+    from django_durable_scheduler.rules.authority import normalize_capabilities
 
     assert normalize_capabilities(policies[("user", "carol")].capabilities, allow_empty=True) == []
 

@@ -11,10 +11,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import kernel, triggers
-from django_durable_scheduler.identity import iso_ms
+from django_durable_scheduler import kernel
 from django_durable_scheduler.models import Event, Job, Occurrence
-from django_durable_scheduler.triggers import MAX_COUNTED_SLOTS
+from django_durable_scheduler.rules import triggers
+from django_durable_scheduler.rules.triggers import MAX_COUNTED_SLOTS
+from django_durable_scheduler.rules.validation import iso_ms
 
 from .conftest import AUTHORITY
 

@@ -1,5 +1,5 @@
 """An idle worker wakes on enqueue, not at its next poll: PostgreSQL LISTEN/NOTIFY, and on
-SQLite a datagram to each worker's wake-up socket (django_durable_scheduler.wakeup)."""
+SQLite a datagram to each worker's wake-up socket (django_durable_scheduler.db.wakeup)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import wakeup
+from django_durable_scheduler.db import wakeup
 from django_durable_scheduler.models import Occurrence, WorkerHeartbeat
 
 from .conftest import AUTHORITY, ROOT, subprocess_env

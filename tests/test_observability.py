@@ -259,7 +259,7 @@ def test_a_receiver_that_raises_never_breaks_a_run(caplog):
 def test_without_the_otel_extra_nothing_is_measured_and_runs_go_on(monkeypatch):
     import sys
 
-    from django_durable_scheduler import metrics
+    from django_durable_scheduler.telemetry import metrics
 
     # As if opentelemetry-api were not installed: importing it fails.
     monkeypatch.setitem(sys.modules, "opentelemetry.metrics", None)

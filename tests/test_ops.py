@@ -14,7 +14,8 @@ from django.core.management import CommandError, call_command
 from django.db import OperationalError, transaction
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import kernel, ops, retention
+from django_durable_scheduler import kernel, ops
+from django_durable_scheduler.housekeeping import retention
 from django_durable_scheduler.models import (
     AuthorityPolicy,
     AuthorityReservation,
@@ -366,8 +367,8 @@ def test_rows_are_deleted_in_statements_the_database_accepts(job, clock):
     goes, rows with other ids stay."""
     from django.db import connection
 
-    from django_durable_scheduler import dialect
-    from django_durable_scheduler.events import new_event
+    from django_durable_scheduler.db import dialect
+    from django_durable_scheduler.rules.events import new_event
 
     dialect.insert_rows(connection.alias, [new_event("job-a", "probe", clock()) for _ in range(2_500)])
     ids = sorted(Event.objects.filter(event_type="probe").values_list("pk", flat=True))

@@ -12,9 +12,9 @@ import pytest
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel, signals
 from django_durable_scheduler.models import Occurrence
-from django_durable_scheduler.outcomes import OutcomeReporter
-from django_durable_scheduler.runs import Held, Run
 from django_durable_scheduler.worker import Worker
+from django_durable_scheduler.worker.outcomes import OutcomeReporter
+from django_durable_scheduler.worker.runs import Held, Run
 
 from .conftest import AUTHORITY
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import OperationalError
 
-from django_durable_scheduler.pacing import (
+from django_durable_scheduler.worker.pacing import (
     HOLD_AHEAD,
     LOCKED_RETRY,
     MATERIALIZE_EVERY,

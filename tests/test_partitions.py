@@ -21,8 +21,9 @@ from django.db.migrations.executor import MigrationExecutor
 from django.urls import reverse
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import dialect, partitions, retention
+from django_durable_scheduler.db import dialect
 from django_durable_scheduler.exceptions import InvalidArgument
+from django_durable_scheduler.housekeeping import partitions, retention
 from django_durable_scheduler.migrations import _events_partitions
 from django_durable_scheduler.models import Event, Occurrence
 

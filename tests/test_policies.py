@@ -12,14 +12,9 @@ import pytest
 from django.db import connections
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import policies
-from django_durable_scheduler.authority import bound_revision
-from django_durable_scheduler.models import (
-    AuthorityPolicy,
-    AuthorityPolicyRevision,
-    Job,
-    Occurrence,
-)
+from django_durable_scheduler.kernel import policies
+from django_durable_scheduler.models import AuthorityPolicy, AuthorityPolicyRevision, Job, Occurrence
+from django_durable_scheduler.rules.authority import bound_revision
 
 from .conftest import authority_for, snapshot
 
@@ -368,7 +363,7 @@ def test_current_usage_reads_the_current_window(clock):
 
 
 def test_bind_to_current_policy(clock):
-    from django_durable_scheduler.authority import normalize_authority
+    from django_durable_scheduler.rules.authority import normalize_authority
 
     envelope = normalize_authority(authority_for("liam", "a.cap"))
     assert scheduler.bind_to_current_policy(envelope) == envelope  # no policy: unchanged

@@ -16,9 +16,9 @@ import pytest
 from django_durable_scheduler import registry, signals
 from django_durable_scheduler.exceptions import HandlerTimeout, PermanentFailure, Retry
 from django_durable_scheduler.models import Occurrence
-from django_durable_scheduler.pool import EXIT_STUCK, HandlerPool, call_handler
-from django_durable_scheduler.runs import Held, Run
 from django_durable_scheduler.worker import Worker
+from django_durable_scheduler.worker.pool import EXIT_STUCK, HandlerPool, call_handler
+from django_durable_scheduler.worker.runs import Held, Run
 
 LOG = "django_durable_scheduler"
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

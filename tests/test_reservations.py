@@ -12,7 +12,6 @@ import pytest
 from django.db import transaction
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler.authority import bind, bound_revision
 from django_durable_scheduler.models import (
     AuthorityPolicy,
     AuthorityReservation,
@@ -21,6 +20,7 @@ from django_durable_scheduler.models import (
     Job,
     Occurrence,
 )
+from django_durable_scheduler.rules.authority import bind, bound_revision
 from django_durable_scheduler.worker import Worker
 
 from .conftest import authority_for, snapshot

@@ -17,7 +17,8 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import archive, checks, conf, kernel, maintenance, retention
+from django_durable_scheduler import checks, conf, kernel
+from django_durable_scheduler.housekeeping import archive, maintenance, retention
 from django_durable_scheduler.models import (
     AuthorityPolicy,
     AuthorityReservation,

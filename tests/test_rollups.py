@@ -14,7 +14,8 @@ from django.db.models import Count
 from django.test.utils import CaptureQueriesContext
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import kernel, rollups
+from django_durable_scheduler import kernel
+from django_durable_scheduler.housekeeping import rollups
 from django_durable_scheduler.models import TERMINAL_STATUSES, Occurrence, OutcomeCount
 
 pytestmark = pytest.mark.django_db

@@ -29,9 +29,9 @@ if not (importlib.util.find_spec("django.tasks") or importlib.util.find_spec("dj
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import declared, kernel, registry
-from django_durable_scheduler.context import ExecutionContext
-from django_durable_scheduler.identity import to_ms
 from django_durable_scheduler.models import Event, Job, Occurrence, OccurrenceStatus
+from django_durable_scheduler.rules.triggers import describe_trigger
+from django_durable_scheduler.rules.validation import to_ms
 from django_durable_scheduler.tasks import DurableBackend, durable, framework, schedule
 from django_durable_scheduler.tasks.framework import (
     InvalidTask,
@@ -43,7 +43,7 @@ from django_durable_scheduler.tasks.framework import (
     task_started,
 )
 from django_durable_scheduler.tasks.handlers import durable_queues, run_task
-from django_durable_scheduler.triggers import describe_trigger
+from django_durable_scheduler.worker.context import ExecutionContext
 from tests.testapp import djtasks
 
 from .procs.runner import Workers, wait_for

@@ -14,8 +14,8 @@ import django_durable_scheduler as scheduler
 from django_durable_scheduler import registry
 from django_durable_scheduler.exceptions import InvalidArgument
 from django_durable_scheduler.models import Job, Occurrence
-from django_durable_scheduler.runs import timeout_of
 from django_durable_scheduler.worker import EXIT_STUCK
+from django_durable_scheduler.worker.runs import timeout_of
 
 from .conftest import AUTHORITY
 from .procs.runner import Workers, wait_for

@@ -21,8 +21,9 @@ from django.urls import reverse
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import kernel, registry, tracing
+from django_durable_scheduler import kernel, registry
 from django_durable_scheduler.models import Occurrence
+from django_durable_scheduler.telemetry import tracing
 from django_durable_scheduler.worker import Worker
 
 from .conftest import AUTHORITY, run_python

@@ -1,4 +1,4 @@
-"""Tests for ``django_durable_scheduler.triggers`` (pure Python, no database)."""
+"""Tests for ``django_durable_scheduler.rules.triggers`` (pure Python, no database)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from croniter import croniter
 
 from django_durable_scheduler.exceptions import InvalidArgument, SchedulerError
-from django_durable_scheduler.triggers import (
+from django_durable_scheduler.rules.triggers import (
     DEFAULT_CATCHUP_WINDOW,
     MAX_CATCHUP_SLOTS,
     MISFIRE_POLICIES,

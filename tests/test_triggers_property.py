@@ -27,7 +27,7 @@ from django.conf import settings as django_settings
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from django_durable_scheduler.triggers import (
+from django_durable_scheduler.rules.triggers import (
     count_fire_times,
     next_fire_times,
     parse_cron,

@@ -1,7 +1,7 @@
 """No wake-up is lost: a worker whose next poll is a minute away starts every occurrence
 enqueued while it is idle or busy (claiming, settling, running handlers) at once, and not
 at that poll. PostgreSQL wakes it by NOTIFY, a file-backed SQLite database by a datagram
-(django_durable_scheduler.wakeup). And a worker's claim batches follow its handlers' speed,
+(django_durable_scheduler.db.wakeup). And a worker's claim batches follow its handlers' speed,
 not its thread count."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 from django.db import connection
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import events
 from django_durable_scheduler.models import Event, Occurrence, WorkerHeartbeat
+from django_durable_scheduler.rules import events
 
 from .conftest import AUTHORITY, ROOT, subprocess_env
 

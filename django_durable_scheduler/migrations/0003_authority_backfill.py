@@ -19,7 +19,7 @@ from typing import Any
 from django.db import migrations
 from django.utils import timezone
 
-from django_durable_scheduler.migrations._batch import batches, update_columns
+from ._batch import batches, update_columns
 
 TERMINAL = ("succeeded", "dead_letter")
 REF = "schedulerPolicyRevision"

@@ -51,8 +51,9 @@ from django.db import migrations, models
 from django.utils import timezone
 
 import django_durable_scheduler.constraints
-from django_durable_scheduler.migrations._batch import batches, update_columns
-from django_durable_scheduler.migrations._first_fire_time import first_fire_time
+
+from ._batch import batches, update_columns
+from ._first_fire_time import first_fire_time
 
 APP = "durable_scheduler"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from django.db import migrations
 
-from django_durable_scheduler.migrations._events_partitions import backward, forward
+from ._events_partitions import backward, forward
 
 
 class Migration(migrations.Migration):

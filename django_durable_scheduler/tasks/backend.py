@@ -24,8 +24,7 @@ from django.db import transaction
 from django.utils.module_loading import import_string
 
 from .. import conf, kernel
-from ..dialect import alias_for
-from ..events import OCCURRENCE_CLAIMED, OCCURRENCE_RECLAIMED
+from ..db.dialect import alias_for
 from ..exceptions import (
     Conflict,
     InvalidArgument,
@@ -34,8 +33,10 @@ from ..exceptions import (
     RevisionConflict,
     SchedulerError,
 )
-from ..identity import canonical_json, from_ms, normalize_identifier, normalize_json, to_ms
 from ..models import Event, Job, Occurrence, OccurrenceStatus
+from ..rules.events import OCCURRENCE_CLAIMED, OCCURRENCE_RECLAIMED
+from ..rules.identity import canonical_json, normalize_json
+from ..rules.validation import from_ms, normalize_identifier, to_ms
 from .display import ERRORS_KEY, TASK_STATUS, recorded_errors, task_errors
 from .framework import (
     DEFAULT_TASK_QUEUE_NAME,
@@ -53,14 +54,7 @@ from .framework import (
     task_started,
 )
 from .framework import normalize_json as django_normalize_json
-from .options import (
-    options_for,
-    parse_options,
-    queue_kind,
-    queue_of,
-    unique_for,
-    validate_queue,
-)
+from .options import options_for, parse_options, queue_kind, queue_of, unique_for, validate_queue
 
 STATUS = {status: TaskResultStatus(word) for status, word in TASK_STATUS.items()}
 # The failed attempts' errors are kept in the occurrence's metadata (the task handler's

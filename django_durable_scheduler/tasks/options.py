@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from ..authority import normalize_principal
 from ..exceptions import InvalidArgument
-from ..identity import (
+from ..kernel.unique import MAX_DEBOUNCE_MS, UNIQUE_WHILE
+from ..rules.authority import normalize_principal
+from ..rules.identity import canonical_json
+from ..rules.validation import (
     MAX_ATTEMPTS_LIMIT,
-    canonical_json,
     key_label,
     normalize_identifier,
     normalize_int,
@@ -22,7 +23,6 @@ from ..identity import (
     timeout_ms,
     to_duration_ms,
 )
-from ..unique import MAX_DEBOUNCE_MS, UNIQUE_WHILE
 
 # Each queue of a DurableBackend is one handler kind: ``runscheduler --queues`` claims only
 # those kinds, and the kind is the capability that a task's principal must hold.

@@ -18,8 +18,8 @@ from django.utils.module_loading import import_string
 
 from ..declared import DeclaredJob, declare_job
 from ..exceptions import InvalidArgument
-from ..identity import normalize_identifier
 from ..models import TASK_SCHEDULE_PREFIX
+from ..rules.validation import normalize_identifier
 from .backend import DurableBackend
 from .framework import Task, task_backends
 

@@ -14,7 +14,7 @@ import django
 
 def main() -> None:
     django.setup()
-    from django_durable_scheduler import claiming
+    from django_durable_scheduler.kernel import claiming
 
     owner = sys.argv[1]
     start_at = float(os.environ.get("START_AT", "0"))

@@ -120,7 +120,7 @@ def queue_race(settings, queued: int, max_runs: int):
     from django.db import transaction
 
     import django_durable_scheduler as scheduler
-    from django_durable_scheduler.identity import from_ms
+    from django_durable_scheduler.rules.validation import from_ms
 
     from ..conftest import Clock, authority_for
 

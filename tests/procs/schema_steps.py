@@ -91,7 +91,8 @@ def exercise(tag: str) -> dict:
 def enqueue_steps(tag: str, facts: dict[str, Any]) -> set[str]:
     """enqueue, enqueue_many and a new job's first enqueue; the ids of the rows they inserted."""
     import django_durable_scheduler as scheduler
-    from django_durable_scheduler import dialect, enqueuing
+    from django_durable_scheduler.db import dialect
+    from django_durable_scheduler.kernel import enqueuing
     from django_durable_scheduler.models import Occurrence
 
     one, d1 = scheduler.enqueue("job-a", scheduled_for=BASE_MS + 1000, trigger_key=f"{tag}-1")
@@ -193,7 +194,7 @@ def partition_steps(tag: str) -> dict[str, Any]:
 
     from django.db import connection
 
-    from django_durable_scheduler import partitions
+    from django_durable_scheduler.housekeeping import partitions
     from django_durable_scheduler.models import Event
 
     if not partitions.is_partitioned("default"):

@@ -15,7 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
 from ... import checks, declared, registry
-from ...dialect import alias_for
+from ...db.dialect import alias_for
 from ...exceptions import SchedulerError
 from ...models import Occurrence
 from ...tasks.handlers import durable_queues

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
 from ... import ops
-from ...archive import ArchiveError
+from ...housekeeping.archive import ArchiveError
 from . import DATABASE_HELP, database_alias
 
 

@@ -13,8 +13,8 @@ from django.db import DatabaseError, transaction
 from django.db.models import Model
 
 from ... import conf, ops
-from ...archive import ArchiveError, Contents, read
-from ...dialect import alias_for
+from ...db.dialect import alias_for
+from ...housekeeping.archive import ArchiveError, Contents, read
 from ...models import AuthorityReservation, Event, Job, Occurrence
 from . import DATABASE_HELP, database_alias
 

@@ -8,7 +8,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError
 
-from ... import budgets, ops
+from ... import ops
+from ...kernel import budgets
 from . import DATABASE_HELP, database_alias
 
 

@@ -1,0 +1,666 @@
+"""Database-specific SQL behind one small interface, with a portable fallback.
+
+- Write transactions: SQLite has no row locks and one writer at a time, so every kernel
+  transaction takes the database write lock as its first act (``transaction_mode=IMMEDIATE``,
+  or a no-op write when the project did not configure it). From then on no other writer can
+  commit until we do: what the transaction reads is the latest committed state.
+- Row locks: ``FOR UPDATE SKIP LOCKED`` on PostgreSQL and MySQL 8 / MariaDB 10.6+, so
+  concurrent claimers each take different rows without waiting on each other.
+- Inserts are built from each model's ``_meta``: every concrete column, with the values of
+  the model instances (so their defaults), and a field added with ``makemigrations`` is
+  written with no edit here. ``ON CONFLICT DO NOTHING ... RETURNING`` where the database has
+  it (PostgreSQL, SQLite 3.35+); elsewhere the caller inserts in a savepoint.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, date, datetime, time
+from functools import cache
+from operator import attrgetter
+from typing import Any
+from uuid import UUID
+
+from django.db import connections, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Field, JSONField, Model, QuerySet
+
+from ..exceptions import InvalidArgument
+from ..models import Occurrence
+from .wakeup import CHANNEL
+
+
+def _immediate(connection: BaseDatabaseWrapper) -> bool:
+    mode = str(connection.settings_dict.get("OPTIONS", {}).get("transaction_mode", ""))
+    return mode.upper() == "IMMEDIATE"
+
+
+def take_write_lock(connection: BaseDatabaseWrapper) -> None:
+    """On SQLite without IMMEDIATE transactions, take the write lock now (see module doc)."""
+    if connection.vendor == "sqlite" and not _immediate(connection):
+        with connection.cursor() as cursor:
+            # A write that touches nothing still opens a write transaction, waiting for the
+            # lock with the busy timeout rather than failing later on a lock upgrade.
+            cursor.execute("UPDATE durable_scheduler_jobs SET revision = revision WHERE 0 = 1")
+
+
+def alias_for(using: str | None) -> str:
+    """The database alias an operation given ``using=`` runs on: that one, else the database
+    the project's routers write this app's models to. The app's tables live in one database
+    (checks.py says so otherwise), and its reads go there too: what the kernel reads decides
+    what it writes, so it must not come from a replica."""
+    if using is not None and not isinstance(using, str):
+        raise InvalidArgument("using", "must be a database alias or None")
+    return using or router.db_for_write(Occurrence)
+
+
+# The server's current time, to the microsecond, in UTC. SQLite runs on this host, so its clock
+# is the host's.
+_SERVER_NOW = {
+    "postgresql": "SELECT clock_timestamp()",
+    "mysql": "SELECT UTC_TIMESTAMP(6)",
+}
+
+
+def server_now(alias: str) -> datetime | None:
+    """The database server's clock (aware UTC), or None where it is this host's (SQLite)."""
+    connection = connections[alias]
+    sql = _SERVER_NOW.get(connection.vendor)
+    if sql is None:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        (value,) = cursor.fetchone()
+    server: datetime = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return server if server.tzinfo is not None else server.replace(tzinfo=UTC)
+
+
+def planner_row_estimate(queryset: QuerySet[Any]) -> int | None:
+    """How many rows the planner expects ``queryset`` to return (PostgreSQL: ``EXPLAIN``'s
+    estimate, from the table statistics, in the time it takes to plan), or None where the
+    database gives no usable estimate: the caller counts, within a bound, instead."""
+    connection = connections[queryset.db]
+    if connection.vendor != "postgresql":
+        return None
+    sql, params = queryset.order_by().values("pk").query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+        (plan,) = cursor.fetchone()
+    if isinstance(plan, str):  # a driver that does not decode json
+        plan = json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+@contextmanager
+def write_transaction(using: str | None = None) -> Iterator[str]:
+    """One kernel transaction on ``using`` (yields its alias); inside a caller's transaction,
+    a savepoint, so that an error undoes only this operation and the caller's transaction
+    stays usable."""
+    alias = alias_for(using)
+    with transaction.atomic(using=alias):
+        take_write_lock(connections[alias])
+        yield alias
+
+
+def supports_skip_locked(alias: str) -> bool:
+    features = connections[alias].features
+    return bool(features.has_select_for_update and features.has_select_for_update_skip_locked)
+
+
+def lock_rows(qs: QuerySet[Any], alias: str) -> QuerySet[Any]:
+    """Lock the rows ``qs`` returns, skipping rows other transactions hold."""
+    if connections[alias].vendor == "sqlite":
+        return qs  # the transaction already holds the database write lock
+    if supports_skip_locked(alias):
+        of = ("self",) if connections[alias].features.has_select_for_update_of else ()
+        return qs.select_for_update(skip_locked=True, of=of)
+    return qs.select_for_update()
+
+
+def latest_rows(qs: QuerySet[Any], alias: str) -> QuerySet[Any]:
+    """``qs`` read as last committed, inside a transaction that has read before: a locking
+    read (waiting) on MySQL/MariaDB, whose repeatable-read snapshot is fixed at a
+    transaction's first read; PostgreSQL (read committed) and SQLite (one writer) see the
+    latest rows with a plain read."""
+    if connections[alias].vendor == "mysql":
+        return qs.select_for_update()
+    return qs
+
+
+def shared_lock_clause(alias: str) -> str | None:
+    """The clause that locks selected rows against writers but not against each other, where
+    the callers rely on it: PostgreSQL's ``FOR SHARE``. Elsewhere None, and callers lock
+    exclusively (MySQL/MariaDB: the shared locks its duplicate-key checks take would turn two
+    claimers creating the same usage row into a deadlock; SQLite has one writer anyway)."""
+    return "FOR SHARE" if connections[alias].vendor == "postgresql" else None
+
+
+# --------------------------------------------------------------------------- inserts
+
+
+@cache
+def insert_fields(model: type[Model]) -> tuple[Field[Any, Any], ...]:
+    """The columns a plain ``INSERT`` into ``model``'s table may write: every concrete field
+    but an auto-increment key or a generated column (what ``Model.save()`` leaves out)."""
+    meta = model._meta
+    return tuple(
+        field for field in meta.local_concrete_fields if field is not meta.auto_field and not field.generated
+    )
+
+
+@cache
+def _with_db_default(model: type[Model]) -> tuple[Field[Any, Any], ...]:
+    return tuple(field for field in insert_fields(model) if field.has_db_default())
+
+
+def _columns(objs: Sequence[Model]) -> tuple[Field[Any, Any], ...]:
+    """The columns to write for ``objs``: :func:`insert_fields`, less those whose value is
+    left to the database (a field with ``db_default`` that no row sets)."""
+    model = type(objs[0])
+    left: list[Field[Any, Any]] = []
+    for field in _with_db_default(model):
+        unset = [hasattr(getattr(obj, field.attname), "resolve_expression") for obj in objs]
+        if all(unset):
+            left.append(field)
+        elif any(unset):
+            raise ValueError(f"{field.name} is set on some rows and left to its db_default on others")
+    fields = insert_fields(model)
+    return fields if not left else tuple(field for field in fields if field not in left)
+
+
+def can_skip_conflicts(alias: str) -> bool:
+    """Whether :func:`insert_rows` can skip rows whose unique keys exist and say which rows
+    it inserted: PostgreSQL, and SQLite with ``RETURNING`` (3.35+). MySQL's ``INSERT
+    IGNORE`` would also turn other errors into warnings, so it has no such insert here."""
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        return True
+    return connection.vendor == "sqlite" and bool(connection.features.can_return_rows_from_bulk_insert)
+
+
+def _rows_per_statement(connection: BaseDatabaseWrapper, width: int, bound_once: int = 0) -> int:
+    """Rows of ``width`` parameters that fit one statement beside ``bound_once`` others."""
+    if connection.vendor == "sqlite":
+        connection.ensure_connection()
+        getlimit = getattr(connection.connection, "getlimit", None)  # Python 3.11+
+        if getlimit is not None:
+            import sqlite3
+
+            limit = int(getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+        else:
+            limit = int(connection.features.max_query_params or 999)
+    else:
+        # MySQL's packet size is the bound here, kept far away by the row count.
+        limit = 65535
+    return max(1, min(1000, (limit - bound_once) // max(1, width)))
+
+
+def _quoted_columns(connection: BaseDatabaseWrapper, fields: Sequence[Field[Any, Any]]) -> str:
+    return "(" + ", ".join(connection.ops.quote_name(str(field.column)) for field in fields) + ")"
+
+
+def _pg_type(connection: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
+    """``field``'s PostgreSQL type for a cast or a record column; character types without
+    their length, which a cast would silently cut values to (the target column still
+    refuses a value too long)."""
+    return re.sub(
+        r"^(varchar|char|character varying|character)\(\d+\)$", r"\1", str(field.cast_db_type(connection))
+    )
+
+
+def _cast(connection: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
+    """``%s`` cast to ``field``'s type, for a value in a PostgreSQL ``SELECT`` list, which
+    (unlike ``VALUES``) does not take its types from the target columns."""
+    return f"%s::{_pg_type(connection, field)}"
+
+
+def _values(objs: Sequence[Model], fields: Sequence[Field[Any, Any]]) -> list[list[Any]]:
+    """Per object, its values of ``fields`` as ``save()`` takes them for an insert: what
+    ``pre_save`` gives (so ``auto_now_add`` and the like get their values), read directly
+    where a field's ``pre_save`` is the base one that reads the attribute."""
+    get = attrgetter(*(field.attname for field in fields))
+    computed = [(i, field) for i, field in enumerate(fields) if type(field).pre_save is not Field.pre_save]
+    rows = []
+    for obj in objs:
+        row = list(get(obj)) if len(fields) > 1 else [get(obj)]
+        for i, field in computed:
+            row[i] = field.pre_save(obj, True)
+        rows.append(row)
+    return rows
+
+
+def _prepared(obj: Model, fields: Sequence[Field[Any, Any]], connection: BaseDatabaseWrapper) -> list[Any]:
+    """``obj``'s values of ``fields`` as an insert binds them."""
+    (row,) = _values([obj], fields)
+    return [field.get_db_prep_save(value, connection) for field, value in zip(fields, row, strict=True)]
+
+
+def _placeholders(width: int) -> str:
+    return "(" + ", ".join(["%s"] * width) + ")"
+
+
+def mark_saved(objs: Sequence[Model], alias: str) -> None:
+    """Mark ``objs`` as rows of ``alias`` (what ``save()`` does after an insert)."""
+    for obj in objs:
+        obj._state.adding = False
+        obj._state.db = alias
+
+
+def _returning_pk(connection: BaseDatabaseWrapper, model: type[Model]) -> str:
+    pk = model._meta.pk
+    assert pk is not None
+    return f" ON CONFLICT DO NOTHING RETURNING {connection.ops.quote_name(str(pk.column))}"
+
+
+def insert_rows(alias: str, objs: Sequence[Model], *, skip_conflicts: bool = False) -> set[Any]:
+    """Insert ``objs`` (all of one model).
+
+    ``skip_conflicts`` (only where :func:`can_skip_conflicts`): rows whose unique keys exist
+    already are skipped, and the primary keys of the rows inserted are returned. Otherwise
+    every row is inserted and an empty set returned (a database-generated key is not read
+    back: nothing on the hot path reads it).
+
+    One row, or MySQL/MariaDB: ``INSERT ... VALUES``. Many rows on PostgreSQL and SQLite:
+    ``INSERT ... SELECT`` from the rows, where the columns whose value is the same in every
+    row (a bulk enqueue's job columns, a batch's event time) are bound once per statement
+    instead of once per row; which ones, is found from the values themselves."""
+    if not objs:
+        return set()
+    connection = connections[alias]
+    if skip_conflicts and not can_skip_conflicts(alias):
+        raise ValueError(f"no insert that skips conflicts on {connection.vendor}")
+    model = type(objs[0])
+    fields = _columns(objs)
+    table = connection.ops.quote_name(model._meta.db_table)
+    columns = _quoted_columns(connection, fields)
+    tail = _returning_pk(connection, model) if skip_conflicts else ""
+    rows = _values(objs, fields)
+    if len(rows) > 1 and connection.vendor == "postgresql":
+        statements = _recordset_statements(connection, table, columns, fields, rows, tail)
+    elif len(rows) > 1 and connection.vendor == "sqlite":
+        statements = _sqlite_values_statements(connection, table, columns, fields, rows, tail)
+    else:
+        statements = _values_statements(connection, table, columns, fields, rows, tail)
+    inserted: set[Any] = set()
+    with connection.cursor() as cursor:
+        for sql, params in statements:
+            cursor.execute(sql, params)
+            if skip_conflicts:
+                inserted.update(row[0] for row in cursor.fetchall())
+    if skip_conflicts:
+        pk_name = model._meta.pk.attname
+        mark_saved([obj for obj in objs if getattr(obj, pk_name) in inserted], alias)
+    else:
+        mark_saved(objs, alias)
+    return inserted
+
+
+def _values_statements(
+    connection: BaseDatabaseWrapper,
+    table: str,
+    columns: str,
+    fields: Sequence[Field[Any, Any]],
+    rows: list[list[Any]],
+    tail: str,
+) -> Iterator[tuple[str, list[Any]]]:
+    """The portable insert: ``INSERT ... VALUES (...), (...)``, every value bound."""
+    per_statement = _rows_per_statement(connection, len(fields))
+    for start in range(0, len(rows), per_statement):
+        chunk = rows[start : start + per_statement]
+        params = [
+            field.get_db_prep_save(value, connection)
+            for row in chunk
+            for field, value in zip(fields, row, strict=True)
+        ]
+        values = ", ".join([_placeholders(len(fields))] * len(chunk))
+        yield f"INSERT INTO {table} {columns} VALUES {values}{tail}", params
+
+
+def _constant_columns(rows: list[list[Any]]) -> list[bool]:
+    """Per column, whether every row holds the first row's value (never the first column, so
+    that each row keeps one value of its own). The same object, or an equal scalar of the
+    same type: Python's equality would take ``{"a": 1}`` for ``{"a": True}``."""
+    first = rows[0]
+    same = [all(_same(row[i], first[i]) for row in rows) for i in range(len(first))]
+    same[0] = False
+    return same
+
+
+_SCALARS = frozenset({str, int, datetime, date, time, UUID})
+
+
+def _same(value: Any, other: Any) -> bool:
+    return value is other or (type(value) is type(other) and type(value) in _SCALARS and value == other)
+
+
+def _sqlite_values_statements(
+    connection: BaseDatabaseWrapper,
+    table: str,
+    columns: str,
+    fields: Sequence[Field[Any, Any]],
+    rows: list[list[Any]],
+    tail: str,
+) -> Iterator[tuple[str, list[Any]]]:
+    """SQLite's bulk insert: ``INSERT ... SELECT`` from a ``VALUES`` list of the columns that
+    differ between the rows, the others bound once."""
+    same = _constant_columns(rows)
+    varying = [i for i, constant in enumerate(same) if not constant]
+    constants = [fields[i].get_db_prep_save(rows[0][i], connection) for i, c in enumerate(same) if c]
+    select = []
+    for i in range(len(fields)):
+        select.append("%s" if same[i] else f"v.column{varying.index(i) + 1}")
+    # "WHERE true" tells SQLite's parser that an ON CONFLICT belongs to the INSERT.
+    per_statement = _rows_per_statement(connection, len(varying), len(constants))
+    convert = [(i, _memo_prep(fields[i], connection)) for i in varying]
+    for start in range(0, len(rows), per_statement):
+        chunk = rows[start : start + per_statement]
+        params = list(constants)
+        for row in chunk:
+            params += [prep(row[i]) for i, prep in convert]
+        values = ", ".join([_placeholders(len(varying))] * len(chunk))
+        yield (
+            f"INSERT INTO {table} {columns} SELECT {', '.join(select)} FROM (VALUES {values}) AS v"
+            f" WHERE true{tail}",
+            params,
+        )
+
+
+def _memo_prep(field: Field[Any, Any], connection: BaseDatabaseWrapper) -> Callable[[Any], Any]:
+    """``field.get_db_prep_save`` for a run of values, remembering the last one (rows built
+    together often share a value, a time above all)."""
+    last: list[Any] = [object(), None]
+
+    def prep(value: Any) -> Any:
+        if value is not last[0]:
+            last[:] = value, field.get_db_prep_save(value, connection)
+        return last[1]
+
+    return prep
+
+
+# Rows per PostgreSQL bulk statement: one JSON document of this many records.
+RECORDS_PER_STATEMENT = 5000
+
+
+def _recordset_statements(
+    connection: BaseDatabaseWrapper,
+    table: str,
+    columns: str,
+    fields: Sequence[Field[Any, Any]],
+    rows: list[list[Any]],
+    tail: str,
+) -> Iterator[tuple[str, list[Any]]]:
+    """PostgreSQL's bulk insert: ``INSERT ... SELECT`` from ``jsonb_to_recordset`` of one
+    JSON parameter holding the columns that differ between the rows, so thousands of rows
+    are one parameter to send and parse instead of a statement of tens of thousands."""
+    same = _constant_columns(rows)
+    varying = [i for i, constant in enumerate(same) if not constant]
+    select: list[str] = []
+    constants: list[Any] = []
+    record: list[str] = []
+    for i, field in enumerate(fields):
+        if same[i]:
+            select.append(_cast(connection, field))
+            constants.append(field.get_db_prep_save(rows[0][i], connection))
+        else:
+            select.append(f"v.c{i}")
+            record.append(f"c{i} {_pg_type(connection, field)}")
+    source = f"jsonb_to_recordset(%s::jsonb) AS v({', '.join(record)})"
+    sql = f"INSERT INTO {table} {columns} SELECT {', '.join(select)} FROM {source}{tail}"
+    convert = [(f"c{i}", i, _json_converter(fields[i], connection)) for i in varying]
+    for start in range(0, len(rows), RECORDS_PER_STATEMENT):
+        chunk = rows[start : start + RECORDS_PER_STATEMENT]
+        records = [{key: to_json(row[i]) for key, i, to_json in convert} for row in chunk]
+        yield sql, [*constants, json.dumps(records, ensure_ascii=False, separators=(",", ":"))]
+
+
+def _json_converter(field: Field[Any, Any], connection: BaseDatabaseWrapper) -> Callable[[Any], Any]:
+    """How a value of ``field`` goes into a JSON record for ``jsonb_to_recordset``: a JSON
+    column's value as the JSON it is, anything else as the text or number the column's
+    input function reads, from the field's own ``get_db_prep_save``."""
+    if isinstance(field, JSONField):
+        if field.encoder is None:
+            return lambda value: value
+        encoder = field.encoder
+        return lambda value: json.loads(json.dumps(value, cls=encoder))
+    prep = _memo_prep(field, connection)
+
+    def convert(value: Any) -> Any:
+        prepared = prep(value)
+        if prepared is None or isinstance(prepared, bool | int | float | str):
+            return prepared
+        return prepared.isoformat() if isinstance(prepared, datetime | date | time) else str(prepared)
+
+    return convert
+
+
+class GuardFailed(Exception):
+    """The guard row of :func:`insert_guarded` no longer holds the expected values."""
+
+
+def supports_guarded_insert(alias: str) -> bool:
+    """Whether :func:`insert_guarded` works on this database."""
+    return connections[alias].vendor == "postgresql" or (
+        connections[alias].vendor == "sqlite" and can_skip_conflicts(alias)
+    )
+
+
+def guard_for(alias: str, obj: Model, names: Sequence[str]) -> tuple[str, list[Any]]:
+    """The guard of :func:`insert_guarded` for ``obj``'s row: ``SELECT 1 FROM <table> WHERE
+    pk = %s AND <column> = %s ...`` (null-safe) with ``obj``'s current values of the fields
+    ``names``."""
+    connection = connections[alias]
+    meta = obj._meta
+    quote = connection.ops.quote_name
+    same = "IS" if connection.vendor == "sqlite" else "IS NOT DISTINCT FROM"
+    assert meta.pk is not None
+    conditions = [f"{quote(str(meta.pk.column))} = %s"]
+    params: list[Any] = [meta.pk.get_db_prep_value(obj.pk, connection)]
+    for name in names:
+        field = meta.get_field(name)
+        assert isinstance(field, Field)
+        conditions.append(f"{quote(str(field.column))} {same} %s")
+        params.append(field.get_db_prep_save(getattr(obj, field.attname), connection))
+    return f"SELECT 1 FROM {quote(meta.db_table)} WHERE {' AND '.join(conditions)}", params
+
+
+def insert_guarded(
+    alias: str, obj: Model, guard: tuple[str, list[Any]], *, then: Sequence[Model] = (), notify: bool = False
+) -> bool:
+    """Insert ``obj`` only while the ``guard`` row (from :func:`guard_for`) still holds its
+    values, skipping it if a row with one of its unique keys exists; if inserted, also the
+    rows ``then`` (its events) and, with ``notify``, a wake-up of listening workers. True if
+    inserted, False if a row was there; :class:`GuardFailed` (nothing written) if the guard
+    row changed. The enqueue of a job this process has read before uses it to insert
+    without reading the job again.
+
+    PostgreSQL: one statement (the guard, the inserts and ``pg_notify`` in one ``WITH``),
+    atomic by itself, so it needs no transaction of its own. SQLite: the insert, then the
+    rest, so the caller runs it inside a write transaction."""
+    connection = connections[alias]
+    fields = _columns([obj])
+    then_fields = _columns(then) if then else ()
+    sql = _guarded_statement(connection, type(obj), fields, guard[0], then, then_fields, notify)
+    row = _prepared(obj, fields, connection)
+    guard_params = guard[1]
+    if connection.vendor == "sqlite":
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [*row, *guard_params])
+            inserted = cursor.fetchone() is not None
+            if not inserted:
+                cursor.execute(guard[0], guard_params)
+                if cursor.fetchone() is None:
+                    raise GuardFailed
+        if inserted:
+            mark_saved([obj], alias)
+            insert_rows(alias, then)
+            if notify:
+                from .wakeup import notify_new_work
+
+                notify_new_work(alias)
+        return inserted
+    params: list[Any] = [*guard_params, *row]
+    for item in then:
+        params += _prepared(item, then_fields, connection)
+    if notify:
+        params.append(CHANNEL)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        count, guard_held, *_ = cursor.fetchone()
+    if not guard_held:
+        raise GuardFailed
+    if count:
+        mark_saved([obj, *then], alias)
+    return bool(count)
+
+
+_GUARDED: dict[tuple[Any, ...], str] = {}
+
+
+def _guarded_statement(
+    connection: BaseDatabaseWrapper,
+    model: type[Model],
+    fields: tuple[Field[Any, Any], ...],
+    guard_sql: str,
+    then: Sequence[Model],
+    then_fields: tuple[Field[Any, Any], ...],
+    notify: bool,
+) -> str:
+    """The statement of :func:`insert_guarded`, built once per database, columns and shape."""
+    then_model = type(then[0]) if then else None
+    # By the columns' names: hashing the fields themselves costs more than the statement saves.
+    names = tuple(field.attname for field in fields), tuple(field.attname for field in then_fields)
+    key = (connection.alias, model, names, guard_sql, then_model, len(then), notify)
+    sql = _GUARDED.get(key)
+    if sql is not None:
+        return sql
+    quote = connection.ops.quote_name
+    table, columns = quote(model._meta.db_table), _quoted_columns(connection, fields)
+    if connection.vendor == "sqlite":
+        pk = _returning_pk(connection, model)
+        # "WHERE EXISTS" also tells SQLite's parser that ON CONFLICT belongs to the INSERT.
+        sql = (
+            f"INSERT INTO {table} {columns} SELECT {', '.join(['%s'] * len(fields))}"
+            f" WHERE EXISTS ({guard_sql}){pk}"
+        )
+    else:
+        select = ", ".join(_cast(connection, field) for field in fields)
+        parts = [
+            f"g AS ({guard_sql})",
+            f"o AS (INSERT INTO {table} {columns} SELECT {select} FROM g ON CONFLICT DO NOTHING RETURNING 1)",
+        ]
+        if then_model is not None:
+            then_select = ", ".join(_cast(connection, field) for field in then_fields)
+            rows = " UNION ALL ".join([f"SELECT {then_select} FROM o"] * len(then))
+            parts.append(
+                f"t AS (INSERT INTO {quote(then_model._meta.db_table)}"
+                f" {_quoted_columns(connection, then_fields)} {rows})"
+            )
+        if notify:
+            # Delivered by PostgreSQL only if (and when) the transaction commits.
+            parts.append("n AS (SELECT pg_notify(%s, '') FROM o)")
+        counted = ", (SELECT COUNT(*) FROM n)" if notify else ""
+        sql = f"WITH {', '.join(parts)} SELECT (SELECT COUNT(*) FROM o), (SELECT COUNT(*) FROM g){counted}"
+    if len(_GUARDED) > 256:
+        _GUARDED.clear()
+    _GUARDED[key] = sql
+    return sql
+
+
+# --------------------------------------------------------------------------- updates
+
+
+def delete_rows(alias: str, model: type[Model], field: str, values: Sequence[Any]) -> int:
+    """Delete the rows of ``model`` whose ``field`` is one of ``values``, without loading them
+    (``QuerySet.delete()`` loads every row, payload and all, to look for what points at it):
+    for rows nothing else points at. Returns how many went."""
+    if not values:
+        return 0
+    connection = connections[alias]
+    column = model._meta.get_field(field)
+    quote = connection.ops.quote_name
+    prepared = [column.get_db_prep_value(value, connection) for value in values]  # type: ignore[union-attr]
+    step = _rows_per_statement(connection, 1)
+    deleted = 0
+    with connection.cursor() as cursor:
+        for start in range(0, len(prepared), step):
+            chunk = prepared[start : start + step]
+            cursor.execute(
+                f"DELETE FROM {quote(model._meta.db_table)} WHERE {quote(str(column.column))} "  # type: ignore[union-attr]
+                f"IN {_placeholders(len(chunk))}",
+                chunk,
+            )
+            deleted += cursor.rowcount
+    return deleted
+
+
+def update_rows(alias: str, objs: Sequence[Model], fields: Sequence[str]) -> None:
+    """Write ``fields`` of each of ``objs`` to its row (by primary key) with one ``UPDATE``
+    run for all of them (``executemany``): portable, and without ``bulk_update``'s
+    ``CASE WHEN`` statement."""
+    if not objs:
+        return
+    connection = connections[alias]
+    meta = objs[0]._meta
+    assert meta.pk is not None
+    columns = [meta.get_field(name) for name in fields]
+    quote = connection.ops.quote_name
+    sql = "UPDATE {} SET {} WHERE {} = %s".format(
+        quote(meta.db_table),
+        ", ".join(f"{quote(str(field.column))} = %s" for field in columns),  # type: ignore[union-attr]
+        quote(str(meta.pk.column)),
+    )
+    rows = [
+        [field.get_db_prep_save(getattr(obj, field.attname), connection) for field in columns]  # type: ignore[union-attr]
+        + [meta.pk.get_db_prep_save(obj.pk, connection)]
+        for obj in objs
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, rows)
+
+
+def update_returning(
+    alias: str,
+    model: type[Model],
+    values: dict[str, Any],
+    where: dict[str, Any],
+    where_in: tuple[str, Sequence[Any]],
+    returning: Sequence[str],
+) -> list[tuple[Any, ...]] | None:
+    """``UPDATE <model> SET values WHERE where AND where_in[0] IN where_in[1] RETURNING
+    returning`` (fields by name), the rows it changed. None where ``UPDATE`` cannot return
+    rows (MySQL/MariaDB): the caller locks, reads and updates instead."""
+    connection = connections[alias]
+    if connection.vendor not in ("postgresql", "sqlite"):
+        return None
+    meta = model._meta
+    quote = connection.ops.quote_name
+
+    def column(name: str) -> tuple[str, Any]:
+        field = meta.get_field(name)
+        return quote(str(field.column)), field  # type: ignore[union-attr]
+
+    sets, params = [], []
+    for name, value in values.items():
+        sql, field = column(name)
+        sets.append(f"{sql} = %s")
+        params.append(field.get_db_prep_save(value, connection))
+    conditions = []
+    for name, value in where.items():
+        sql, field = column(name)
+        conditions.append(f"{sql} = %s")
+        params.append(field.get_db_prep_value(value, connection))
+    in_sql, in_field = column(where_in[0])
+    conditions.append(f"{in_sql} IN ({', '.join(['%s'] * len(where_in[1]))})")
+    params += [in_field.get_db_prep_value(value, connection) for value in where_in[1]]
+    returned = ", ".join(column(name)[0] for name in returning)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {quote(meta.db_table)} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}"
+            f" RETURNING {returned}",
+            params,
+        )
+        return [tuple(row) for row in cursor.fetchall()]

@@ -1,0 +1,109 @@
+"""The transactional kernel: the only code that writes occurrence state.
+
+It is five modules, one per concept, gathered here under one name:
+
+- ``jobs``: job definitions and edits (``create_job``, ``update_job``);
+- ``enqueuing``: entering and withdrawing occurrences (``enqueue``, ``enqueue_many``,
+  ``enqueue_once_per_trigger``, ``retry_dead_letter``, ``run_now``, ``cancel``; a running one
+  is asked to stop, by ``cancelling``);
+- ``batches``: sets of occurrences with a callback once all are done (``open_batch``,
+  ``close_batch``, ``cancel_batch``, ``enqueue_batch``); ``followups`` enqueues what a chain
+  names (``chains``) when an occurrence ends;
+- ``materialize``: schedule slots becoming occurrences (``materialize_due``);
+- ``claiming``: taking due occurrences fairly (``claim``, ``claim_batch``, ``has_due``);
+- ``leases``: renew, settle, release, and the authority verdicts (``deny``, ``defer``) that
+  end a claim.
+
+What each operation may do to an occurrence is a row of ``lifecycle.TRANSITIONS``. Every
+operation is one short transaction that also appends the event recording it. They
+may run inside a caller's ``transaction.atomic()``: then they join it, and their effects
+exist exactly when the caller commits.
+"""
+
+from __future__ import annotations
+
+from ..rules.events import history
+from ..rules.validation import MAX_ATTEMPTS_LIMIT
+from .batches import cancel_batch, close_batch, get_batch, open_batch
+from .batches import complete_due as complete_due_batches
+from .batches import members as batch_members
+from .batches import progress as batch_progress
+from .claiming import claim, claim_batch, has_due
+from .enqueuing import (
+    cancel,
+    enqueue,
+    enqueue_batch,
+    enqueue_many,
+    enqueue_once_per_trigger,
+    retry_dead_letter,
+    run_now,
+)
+from .inserting import JOB_PAYLOAD
+from .jobs import (
+    create_job,
+    declared_jobs_of,
+    get_job,
+    get_occurrence,
+    set_declared_in,
+    undeclare_job,
+    update_job,
+)
+from .materialize import materialize_due, next_due_at
+from .settling import (
+    backoff_delay_ms,
+    check_result,
+    dead_letter_expired,
+    defer,
+    deny,
+    record_execution,
+    release,
+    renew,
+    settle,
+    settle_many,
+    storable_error,
+    storable_result,
+)
+
+__all__ = [
+    "JOB_PAYLOAD",
+    "MAX_ATTEMPTS_LIMIT",
+    "backoff_delay_ms",
+    "batch_members",
+    "batch_progress",
+    "cancel",
+    "cancel_batch",
+    "check_result",
+    "claim",
+    "claim_batch",
+    "close_batch",
+    "complete_due_batches",
+    "create_job",
+    "dead_letter_expired",
+    "declared_jobs_of",
+    "defer",
+    "deny",
+    "enqueue",
+    "enqueue_batch",
+    "enqueue_many",
+    "enqueue_once_per_trigger",
+    "get_batch",
+    "get_job",
+    "get_occurrence",
+    "has_due",
+    "history",
+    "materialize_due",
+    "next_due_at",
+    "open_batch",
+    "record_execution",
+    "release",
+    "renew",
+    "retry_dead_letter",
+    "run_now",
+    "set_declared_in",
+    "settle",
+    "settle_many",
+    "storable_error",
+    "storable_result",
+    "undeclare_job",
+    "update_job",
+]

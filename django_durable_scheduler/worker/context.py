@@ -1,0 +1,137 @@
+"""The execution context handed to a handler."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ..exceptions import OccurrenceCancelled
+
+
+@dataclass
+class ExecutionContext:
+    occurrence_id: str
+    job_id: str
+    kind: str
+    attempt: int
+    max_attempts: int
+    fence: int
+    scheduled_for: datetime
+    payload: Any
+    authority: dict[str, Any]
+    owner: str = ""
+    using: str | None = None
+    # When the occurrence was written and when this attempt claimed it (None where the
+    # context was not made by a claim), and its priority: what a handler would otherwise
+    # read back from the database, as the django.tasks backend does for a TaskResult.
+    enqueued_at: datetime | None = None
+    claimed_at: datetime | None = None
+    priority: int = 0
+    # Why the occurrence exists when a chain or a batch made it (``Occurrence.cause``).
+    cause: dict[str, Any] | None = None
+    _lease_lost: threading.Event = field(default_factory=threading.Event, repr=False)
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    # The event loop and task of an async handler while it runs, for a cancel to reach it.
+    _async: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = field(default=None, repr=False)
+    _async_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def predecessor(self) -> dict[str, Any] | None:
+        """For a follow-up (``then`` / ``on_dead_letter``): the occurrence it follows, as
+        ``{"occurrence_id", "job_id", "status", "result"}`` (``"error"`` instead of
+        ``"result"`` after a dead letter); None for any other occurrence."""
+        return self.cause if self.cause is not None and "occurrence_id" in self.cause else None
+
+    @property
+    def batch(self) -> dict[str, Any] | None:
+        """For a batch's callback: ``{"batch_id", "description", "size", "counts",
+        "cancelled"}``, ``counts`` being its members by final status (``succeeded``,
+        ``dead_letter``, ``cancelled``); the members' ids: ``scheduler.batch_members``.
+        None for any other occurrence."""
+        return self.cause if self.cause is not None and "batch_id" in self.cause else None
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once a cancel was requested for this attempt (the worker learns it at its
+        next lease renewal): stop, and let :meth:`raise_if_cancelled` end the run."""
+        return self._cancel.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        """Raise ``OccurrenceCancelled`` if a cancel was requested; the worker then records
+        the occurrence ``cancelled``, without a retry."""
+        if self._cancel.is_set():
+            raise OccurrenceCancelled(
+                f"occurrence {self.occurrence_id!r} was asked to stop",
+                {"occurrence_id": self.occurrence_id, "fence": self.fence},
+            )
+
+    def mark_cancel_requested(self) -> None:
+        """Record that a cancel was requested; an async handler is cancelled at its next
+        ``await`` (its task is cancelled on its own loop, from whatever thread calls this)."""
+        with self._async_lock:
+            self._cancel.set()
+            running = self._async
+        if running is not None:
+            loop, task = running
+            with contextlib.suppress(RuntimeError):  # a closed loop: the handler is done
+                loop.call_soon_threadsafe(task.cancel)
+
+    def run_coroutine(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        """Run an async handler to its end on an event loop of its own, in this thread. A
+        cancel request cancels it at its next ``await``, raising ``OccurrenceCancelled``."""
+        loop = asyncio.new_event_loop()
+        try:
+            task = loop.create_task(coroutine)
+            with self._async_lock:
+                self._async = (loop, task)
+                requested = self._cancel.is_set()
+            if requested:
+                task.cancel()
+            try:
+                return loop.run_until_complete(task)
+            except asyncio.CancelledError as exc:
+                self.raise_if_cancelled()
+                # Not ours: a failure like any other, not a BaseException that ends the thread.
+                raise RuntimeError("the handler's task was cancelled") from exc
+        finally:
+            with self._async_lock:
+                self._async = None
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    @property
+    def lease_lost(self) -> bool:
+        """True once the lease is known lost: stop; the result would be refused."""
+        return self._lease_lost.is_set()
+
+    def mark_lease_lost(self) -> None:
+        """Record that the lease is gone (the worker found it lost, timed the run out or gave
+        it back): from now on ``lease_lost`` is True, and the handler should stop."""
+        self._lease_lost.set()
+
+    def record_metadata(self, value: Any) -> None:
+        """Persist ``value`` (JSON, <= 64 KiB) on the occurrence now. Raises
+        ``SchedulerError`` (``SCHEDULER_LEASE_LOST`` once the lease is gone)."""
+        self._record(metadata=value)
+
+    def record_receipt(self, value: Any) -> None:
+        """Persist an execution receipt (JSON, <= 64 KiB) now, e.g. the id of an external
+        side effect, so a retry can see what the last attempt already did."""
+        self._record(receipt=value)
+
+    def _record(self, **values: Any) -> None:
+        from .. import kernel
+        from ..exceptions import LeaseLost
+
+        try:
+            kernel.record_execution(
+                self.occurrence_id, owner=self.owner, fence=self.fence, using=self.using, **values
+            )
+        except LeaseLost:
+            self.mark_lease_lost()
+            raise

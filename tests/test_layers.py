@@ -1,0 +1,134 @@
+"""The package's layers, as they stand on disk: every module belongs to one, and imports run one
+way, from the outer layers to the inner ones (``docs/design.md``, "The code's layers").
+
+The graph is the one ``test_import_graph`` reads (every import statement, inside functions
+too). A module may import from its own package and from any part of a lower rank; never
+from a higher rank, nor from another part of the same rank (the worker and the admin know
+nothing of each other). Also checked here: no module or class grows past the size at which
+it is read by scrolling instead of by its names.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from .test_import_graph import import_graph, modules_of
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "django_durable_scheduler"
+
+# These read the repository's own tree; the Django 6 legs run a copy of tests/ beside the
+# installed wheel, where there is none.
+pytestmark = pytest.mark.skipif(not (ROOT / PACKAGE).is_dir(), reason="no repository tree beside these tests")
+
+# Each part of the package (a subpackage or a top-level module) and its rank: lower ranks
+# are the foundations the higher ones build on.
+RANKS: dict[str, float] = {
+    # The schema and the vocabulary everyone shares.
+    "exceptions": 0,
+    "signals": 0,
+    "constraints": 0,
+    "models": 0.5,
+    # Database-specific SQL behind one interface, and the wake-ups.
+    "db": 1,
+    # Settings and the clock (the database clock reads the server's time through db).
+    "conf": 2,
+    # The pure rules: lifecycle table, events, triggers, schedules, chain specs, authority.
+    "rules": 3,
+    # Metrics and traces, which the kernel records as it writes.
+    "telemetry": 4,
+    # Every transactional writer of occurrence state.
+    "kernel": 5,
+    # Jobs declared in code and the handlers that run them.
+    "declared": 6,
+    "registry": 6.5,
+    # What settled history becomes: retention, archive, partitions, rollups.
+    "housekeeping": 7,
+    # The django.tasks backend, and the health report of the commands and the dashboard.
+    "tasks": 7.5,
+    "ops": 8,
+    # The two outer layers: the worker loop and the admin.
+    "worker": 9,
+    "admin": 9,
+    # Wiring: the app config, the system checks, the commands, the migrations, the API.
+    "checks": 9.5,
+    "apps": 10,
+    "management": 10,
+    "migrations": 10,
+    "": 10,  # django_durable_scheduler/__init__.py, the lazy public API
+}
+
+# Lines a module or a class may have before it is split at its seams, and the few that may
+# stay longer, each with the reason a reader accepts.
+MODULE_LIMIT = 600
+CLASS_LIMIT = 250
+ALLOWED_LONG: dict[str, str] = {}
+
+
+def part_of(module: str) -> str:
+    """The part (a key of RANKS) that a dotted module name belongs to."""
+    inner = module.removeprefix(PACKAGE).lstrip(".")
+    return inner.split(".", 1)[0]
+
+
+def wrong_way_imports() -> list[str]:
+    graph = import_graph(modules_of(ROOT, (PACKAGE,)))
+    found = []
+    for module, targets in sorted(graph.items()):
+        here = part_of(module)
+        for target in sorted(targets):
+            there = part_of(target)
+            if there == here or target == PACKAGE:
+                continue
+            if RANKS[there] > RANKS[here] or (RANKS[there] == RANKS[here]):
+                found.append(
+                    f"{module} imports {target} ({here} is rank {RANKS[here]}, {there} {RANKS[there]})"
+                )
+    return found
+
+
+def test_every_part_of_the_package_has_a_rank():
+    parts = {part_of(module) for module in modules_of(ROOT, (PACKAGE,))}
+    assert parts - RANKS.keys() == set(), "give each new part a rank in RANKS"
+    assert RANKS.keys() - parts == set(), "RANKS names parts that are gone"
+
+
+def test_the_layers_are_subpackages_on_disk():
+    for layer in ("db", "rules", "telemetry", "kernel", "housekeeping", "worker", "admin"):
+        assert (ROOT / PACKAGE / layer / "__init__.py").is_file(), layer
+
+
+def test_imports_run_from_the_outer_layers_in():
+    wrong = wrong_way_imports()
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def _sizes(path: Path):
+    tree = ast.parse(path.read_text(), str(path))
+    yield "", len(path.read_text().splitlines()), MODULE_LIMIT
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            yield f"::{node.name}", (node.end_lineno or node.lineno) - node.lineno + 1, CLASS_LIMIT
+
+
+def too_long() -> dict[str, int]:
+    found = {}
+    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
+        if "migrations" in path.parts:
+            continue
+        for suffix, length, limit in _sizes(path):
+            if length > limit:
+                found[f"{path.relative_to(ROOT).as_posix()}{suffix}"] = length
+    return found
+
+
+def test_no_module_or_class_past_its_size():
+    long = {name: n for name, n in too_long().items() if name not in ALLOWED_LONG}
+    assert not long, "split at the seams:\n" + "\n".join(f"{k}: {v} lines" for k, v in sorted(long.items()))
+
+
+def test_every_allowed_long_one_is_still_long():
+    assert not ALLOWED_LONG.keys() - too_long().keys()
