@@ -17,6 +17,11 @@ nobody listens to costs the worker one dictionary look-up.
 
 Occurrences dead-lettered by another path than this worker's (a lease that expired on its
 last attempt, found by any worker's sweep; an admin action) send no signal.
+
+The kernel sends two more (:data:`KERNEL`), wherever the work happens (a worker, a web
+request, a command), once the transaction that did it has committed (never for one that
+rolled back), with ``sender`` the model class of what they announce: ``batch_completed``
+and ``follow_up_enqueued``. Also robustly, and also costing one look-up when unheard.
 """
 
 from __future__ import annotations
@@ -58,6 +63,20 @@ budget_deferred = Signal(use_caching=True)
 attempt, until the window ends. Extra keyword arguments: ``reason``
 (``"budget_exhausted"``)."""
 
+batch_completed = Signal(use_caching=True)
+"""A batch completed: every member ended, and its callback was enqueued. ``sender``:
+:class:`~django_durable_scheduler.models.Batch`. Keyword arguments: ``batch`` (the
+completed batch: its ``counts``, members by outcome, and ``callback``, the callback
+occurrence's id), ``kind`` (the callback job's kind) and ``cancelled`` (whether the batch was
+cancelled)."""
+
+follow_up_enqueued = Signal(use_caching=True)
+"""A follow-up was enqueued, as its predecessor reached the status its chain names.
+``sender``: :class:`~django_durable_scheduler.models.Occurrence`. Keyword arguments:
+``occurrence`` (the follow-up), ``kind`` (its job's kind), ``predecessor`` (the id of the
+occurrence it follows) and ``on`` (the edge: ``"then"`` or ``"on_dead_letter"``)."""
+
+# The signals the worker sends.
 ALL = (
     occurrence_claimed,
     occurrence_started,
@@ -66,6 +85,10 @@ ALL = (
     authority_denied,
     budget_deferred,
 )
+
+
+# The signals the kernel sends after a commit.
+KERNEL = (batch_completed, follow_up_enqueued)
 
 
 def send(signal: Signal, sender: type, **kwargs: Any) -> None:

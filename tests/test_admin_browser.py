@@ -252,6 +252,74 @@ def test_the_dashboard(new_context, live_server, admin_user, clock):
     screenshot(page, "admin-dashboard")
 
 
+def week_of_history(clock) -> int:
+    """A week of runs of two kinds, some late, some failed, some retried, some with a
+    follow-up, a batch now and then, and a backlog at the end; how many six-hour buckets had
+    runs that succeeded."""
+    import random
+
+    from django_durable_scheduler.admin import dashboard_series
+
+    rng = random.Random(11)
+    kernel.create_job("mail", "mail.send", max_attempts=2, retry_base_delay=1, retry_max_delay=1)
+    kernel.create_job("sync", "crm.sync")
+    end = clock()
+    clock.advance(days=-7)
+    n = 0
+    while clock() < end - timedelta(minutes=30):
+        n += 1
+        clock.advance(minutes=rng.uniform(5, 60))
+        job_id = rng.choice(["mail", "mail", "sync"])
+        then = ["sync"] if rng.random() < 0.1 else None
+        if n % 60 == 0:
+            kernel.enqueue_batch(
+                job_id, [{"scheduled_for": clock(), "trigger_key": f"b{n}"}], callback="sync"
+            )
+        kernel.enqueue(job_id, scheduled_for=clock(), trigger_key=f"t{n}", then=then)
+        clock.advance(rng.expovariate(1 / 8) * (20 if 3 <= clock().weekday() <= 4 else 1))
+        while (row := kernel.claim(owner="w1", lease=600)) is not None:
+            failed = rng.random() < 0.12
+            kernel.settle(row.pk, owner="w1", fence=row.fence, outcome="failed" if failed else "succeeded")
+    for i in range(6):
+        kernel.enqueue("sync", scheduled_for=clock(), trigger_key=f"waiting{i}")
+        clock.advance(minutes=4)
+    clock.set(end)
+    week = dashboard_series.RANGES["week"]
+    first = dashboard_series.bucket_starts(week, end)[0]
+    settled = Occurrence.objects.filter(status="succeeded", settled_at__gte=first)
+    return len(
+        {dashboard_series._floor(at, week.step) for at in settled.values_list("settled_at", flat=True)}
+    )
+
+
+def test_the_dashboard_over_a_week(new_context, live_server, admin_user, clock):
+    """Charts over time: a bar per six hours, a point per bucket with runs, the range and kind
+    selectors; the screenshot is the one in docs/operations.md (docs/images/dashboard.png)."""
+    buckets_with_runs = week_of_history(clock)
+    page = login(new_context(), live_server, "root")
+    page.goto(f"{live_server.url}/admin/durable_scheduler/schedulerdashboard/?range=week")
+    page.wait_for_selector("#dsch-chart-throughput svg")
+    assert page.locator("#dsch-chart-throughput g.dsch-bucket").count() == 28
+    assert page.locator("#dsch-chart-throughput rect.dsch-succeeded").count() == buckets_with_runs
+    assert page.locator("#dsch-chart-failures rect.dsch-retried").count() > 0
+    assert page.locator("#dsch-chart-lag g.dsch-p95 circle").count() == buckets_with_runs
+    assert page.locator("#dsch-chart-depth circle").count() == 28
+    assert page.locator("#dsch-chart-chains rect.dsch-follow_ups").count() > 0
+    assert page.locator("#dsch-chart-chains rect.dsch-batches").count() > 0
+    screenshot(page, "admin-dashboard-week")
+    page.select_option("#dsch-picker select", "crm.sync")
+    page.click("#dsch-picker button")
+    page.wait_for_url("**kind=crm.sync**")
+    assert page.locator("#dsch-chart-throughput g.dsch-bucket").count() == 28
+    page.click("#dsch-picker >> text=hour")
+    page.wait_for_url("**range=hour**kind=crm.sync**")
+    assert page.locator("#dsch-chart-throughput g.dsch-bucket").count() == 12
+    assert page.locator("#dsch-chart-depth circle").count() == 12
+    page.click("#dsch-picker >> text=day")
+    page.wait_for_url("**range=day**")
+    assert page.locator("#dsch-chart-throughput g.dsch-bucket").count() == 24
+
+
 def test_operations_on_everything_a_filter_matches(new_context, live_server, admin_user, clock):
     """Queued occurrences filtered, all of them selected across pages, cancelled after the
     confirmation page; then a job's page with its recent occurrences."""

@@ -102,7 +102,10 @@ def test_the_page_with_view_permission_only(client, world):
     for text in ("Runs per kind, last hour", "mail.send", "crm.sync", "the printer is on fire", "w1"):
         assert text in html, text
     assert 'http-equiv="refresh"' in html
-    assert html.count('<rect class="dsch-succeeded"') == 2  # one bar per chart
+    timelines, per_kind = html.split('id="dsch-health"')
+    assert per_kind.count('<rect class="dsch-succeeded"') == 2  # one bar per chart
+    # Over the last day (the default range), an hourly bar: the runs of two hours succeeded.
+    assert timelines.count('<rect class="dsch-succeeded"') == 2
     index = client.get(reverse("admin:index")).content.decode()
     assert reverse(URL) in index
 

@@ -115,3 +115,31 @@ def test_a_run_is_counted_timed_and_traced(otel):
     assert flaky[1].attributes["scheduler.principal"] == alice
     assert flaky[1].attributes["scheduler.job_id"] == "flaky"
     assert flaky[1].kind == trace_api.SpanKind.CONSUMER
+
+
+def test_batches_completed_and_follow_ups_enqueued_are_counted_after_the_commit(otel):
+    from django.db import transaction
+
+    from django_durable_scheduler import kernel
+
+    reader, _ = otel
+    scheduler.ensure_policy(AUTHORITY)
+    scheduler.create_job("otel-export", "test.export", authority=AUTHORITY)
+    scheduler.create_job("otel-report", "test.report", authority=AUTHORITY)
+    before = points(reader)
+    kernel.enqueue("otel-export", scheduled_for=1_700_000_000_000, trigger_key="t", then=["otel-report"])
+    kernel.enqueue_batch(
+        "otel-export", [{"scheduled_for": 1_700_000_000_000, "trigger_key": "m"}], callback="otel-report"
+    )
+    with pytest.raises(RuntimeError), transaction.atomic():  # rolled back: not counted
+        kernel.enqueue("otel-export", scheduled_for=1_700_000_000_000, trigger_key="r", then=["otel-report"])
+        (row,) = [r for r in kernel.claim_batch(owner="w", lease=60, limit=5) if r.trigger_key == "r"]
+        kernel.settle(row.pk, owner="w", fence=row.fence, outcome="succeeded")
+        raise RuntimeError
+    for row in kernel.claim_batch(owner="w", lease=60, limit=5):
+        kernel.settle(row.pk, owner="w", fence=row.fence, outcome="succeeded")
+    after = points(reader)
+    delta = {key: value - before.get(key, 0) for key, value in after.items() if value != before.get(key, 0)}
+    alice = "user:alice"
+    assert delta[("scheduler.follow_ups.enqueued", "test.report", alice)] == 1
+    assert delta[("scheduler.batches.completed", "test.report", alice)] == 1

@@ -9,15 +9,17 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
+from ..db.dialect import alias_for
 from ..models import SchedulerDashboard
-from . import dashboard
+from . import dashboard, dashboard_charts, dashboard_series
 from .base import ReadOnlyAdmin
 
 
 @admin.register(SchedulerDashboard)
 class DashboardAdmin(ReadOnlyAdmin):
-    """The dashboard page, in place of a list: what ran per kind, how late work is, the
-    workers, budget use and the last day's dead letters. Needs only the view permission on
+    """The dashboard page, in place of a list: what ran per kind, and over time (``?range=``
+    hour, day or week, ``&kind=`` one kind or all), how late work is, the workers, budget use
+    and the last day's dead letters. Needs only the view permission on
     occurrences, and refreshes itself."""
 
     REFRESH_SECONDS = 5
@@ -33,6 +35,13 @@ class DashboardAdmin(ReadOnlyAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         board = dashboard.collect()
+        alias = alias_for(None)
+        kinds = dashboard_series.kinds(alias)
+        span = request.GET.get("range")
+        span = span if span in dashboard_series.RANGES else dashboard_series.DEFAULT_RANGE
+        kind = request.GET.get("kind") or None
+        kind = kind if kind in kinds else None
+        timeline = dashboard_series.collect(span, kind, board.status.now, alias)
         context = {
             **self.admin_site.each_context(request),
             "title": "Scheduler dashboard",
@@ -45,6 +54,11 @@ class DashboardAdmin(ReadOnlyAdmin):
             "chart_width": dashboard.LABEL_WIDTH + dashboard.BAR_WIDTH + 40,
             "refresh": self.REFRESH_SECONDS,
             "batches_shown": dashboard.BATCHES_SHOWN,
+            # The charts over time, for the range and kind the query string selects.
+            "timeline": timeline,
+            "timeline_charts": dashboard_charts.charts(timeline),
+            "ranges": list(dashboard_series.RANGES),
+            "kinds": kinds,
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/durable_scheduler/dashboard.html", context)

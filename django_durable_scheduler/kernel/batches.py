@@ -32,6 +32,7 @@ from ..rules.identity import canonical_json, normalize_json
 from ..rules.validation import normalize_identifier, normalize_int, to_ms
 from .cancelling import cancel_pending, requester
 from .inserting import JOB_PAYLOAD, insert_occurrence
+from .notices import batch_completed
 
 logger = logging.getLogger("django_durable_scheduler")
 
@@ -353,6 +354,7 @@ def _complete(batch_id: str, alias: str) -> bool:
         batch.counts, batch.callback = counted, callback.pk
         batch.save(using=alias, update_fields=["status", "completed_at", "counts", "callback"])
         _event(batch, BATCH_COMPLETED, now, counts=counted, callback=callback.pk).save(using=alias)
+        batch_completed(batch, job, alias)
     logger.info(
         "batch %s completed: %s; callback %s (job %s)",
         batch_id,

@@ -21,6 +21,7 @@ from ..rules.events import FOLLOW_UP_SKIPPED, new_event
 from ..rules.validation import to_ms
 from . import batches
 from .inserting import JOB_PAYLOAD, Builder, insert_occurrence
+from .notices import follow_up_enqueued
 
 FOLLOW_UP_PREFIX = "after:"
 # What the kernel reads of each row it ends, for this module (a plain row's are NULL).
@@ -74,7 +75,7 @@ def _enqueue_follow_ups(
                 data={"jobId": job_id, "on": edge, "index": index, "reason": "job_missing"},
             ).save(using=alias)
             continue
-        insert_occurrence(
+        follow_up, deduplicated = insert_occurrence(
             build.job,
             builder=build,
             scheduled_ms=scheduled_ms,
@@ -88,3 +89,5 @@ def _enqueue_follow_ups(
             links={"caused_by": row.pk, "cause": cause},
             disabled_waits=True,
         )
+        if not deduplicated:
+            follow_up_enqueued(follow_up, build.job, row.pk, edge, alias)

@@ -16,6 +16,9 @@ Instruments (meter and tracer ``django_durable_scheduler``), each labelled with
   its timeout) and ``scheduler.due.lag`` (seconds from an occurrence's due time to its claim);
 - counters ``scheduler.budget.runs`` and ``scheduler.budget.units``: what claims charged to
   the principals' budgets (a retry that reuses its reservation charges nothing);
+- counters ``scheduler.batches.completed`` (labelled with the callback job's kind and
+  principal) and ``scheduler.follow_ups.enqueued`` (with the follow-up's), by the kernel
+  once the transaction that completed the batch or enqueued the follow-up commits;
 - a span ``scheduler.run <kind>`` per handler run (in the handler thread, so the handler's
   own spans are its children), with the occurrence's id, job, attempt and fence as
   attributes, and the exception and an error status when the run failed; a child of the span
@@ -59,6 +62,8 @@ class Instruments:
         self.deferred = counter("scheduler.authority.deferred", "Occurrences deferred: budget spent")
         self.budget_runs = counter("scheduler.budget.runs", "Runs charged to budgets", "{run}")
         self.budget_units = counter("scheduler.budget.units", "Units charged to budgets", "{unit}")
+        self.batches_completed = counter("scheduler.batches.completed", "Batches completed", "{batch}")
+        self.follow_ups_enqueued = counter("scheduler.follow_ups.enqueued", "Follow-ups enqueued")
         self.run_duration = meter.create_histogram(
             "scheduler.run.duration",
             unit="s",
