@@ -99,7 +99,7 @@ def test_the_checks_find_what_they_look_for():
         "    schema_editor.execute(schema_editor._delete_index_sql(model, name))\n"
     )
     names = imported_modules(bad, f"{PACKAGE}.migrations.0009_x")
-    assert sorted(names) == [PACKAGE, f"{PACKAGE}.exceptions", f"{PACKAGE}.triggers"]
+    assert sorted(names) == [PACKAGE, f"{PACKAGE}.exceptions", f"{PACKAGE}.rules.triggers"]
     assert private_calls(bad) == ["line 5: schema_editor._delete_index_sql"]
 
 

@@ -51,7 +51,7 @@ from ..models import (
 )
 from ..rules.events import EVENT_TYPES
 from ..rules.identity import canonical_json
-from ..rules.triggers import describe_trigger
+from ..rules.triggers.descriptions import describe_trigger
 from ..rules.validation import iso_ms
 from ..tasks.display import TaskView, task_view
 from ..telemetry import tracing

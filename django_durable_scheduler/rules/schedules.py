@@ -28,14 +28,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from .triggers import (
-    DEFAULT_CATCHUP_WINDOW,
-    MAX_CATCHUP_SLOTS,
-    count_fire_times,
-    next_fire_time,
-    next_fire_times,
-    previous_fire_times,
-)
+from .triggers import DEFAULT_CATCHUP_WINDOW, MAX_CATCHUP_SLOTS
+from .triggers.fire_times import count_fire_times, next_fire_time, next_fire_times, previous_fire_times
 from .validation import iso_ms
 
 MISFIRE_GRACE = timedelta(seconds=60)
