@@ -18,7 +18,7 @@ TASK_STATUS = {
     OccurrenceStatus.DEAD_LETTER: "FAILED",
     OccurrenceStatus.CANCELLED: "FAILED",
 }
-# The failed attempts' errors, in the occurrence's metadata (see backend._record_error).
+# The failed attempts' errors, in the occurrence's metadata (see failures.record_error).
 ERRORS_KEY = "taskErrors"
 # What a failure no task raised is reported as (an importable exception class).
 SCHEDULER_ERROR_PATH = "django_durable_scheduler.exceptions.SchedulerError"

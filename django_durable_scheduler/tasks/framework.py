@@ -28,6 +28,9 @@ if TYPE_CHECKING:  # django-stubs types django.tasks; the backport has the same 
     from django.utils.json import normalize_json
 
     FRAMEWORK = "django.tasks"
+    # Generic in the stubs (and the backport), not in Django 6.
+    AnyTask = Task[Any, Any]
+    AnyResult = TaskResult[Any, Any]
 else:
     try:
         from django.tasks import (

@@ -24,7 +24,7 @@ from .backend import DurableBackend
 from .framework import Task, task_backends
 
 if TYPE_CHECKING:
-    from .backend import AnyTask
+    from .framework import AnyTask
 
 
 def schedule(
