@@ -43,7 +43,7 @@ class SkippedRange:
 
     ``count`` is exact for ``every`` and ``at`` at any length. A cron's slots are counted by
     walking them (daylight saving defeats arithmetic), so a cron range of more than
-    ``triggers.MAX_COUNTED_SLOTS`` slots, such as a long outage's slots older than the
+    ``fire_times.MAX_COUNTED_SLOTS`` slots, such as a long outage's slots older than the
     catch-up window, has ``count`` ``None``: unknown, but more than that.
     """
 
