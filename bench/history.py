@@ -239,7 +239,7 @@ def prune_now(older_than: float, batched_only: bool) -> dict[str, Any]:
     from datetime import timedelta
 
     from django_durable_scheduler import conf
-    from django_durable_scheduler.housekeeping import retention
+    from django_durable_scheduler.housekeeping.retention import plan as retention
     from django_durable_scheduler.models import TERMINAL_STATUSES
 
     started = time.perf_counter()

@@ -69,7 +69,7 @@ _EXPORTS = {
     "canonical_json": "rules.identity",
     "derive_occurrence_identity": "rules.identity",
     # triggers
-    "next_fire_times": "rules.triggers",
+    "next_fire_times": "rules.triggers.fire_times",
     # exceptions
     "SchedulerError": "exceptions",
     "InvalidArgument": "exceptions",

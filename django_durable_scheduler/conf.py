@@ -42,8 +42,9 @@ DEFAULTS: dict[str, Any] = {
     # How long a run may take when neither its job nor its handler says (seconds or a
     # timedelta; None: no timeout). Checked by durable_scheduler.E003.
     "HANDLER_TIMEOUT": None,
-    # What runscheduler deletes, and how (see retention.py; None: workers delete nothing). Ages
-    # are seconds or timedeltas, None keeps forever. A partial dict is completed from this one.
+    # What runscheduler deletes, and how (see housekeeping/retention/; None: workers delete
+    # nothing). Ages are seconds or timedeltas, None keeps forever. A partial dict is completed
+    # from this one.
     "RETENTION": {
         "succeeded": timedelta(days=7),
         "cancelled": timedelta(days=7),

@@ -15,7 +15,9 @@ from django.db.models import Case, Count, F, Min, Q, When
 
 from . import conf
 from .db import dialect
-from .housekeeping import retention, rollups
+from .housekeeping import rollups
+from .housekeeping.retention import plan as retention_plan
+from .housekeeping.retention.thread import LastRun, last_run
 from .kernel.policies import jobs_without_policy
 from .models import (
     ACTIVE_STATUSES,
@@ -158,8 +160,8 @@ class Status:
     # Enabled jobs whose principal has no policy (every run denied), by "type:id".
     without_policy: dict[str, list[str]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
-    # The workers' last retention run (retention.py).
-    last_retention: retention.LastRun = field(default_factory=lambda: retention.LastRun(enabled=False))
+    # The workers' last retention run (retention/thread.py).
+    last_retention: LastRun = field(default_factory=lambda: LastRun(enabled=False))
     # Batches not completed, by status (open, closed), and the closed ones with no live
     # member left whose completion is overdue (batches.py: a worker's sweep completes them).
     batches: dict[str, int] = field(default_factory=dict)
@@ -337,7 +339,7 @@ def collect_status(
         near_budget=budget_usage(now, budget_percent, alias),
         disabled_waiting=disabled_waiting,
         without_policy={f"{t}:{i}": jobs for (t, i), jobs in jobs_without_policy(using=alias).items()},
-        last_retention=retention.last_run(alias, now),
+        last_retention=last_run(alias, now),
     )
     status.batches, status.stalled_batches = _batches(now - max_lag, alias)
     status.problems.extend(_problems(status, max_lag))
@@ -431,11 +433,11 @@ def format_status(status: Status) -> str:
 
 # --------------------------------------------------------------------------- prune
 
-# The pruning itself is retention's (retention.py), shared with the workers; these are the
+# The pruning itself is retention's (retention/plan.py), shared with the workers; these are the
 # names the command and callers have always used.
-PruneResult = retention.PruneResult
-DEFAULT_PRUNE_BATCH = retention.DEFAULT_BATCH
-MAX_PRUNE_BATCH = retention.MAX_BATCH
+PruneResult = retention_plan.PruneResult
+DEFAULT_PRUNE_BATCH = retention_plan.DEFAULT_BATCH
+MAX_PRUNE_BATCH = retention_plan.MAX_BATCH
 
 
 def prune(
@@ -447,7 +449,7 @@ def prune(
     using: str | None = None,
 ) -> PruneResult:
     """Delete terminal occurrences settled more than ``older_than`` ago, with their events
-    and reservations, in batches: see :func:`retention.prune`."""
-    return retention.prune(
+    and reservations, in batches: see :func:`retention.plan.prune`."""
+    return retention_plan.prune(
         older_than, batch_size=batch_size, dry_run=dry_run, include_job_events=include_job_events, using=using
     )

@@ -18,7 +18,7 @@ import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel
 from django_durable_scheduler.admin import chainview
 from django_durable_scheduler.exceptions import InvalidArgument
-from django_durable_scheduler.housekeeping import retention
+from django_durable_scheduler.housekeeping.retention.plan import prune
 from django_durable_scheduler.models import Batch, BatchStatus, Event, Job, Occurrence, OccurrenceStatus
 from django_durable_scheduler.rules import events
 
@@ -94,7 +94,7 @@ def test_a_follow_up_links_its_predecessor_and_shows_its_cause(admin_client, cha
 def test_a_pruned_predecessor_is_named_in_plain_text(admin_client, chain, clock):
     first, follow = chain
     clock.advance(hours=2)
-    retention.prune(timedelta(hours=1))
+    prune(timedelta(hours=1))
     assert not Occurrence.objects.filter(pk=first.pk).exists()
     text = _text(admin_client.get(url("occurrence", "change", follow.pk)))
     assert f"{first.pk} (pruned; its outcome is in the cause below)" in text
@@ -408,7 +408,7 @@ def test_history_follows_a_chain_whose_head_is_pruned(jobs, clock):
     first, _ = kernel.enqueue("export", scheduled_for=CLOCK_START, trigger_key="t1", then="report")
     _run()
     clock.advance(hours=2)
-    retention.prune(timedelta(hours=1))
+    prune(timedelta(hours=1))
     (follow,) = Occurrence.objects.filter(caused_by=first.pk)
     found = scheduler.history(occurrence_id=first.pk, follow=True)
     assert found and {e.occurrence_id for e in found} == {follow.pk}

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler.rules import triggers
+from django_durable_scheduler.rules.triggers import descriptions
 
 from .conftest import AUTHORITY, snapshot
 from .test_bad_input import NOW, QUEUED, RUNNING, Ref, World
@@ -314,7 +315,7 @@ ARGUMENTS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
 }
 CALLABLES: dict[str, Callable[..., Any]] = {
     "validate_trigger": triggers.validate_trigger,
-    "describe_trigger": triggers.describe_trigger,
+    "describe_trigger": descriptions.describe_trigger,
 }
 # Arguments a call may leave out (the rest are always given, valid or not).
 REQUIRED: dict[str, set[str]] = {

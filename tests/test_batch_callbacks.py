@@ -251,19 +251,19 @@ def test_the_public_names(jobs):
 def test_retention_keeps_the_members_of_a_batch_until_it_completes(jobs, clock):
     from datetime import timedelta
 
-    from django_durable_scheduler.housekeeping import retention
+    from django_durable_scheduler.housekeeping.retention.plan import prune
 
     batch = kernel.open_batch("report")
     kernel.enqueue_many("export", _items(2), batch=batch.pk)
     _settle_all()
     clock.advance(40 * 86400)
-    kept = retention.prune(timedelta(days=7))
+    kept = prune(timedelta(days=7))
     assert kept.kept_for_batches == 2 and Occurrence.objects.filter(batch_id=batch.pk).count() == 2
     kernel.close_batch(batch.pk)
     assert Batch.objects.get().counts == {"succeeded": 2, "dead_letter": 0, "cancelled": 0}
     _settle_all()  # the callback
     clock.advance(40 * 86400)
-    gone = retention.prune(timedelta(days=7))
+    gone = prune(timedelta(days=7))
     # The members went, and with them the completed batch; its counts were in the callback.
     assert gone.occurrences == 3 and gone.batches == 1
     assert not Batch.objects.exists()

@@ -14,7 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler.housekeeping import retention
+from django_durable_scheduler.housekeeping.retention.thread import run_once
 from django_durable_scheduler.kernel import claiming
 from django_durable_scheduler.models import AuthorityReservation, AuthorityUsage, Occurrence
 
@@ -233,7 +233,7 @@ def test_the_workers_retention_run_recounts_the_budgets(alice, settings, caplog)
     enqueue(alice, 3, "a")
     assert len(claim(3).runnable) == 3
     AuthorityUsage.objects.update(runs=1)  # by hand: the claims would trust it
-    result = retention.run_once("w-retention")
+    result = run_once("w-retention")
     assert result is not None and result.budget_mismatches == 1
     assert "does not match its reservations" in caplog.text
     enqueue(alice, 1, "b")

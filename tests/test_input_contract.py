@@ -24,6 +24,7 @@ import pytest
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler.rules import triggers
+from django_durable_scheduler.rules.triggers import descriptions
 
 from .conftest import AUTHORITY, snapshot
 from .test_bad_input import DEFAULTS, NOW, RUNNING, Ref, World
@@ -86,7 +87,7 @@ EXTRA_DEFAULTS: dict[str, dict[str, Any]] = {
 ALL_DEFAULTS = {**DEFAULTS, **EXTRA_DEFAULTS}
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     "validate_trigger": triggers.validate_trigger,
-    "describe_trigger": triggers.describe_trigger,
+    "describe_trigger": descriptions.describe_trigger,
 }
 
 

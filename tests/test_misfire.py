@@ -13,8 +13,8 @@ import pytest
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel
 from django_durable_scheduler.models import Event, Job, Occurrence
-from django_durable_scheduler.rules import triggers
-from django_durable_scheduler.rules.triggers import MAX_COUNTED_SLOTS
+from django_durable_scheduler.rules.triggers import fire_times
+from django_durable_scheduler.rules.triggers.fire_times import MAX_COUNTED_SLOTS
 from django_durable_scheduler.rules.validation import iso_ms
 
 from .conftest import AUTHORITY
@@ -165,8 +165,8 @@ def test_ten_year_cron_outage_walks_a_bounded_number_of_slots(clock, monkeypatch
 
         return wrapper
 
-    monkeypatch.setattr(triggers, "_iter_walls", counting(triggers._iter_walls))
-    monkeypatch.setattr(triggers, "_iter_walls_back", counting(triggers._iter_walls_back))
+    monkeypatch.setattr(fire_times, "_iter_walls", counting(fire_times._iter_walls))
+    monkeypatch.setattr(fire_times, "_iter_walls_back", counting(fire_times._iter_walls_back))
     make(clock, "cron", cron="* * * * *", misfire="run_all")
     clock.set(BACK_10Y)
     assert kernel.materialize_due() == 60
@@ -336,13 +336,13 @@ def test_past_one_off_outside_its_own_bounds_records_nothing(clock):
 @pytest.mark.parametrize(
     ("call", "field"),
     [
-        (lambda: triggers.previous_fire_times({"every": 60}, before=datetime(2026, 1, 5, 12, 0)), "before"),
-        (lambda: triggers.previous_fire_times({"every": 60}, before=BACK, count=0), "count"),
-        (lambda: triggers.previous_fire_times({"every": 60}, before=BACK, not_before="soon"), "not_before"),
-        (lambda: triggers.previous_fire_times({"every": 0}, before=BACK), "trigger.every"),
-        (lambda: triggers.count_fire_times({"cron": "* * * *"}, first=CREATED, last=BACK), "trigger.cron"),
-        (lambda: triggers.count_fire_times({"every": 60}, first=None, last=BACK), "first"),
-        (lambda: triggers.count_fire_times({"every": 60}, first=CREATED, last=BACK, limit=-1), "limit"),
+        (lambda: fire_times.previous_fire_times({"every": 60}, before=datetime(2026, 1, 5, 12, 0)), "before"),
+        (lambda: fire_times.previous_fire_times({"every": 60}, before=BACK, count=0), "count"),
+        (lambda: fire_times.previous_fire_times({"every": 60}, before=BACK, not_before="soon"), "not_before"),
+        (lambda: fire_times.previous_fire_times({"every": 0}, before=BACK), "trigger.every"),
+        (lambda: fire_times.count_fire_times({"cron": "* * * *"}, first=CREATED, last=BACK), "trigger.cron"),
+        (lambda: fire_times.count_fire_times({"every": 60}, first=None, last=BACK), "first"),
+        (lambda: fire_times.count_fire_times({"every": 60}, first=CREATED, last=BACK, limit=-1), "limit"),
     ],
 )
 def test_backward_fire_time_functions_refuse_bad_input(call, field):

@@ -15,7 +15,7 @@ from django.db import OperationalError, transaction
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel, ops
-from django_durable_scheduler.housekeeping import retention
+from django_durable_scheduler.housekeeping.retention import plan as retention_plan
 from django_durable_scheduler.models import (
     AuthorityPolicy,
     AuthorityReservation,
@@ -410,7 +410,7 @@ def test_prune_batches_are_separate_transactions(job, clock, monkeypatch):
         entered.append(kwargs.get("using"))
         return real_atomic(*args, **kwargs)
 
-    monkeypatch.setattr(retention, "transaction", SimpleNamespace(atomic=counting_atomic))
+    monkeypatch.setattr(retention_plan, "transaction", SimpleNamespace(atomic=counting_atomic))
     result = ops.prune(timedelta(minutes=30), batch_size=2)
     assert result.occurrences == 5
     assert len(entered) == 3  # 2 + 2 + 1

@@ -23,7 +23,8 @@ from django.urls import reverse
 import django_durable_scheduler as scheduler
 from django_durable_scheduler.db import dialect
 from django_durable_scheduler.exceptions import InvalidArgument
-from django_durable_scheduler.housekeeping import partitions, retention
+from django_durable_scheduler.housekeeping import partitions
+from django_durable_scheduler.housekeeping.retention.thread import RetentionThread, last_run, run_once
 from django_durable_scheduler.migrations import _events_partitions
 from django_durable_scheduler.models import Event, Occurrence
 
@@ -396,7 +397,7 @@ def test_the_workers_retention_drops_whole_days_and_keeps_what_it_keeps(layout, 
     partitions.ensure_ahead("default", FUTURE)
     day = partitions.partition_name(datetime(2031, 3, 10, tzinfo=UTC))
     clock.current = FUTURE + timedelta(days=3)
-    result = retention.run_once("worker-a")
+    result = run_once("worker-a")
     assert result is not None and day in result.partitions and result.partition_lock_seconds > 0
     assert (
         not Occurrence.objects.filter(pk=drop.pk).exists() and Occurrence.objects.filter(pk=keep.pk).exists()
@@ -407,7 +408,7 @@ def test_the_workers_retention_drops_whole_days_and_keeps_what_it_keeps(layout, 
     assert where(events["keep"]) == partitions.default_name()
     assert day not in {p.name for p in partitions.partitions("default")}
     assert "dropped whole" in result.summary()
-    assert retention.last_run("default", clock.current).result["partitions_dropped"] == result.partitions
+    assert last_run("default", clock.current).result["partitions_dropped"] == result.partitions
 
 
 @postgresql_only
@@ -415,7 +416,7 @@ def test_a_workers_retention_thread_makes_the_coming_days(layout, clock, setting
     """Retention on or off, a worker makes the coming days' partitions when it starts."""
     settings.DURABLE_SCHEDULER_RETENTION = None
     clock.current = FUTURE
-    thread = retention.RetentionThread("worker-a")
+    thread = RetentionThread("worker-a")
     thread.start()
     try:
         deadline = time.monotonic() + 30

@@ -18,7 +18,10 @@ from django.urls import reverse
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import checks, conf, kernel
-from django_durable_scheduler.housekeeping import archive, maintenance, retention
+from django_durable_scheduler.housekeeping import archive, maintenance
+from django_durable_scheduler.housekeeping.retention import plan as retention_plan
+from django_durable_scheduler.housekeeping.retention.rules import cutoffs, kept_occurrences
+from django_durable_scheduler.housekeeping.retention.thread import run_once
 from django_durable_scheduler.models import (
     AuthorityPolicy,
     AuthorityReservation,
@@ -108,14 +111,14 @@ def test_the_defaults_and_a_partial_setting(settings):
     assert partial.ages["succeeded"] == timedelta(hours=1) and partial.ages["dead_letter"] is None
     assert partial.ages["cancelled"] == 7 * DAY and partial.batch_size == 500
     now = datetime(2026, 1, 5, tzinfo=UTC)
-    assert retention.cutoffs(now) == {
+    assert cutoffs(now) == {
         "succeeded": now - timedelta(hours=1),
         "dead_letter": None,
         "cancelled": now - 7 * DAY,
     }
     settings.DURABLE_SCHEDULER_RETENTION = None
-    assert retention.cutoffs(now) == dict.fromkeys(("succeeded", "dead_letter", "cancelled"))
-    assert retention.run_once("w1") is None  # off: nothing runs, no lease row
+    assert cutoffs(now) == dict.fromkeys(("succeeded", "dead_letter", "cancelled"))
+    assert run_once("w1") is None  # off: nothing runs, no lease row
     assert not MaintenanceLease.objects.exists()
 
 
@@ -129,7 +132,7 @@ def test_a_run_deletes_each_status_at_its_own_age(job, clock, keep_all_keys, cap
     clock.advance(days=8)
     settle(clock, "new-ok")
     caplog.set_level(logging.INFO, logger="django_durable_scheduler")
-    result = retention.run_once("w1")
+    result = run_once("w1")
     assert result is not None
     assert left() == {"old-dead", "new-ok"}  # dead letters stay 30 days
     assert result.by_status == {"succeeded": 1, "cancelled": 1}
@@ -137,7 +140,7 @@ def test_a_run_deletes_each_status_at_its_own_age(job, clock, keep_all_keys, cap
     (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert line.startswith("retention by w1 removed 2 occurrences (cancelled 1, succeeded 1), 5 events")
     clock.advance(days=23)
-    assert retention.run_once("w1").by_status == {"succeeded": 1, "dead_letter": 1}
+    assert run_once("w1").by_status == {"succeeded": 1, "dead_letter": 1}
     assert left() == set()
     # The job's own events (30 days by default) went too; the job stays.
     assert not Event.objects.exists() and Job.objects.filter(pk="job-a").exists()
@@ -148,7 +151,7 @@ def test_batches_and_the_pause_between_them(job, clock, settings):
     for i in range(5):
         settle(clock, f"o{i}")
     clock.advance(days=8)
-    result = retention.run_once("w1")
+    result = run_once("w1")
     assert result.occurrences == 5 and not Occurrence.objects.exists()
     row = MaintenanceLease.objects.get(name="retention")
     assert (row.owner, row.expires_at, row.last_result["occurrences"]) == ("w1", None, 5)
@@ -158,11 +161,11 @@ def test_job_events_at_their_own_age_or_never(job, clock, settings):
     scheduler.update_job("job-a", expected_revision=1, payload={"n": 2})
     settings.DURABLE_SCHEDULER_RETENTION = {"job_events": None}
     clock.advance(days=365)
-    retention.run_once("w1")
+    run_once("w1")
     assert Event.objects.filter(occurrence__isnull=True).count() == 2
     settings.DURABLE_SCHEDULER_RETENTION = {"job_events": 3600, "period": 1}
     clock.advance(2)
-    assert retention.run_once("w1").job_events == 2
+    assert run_once("w1").job_events == 2
 
 
 def test_kept_occurrences_are_those_whose_events_must_stay(job, clock, keep_all_keys):
@@ -192,9 +195,9 @@ def test_kept_occurrences_are_those_whose_events_must_stay(job, clock, keep_all_
         settled_at=clock(),
     )
     clock.advance(days=8)
-    kept = retention.kept_occurrences("default", clock())
+    kept = kept_occurrences("default", clock())
     assert set(kept.values_list("trigger_key", flat=True)) == {"pending", "dead", "in-window"}
-    result = retention.run_once("w1")
+    result = run_once("w1")
     assert (result.occurrences, result.kept) == (1, 1)
     assert left() == {"pending", "dead", "in-window"} and old.trigger_key not in left()
 
@@ -227,7 +230,7 @@ def test_retention_never_turns_a_deduplicated_enqueue_into_a_second_run(db, cloc
     kernel.settle(held.pk, owner="w", fence=held.fence, outcome="succeeded")
 
     clock.advance(days=8)
-    result = retention.run_once("w1")
+    result = run_once("w1")
     assert result.by_status == {"succeeded": 2}  # the slot and the task
     assert result.kept_for_keys == 3
     assert left() == {"order:42", "nightly", "poison", f"retry:{dead.pk}"}
@@ -246,10 +249,10 @@ def test_retention_never_turns_a_deduplicated_enqueue_into_a_second_run(db, cloc
     # With an age for caller keys, they go once it has passed; the retry goes with its dead letter.
     settings.DURABLE_SCHEDULER_RETENTION = {"pause": 0, "period": 1, "caller_keys": 20 * 86_400}
     clock.advance(days=23)
-    assert retention.run_once("w1").by_status == {"succeeded": 2, "dead_letter": 1}
+    assert run_once("w1").by_status == {"succeeded": 2, "dead_letter": 1}
     assert not left() & {"order:42", "nightly", "poison"}
     clock.advance(2)
-    assert retention.run_once("w1").by_status == {"succeeded": 1}  # the retry, its dead letter gone
+    assert run_once("w1").by_status == {"succeeded": 1}  # the retry, its dead letter gone
     assert f"retry:{dead.pk}" not in left()
 
 
@@ -259,10 +262,10 @@ def test_retention_never_turns_a_deduplicated_enqueue_into_a_second_run(db, cloc
 def test_one_worker_at_a_time_once_per_period(job, clock, keep_all_keys, settings):
     settle(clock, "a")
     clock.advance(days=8)
-    assert retention.run_once("w1").occurrences == 1
-    assert retention.run_once("w2") is None  # the period (300 s) has not passed
+    assert run_once("w1").occurrences == 1
+    assert run_once("w2") is None  # the period (300 s) has not passed
     clock.advance(301)
-    assert retention.run_once("w2") is not None
+    assert run_once("w2") is not None
     assert MaintenanceLease.objects.get().owner == "w2"
     # A held lease (unexpired) refuses everyone, its holder's other runs included.
     period, lease = timedelta(seconds=300), timedelta(seconds=120)
@@ -331,7 +334,7 @@ def test_archive_and_restore_round_trip(job, clock, archived):
     Occurrence.objects.filter(trigger_key="o0").update(metadata={"note": "ünïcode", "at": "2026"})
     before = {model: snapshot(model) for model in (Occurrence, Event, AuthorityReservation)}
     clock.advance(days=40)
-    result = retention.run_once("w1")
+    result = run_once("w1")
     assert (result.occurrences, result.reservations, result.job_events) == (4, 3, 1)
     assert not Occurrence.objects.exists() and not Event.objects.exists()
     names = MaintenanceLease.objects.get().last_result["archived"]
@@ -394,7 +397,7 @@ def test_a_failed_archive_deletes_nothing(job, clock, archived, settings, caplog
     settle(clock, "a")
     before = (snapshot(Occurrence), snapshot(Event))
     clock.advance(days=8)
-    assert retention.run_once("w1") is None
+    assert run_once("w1") is None
     assert (snapshot(Occurrence), snapshot(Event)) == before
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "retention by w1 failed" in warning and reason in warning
@@ -423,7 +426,7 @@ def test_restore_reports_rows_whose_job_is_gone(db, clock, archived):
     scheduler.create_job("gone", "reports.send", authority=AUTHORITY)
     settle(clock, "a", job_id="gone")
     clock.advance(days=40)
-    retention.run_once("w1")
+    run_once("w1")
     names = MaintenanceLease.objects.get().last_result["archived"]
     Job.objects.filter(pk="gone").delete()
     out = StringIO()
@@ -442,7 +445,7 @@ def test_status_and_dashboard_show_the_last_run(job, clock, archived, client):
     assert json.loads(code_json.getvalue())["retention"]["started_at"] is None
     settle(clock, "a")
     clock.advance(days=8)
-    retention.run_once("worker-7")
+    run_once("worker-7")
     status = StringIO()
     call_command("scheduler_status", stdout=status)
     (line,) = [line for line in status.getvalue().splitlines() if line.startswith("retention:")]
@@ -464,14 +467,14 @@ def test_status_and_dashboard_show_the_last_run(job, clock, archived, client):
 
 
 def test_chunks_of_one_day_each_in_files_of_their_own(job, clock, archived, monkeypatch):
-    monkeypatch.setattr(retention, "CHUNK", 2)
+    monkeypatch.setattr(retention_plan, "CHUNK", 2)
     for day in range(3):
         for i in range(3):
             settle(clock, f"d{day}-{i}")
         clock.advance(days=1)
     before = snapshot(Occurrence)
     clock.advance(days=8)
-    result = retention.run_once("w1")
+    result = run_once("w1")
     assert result.occurrences == 9 and not Occurrence.objects.exists()
     occurrence_files = [name for name in result.archived if "/durable_scheduler_occurrences/" in name]
     # Two chunks a day (2 + 1 rows), never a chunk across midnight.
@@ -484,7 +487,7 @@ def test_chunks_of_one_day_each_in_files_of_their_own(job, clock, archived, monk
 def test_a_bad_setting_read_at_run_time_names_itself(settings):
     settings.DURABLE_SCHEDULER_RETENTION = {"period": -1}
     with pytest.raises(ValueError, match=r"^DURABLE_SCHEDULER_RETENTION \['period'\] must be seconds"):
-        retention.run_once("w1")
+        run_once("w1")
     settings.DURABLE_SCHEDULER_ARCHIVE = {"storage": 3}
     with pytest.raises(ValueError, match=r"^DURABLE_SCHEDULER_ARCHIVE \['storage'\] must name"):
         archive.sink("default")

@@ -30,7 +30,7 @@ if not (importlib.util.find_spec("django.tasks") or importlib.util.find_spec("dj
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import declared, kernel, registry
 from django_durable_scheduler.models import Event, Job, Occurrence, OccurrenceStatus
-from django_durable_scheduler.rules.triggers import describe_trigger
+from django_durable_scheduler.rules.triggers.descriptions import describe_trigger
 from django_durable_scheduler.rules.validation import to_ms
 from django_durable_scheduler.tasks import DurableBackend, durable, framework, schedule
 from django_durable_scheduler.tasks.framework import (

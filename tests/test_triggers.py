@@ -16,12 +16,14 @@ from django_durable_scheduler.rules.triggers import (
     MAX_CATCHUP_SLOTS,
     MISFIRE_POLICIES,
     OVERLAP_POLICIES,
-    describe_trigger,
+    validate_trigger,
+)
+from django_durable_scheduler.rules.triggers.cron import parse_cron
+from django_durable_scheduler.rules.triggers.descriptions import describe_trigger
+from django_durable_scheduler.rules.triggers.fire_times import (
     next_fire_time,
     next_fire_times,
-    parse_cron,
     slot_trigger_key,
-    validate_trigger,
 )
 
 

@@ -1,6 +1,6 @@
 """Property tests: ``next_fire_times`` against a brute-force, minute-by-minute reference.
 
-The reference below is written independently of ``triggers.py``: the cron is generated as a
+The reference below is written independently of ``rules/triggers``: the cron is generated as a
 structure, the sets of matching values come from that structure (not from our parser), and
 fire times come from walking real UTC minutes and applying the daylight-saving rules of
 ``docs/design.md``, "Schedules and misfire", literally:
@@ -27,10 +27,10 @@ from django.conf import settings as django_settings
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from django_durable_scheduler.rules.triggers import (
+from django_durable_scheduler.rules.triggers.cron import parse_cron
+from django_durable_scheduler.rules.triggers.fire_times import (
     count_fire_times,
     next_fire_times,
-    parse_cron,
     previous_fire_times,
 )
 

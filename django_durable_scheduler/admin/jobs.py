@@ -16,7 +16,7 @@ from django.utils.safestring import mark_safe
 from .. import conf, kernel
 from ..exceptions import SchedulerError
 from ..models import Event, Job, Occurrence, OccurrenceStatus
-from ..rules.triggers import describe_trigger
+from ..rules.triggers.descriptions import describe_trigger
 from ..rules.validation import iso_ms
 from . import dashboard
 from .base import ApiFormAdmin, report

@@ -9,27 +9,37 @@
 - Inserts are built from each model's ``_meta``: every concrete column, with the values of
   the model instances (so their defaults), and a field added with ``makemigrations`` is
   written with no edit here. ``ON CONFLICT DO NOTHING ... RETURNING`` where the database has
-  it (PostgreSQL, SQLite 3.35+); elsewhere the caller inserts in a savepoint.
+  it (PostgreSQL, SQLite 3.35+); elsewhere the caller inserts in a savepoint. The statements
+  themselves are built in :mod:`.statements`; this module chooses which one a database runs.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, date, datetime, time
+from datetime import UTC, datetime
 from functools import cache
-from operator import attrgetter
 from typing import Any
-from uuid import UUID
 
 from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field, JSONField, Model, QuerySet
+from django.db.models import Field, Model, QuerySet
 
 from ..exceptions import InvalidArgument
 from ..models import Occurrence
+from .statements import (
+    guarded_statement,
+    placeholders,
+    prepared_row,
+    quoted_columns,
+    recordset_statements,
+    returning_pk,
+    row_values,
+    rows_per_statement,
+    sqlite_values_statements,
+    values_statements,
+)
 from .wakeup import CHANNEL
 
 
@@ -181,78 +191,11 @@ def can_skip_conflicts(alias: str) -> bool:
     return connection.vendor == "sqlite" and bool(connection.features.can_return_rows_from_bulk_insert)
 
 
-def _rows_per_statement(connection: BaseDatabaseWrapper, width: int, bound_once: int = 0) -> int:
-    """Rows of ``width`` parameters that fit one statement beside ``bound_once`` others."""
-    if connection.vendor == "sqlite":
-        connection.ensure_connection()
-        getlimit = getattr(connection.connection, "getlimit", None)  # Python 3.11+
-        if getlimit is not None:
-            import sqlite3
-
-            limit = int(getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
-        else:
-            limit = int(connection.features.max_query_params or 999)
-    else:
-        # MySQL's packet size is the bound here, kept far away by the row count.
-        limit = 65535
-    return max(1, min(1000, (limit - bound_once) // max(1, width)))
-
-
-def _quoted_columns(connection: BaseDatabaseWrapper, fields: Sequence[Field[Any, Any]]) -> str:
-    return "(" + ", ".join(connection.ops.quote_name(str(field.column)) for field in fields) + ")"
-
-
-def _pg_type(connection: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
-    """``field``'s PostgreSQL type for a cast or a record column; character types without
-    their length, which a cast would silently cut values to (the target column still
-    refuses a value too long)."""
-    return re.sub(
-        r"^(varchar|char|character varying|character)\(\d+\)$", r"\1", str(field.cast_db_type(connection))
-    )
-
-
-def _cast(connection: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
-    """``%s`` cast to ``field``'s type, for a value in a PostgreSQL ``SELECT`` list, which
-    (unlike ``VALUES``) does not take its types from the target columns."""
-    return f"%s::{_pg_type(connection, field)}"
-
-
-def _values(objs: Sequence[Model], fields: Sequence[Field[Any, Any]]) -> list[list[Any]]:
-    """Per object, its values of ``fields`` as ``save()`` takes them for an insert: what
-    ``pre_save`` gives (so ``auto_now_add`` and the like get their values), read directly
-    where a field's ``pre_save`` is the base one that reads the attribute."""
-    get = attrgetter(*(field.attname for field in fields))
-    computed = [(i, field) for i, field in enumerate(fields) if type(field).pre_save is not Field.pre_save]
-    rows = []
-    for obj in objs:
-        row = list(get(obj)) if len(fields) > 1 else [get(obj)]
-        for i, field in computed:
-            row[i] = field.pre_save(obj, True)
-        rows.append(row)
-    return rows
-
-
-def _prepared(obj: Model, fields: Sequence[Field[Any, Any]], connection: BaseDatabaseWrapper) -> list[Any]:
-    """``obj``'s values of ``fields`` as an insert binds them."""
-    (row,) = _values([obj], fields)
-    return [field.get_db_prep_save(value, connection) for field, value in zip(fields, row, strict=True)]
-
-
-def _placeholders(width: int) -> str:
-    return "(" + ", ".join(["%s"] * width) + ")"
-
-
 def mark_saved(objs: Sequence[Model], alias: str) -> None:
     """Mark ``objs`` as rows of ``alias`` (what ``save()`` does after an insert)."""
     for obj in objs:
         obj._state.adding = False
         obj._state.db = alias
-
-
-def _returning_pk(connection: BaseDatabaseWrapper, model: type[Model]) -> str:
-    pk = model._meta.pk
-    assert pk is not None
-    return f" ON CONFLICT DO NOTHING RETURNING {connection.ops.quote_name(str(pk.column))}"
 
 
 def insert_rows(alias: str, objs: Sequence[Model], *, skip_conflicts: bool = False) -> set[Any]:
@@ -275,15 +218,15 @@ def insert_rows(alias: str, objs: Sequence[Model], *, skip_conflicts: bool = Fal
     model = type(objs[0])
     fields = _columns(objs)
     table = connection.ops.quote_name(model._meta.db_table)
-    columns = _quoted_columns(connection, fields)
-    tail = _returning_pk(connection, model) if skip_conflicts else ""
-    rows = _values(objs, fields)
+    columns = quoted_columns(connection, fields)
+    tail = returning_pk(connection, model) if skip_conflicts else ""
+    rows = row_values(objs, fields)
     if len(rows) > 1 and connection.vendor == "postgresql":
-        statements = _recordset_statements(connection, table, columns, fields, rows, tail)
+        statements = recordset_statements(connection, table, columns, fields, rows, tail)
     elif len(rows) > 1 and connection.vendor == "sqlite":
-        statements = _sqlite_values_statements(connection, table, columns, fields, rows, tail)
+        statements = sqlite_values_statements(connection, table, columns, fields, rows, tail)
     else:
-        statements = _values_statements(connection, table, columns, fields, rows, tail)
+        statements = values_statements(connection, table, columns, fields, rows, tail)
     inserted: set[Any] = set()
     with connection.cursor() as cursor:
         for sql, params in statements:
@@ -296,145 +239,6 @@ def insert_rows(alias: str, objs: Sequence[Model], *, skip_conflicts: bool = Fal
     else:
         mark_saved(objs, alias)
     return inserted
-
-
-def _values_statements(
-    connection: BaseDatabaseWrapper,
-    table: str,
-    columns: str,
-    fields: Sequence[Field[Any, Any]],
-    rows: list[list[Any]],
-    tail: str,
-) -> Iterator[tuple[str, list[Any]]]:
-    """The portable insert: ``INSERT ... VALUES (...), (...)``, every value bound."""
-    per_statement = _rows_per_statement(connection, len(fields))
-    for start in range(0, len(rows), per_statement):
-        chunk = rows[start : start + per_statement]
-        params = [
-            field.get_db_prep_save(value, connection)
-            for row in chunk
-            for field, value in zip(fields, row, strict=True)
-        ]
-        values = ", ".join([_placeholders(len(fields))] * len(chunk))
-        yield f"INSERT INTO {table} {columns} VALUES {values}{tail}", params
-
-
-def _constant_columns(rows: list[list[Any]]) -> list[bool]:
-    """Per column, whether every row holds the first row's value (never the first column, so
-    that each row keeps one value of its own). The same object, or an equal scalar of the
-    same type: Python's equality would take ``{"a": 1}`` for ``{"a": True}``."""
-    first = rows[0]
-    same = [all(_same(row[i], first[i]) for row in rows) for i in range(len(first))]
-    same[0] = False
-    return same
-
-
-_SCALARS = frozenset({str, int, datetime, date, time, UUID})
-
-
-def _same(value: Any, other: Any) -> bool:
-    return value is other or (type(value) is type(other) and type(value) in _SCALARS and value == other)
-
-
-def _sqlite_values_statements(
-    connection: BaseDatabaseWrapper,
-    table: str,
-    columns: str,
-    fields: Sequence[Field[Any, Any]],
-    rows: list[list[Any]],
-    tail: str,
-) -> Iterator[tuple[str, list[Any]]]:
-    """SQLite's bulk insert: ``INSERT ... SELECT`` from a ``VALUES`` list of the columns that
-    differ between the rows, the others bound once."""
-    same = _constant_columns(rows)
-    varying = [i for i, constant in enumerate(same) if not constant]
-    constants = [fields[i].get_db_prep_save(rows[0][i], connection) for i, c in enumerate(same) if c]
-    select = []
-    for i in range(len(fields)):
-        select.append("%s" if same[i] else f"v.column{varying.index(i) + 1}")
-    # "WHERE true" tells SQLite's parser that an ON CONFLICT belongs to the INSERT.
-    per_statement = _rows_per_statement(connection, len(varying), len(constants))
-    convert = [(i, _memo_prep(fields[i], connection)) for i in varying]
-    for start in range(0, len(rows), per_statement):
-        chunk = rows[start : start + per_statement]
-        params = list(constants)
-        for row in chunk:
-            params += [prep(row[i]) for i, prep in convert]
-        values = ", ".join([_placeholders(len(varying))] * len(chunk))
-        yield (
-            f"INSERT INTO {table} {columns} SELECT {', '.join(select)} FROM (VALUES {values}) AS v"
-            f" WHERE true{tail}",
-            params,
-        )
-
-
-def _memo_prep(field: Field[Any, Any], connection: BaseDatabaseWrapper) -> Callable[[Any], Any]:
-    """``field.get_db_prep_save`` for a run of values, remembering the last one (rows built
-    together often share a value, a time above all)."""
-    last: list[Any] = [object(), None]
-
-    def prep(value: Any) -> Any:
-        if value is not last[0]:
-            last[:] = value, field.get_db_prep_save(value, connection)
-        return last[1]
-
-    return prep
-
-
-# Rows per PostgreSQL bulk statement: one JSON document of this many records.
-RECORDS_PER_STATEMENT = 5000
-
-
-def _recordset_statements(
-    connection: BaseDatabaseWrapper,
-    table: str,
-    columns: str,
-    fields: Sequence[Field[Any, Any]],
-    rows: list[list[Any]],
-    tail: str,
-) -> Iterator[tuple[str, list[Any]]]:
-    """PostgreSQL's bulk insert: ``INSERT ... SELECT`` from ``jsonb_to_recordset`` of one
-    JSON parameter holding the columns that differ between the rows, so thousands of rows
-    are one parameter to send and parse instead of a statement of tens of thousands."""
-    same = _constant_columns(rows)
-    varying = [i for i, constant in enumerate(same) if not constant]
-    select: list[str] = []
-    constants: list[Any] = []
-    record: list[str] = []
-    for i, field in enumerate(fields):
-        if same[i]:
-            select.append(_cast(connection, field))
-            constants.append(field.get_db_prep_save(rows[0][i], connection))
-        else:
-            select.append(f"v.c{i}")
-            record.append(f"c{i} {_pg_type(connection, field)}")
-    source = f"jsonb_to_recordset(%s::jsonb) AS v({', '.join(record)})"
-    sql = f"INSERT INTO {table} {columns} SELECT {', '.join(select)} FROM {source}{tail}"
-    convert = [(f"c{i}", i, _json_converter(fields[i], connection)) for i in varying]
-    for start in range(0, len(rows), RECORDS_PER_STATEMENT):
-        chunk = rows[start : start + RECORDS_PER_STATEMENT]
-        records = [{key: to_json(row[i]) for key, i, to_json in convert} for row in chunk]
-        yield sql, [*constants, json.dumps(records, ensure_ascii=False, separators=(",", ":"))]
-
-
-def _json_converter(field: Field[Any, Any], connection: BaseDatabaseWrapper) -> Callable[[Any], Any]:
-    """How a value of ``field`` goes into a JSON record for ``jsonb_to_recordset``: a JSON
-    column's value as the JSON it is, anything else as the text or number the column's
-    input function reads, from the field's own ``get_db_prep_save``."""
-    if isinstance(field, JSONField):
-        if field.encoder is None:
-            return lambda value: value
-        encoder = field.encoder
-        return lambda value: json.loads(json.dumps(value, cls=encoder))
-    prep = _memo_prep(field, connection)
-
-    def convert(value: Any) -> Any:
-        prepared = prep(value)
-        if prepared is None or isinstance(prepared, bool | int | float | str):
-            return prepared
-        return prepared.isoformat() if isinstance(prepared, datetime | date | time) else str(prepared)
-
-    return convert
 
 
 class GuardFailed(Exception):
@@ -483,8 +287,8 @@ def insert_guarded(
     connection = connections[alias]
     fields = _columns([obj])
     then_fields = _columns(then) if then else ()
-    sql = _guarded_statement(connection, type(obj), fields, guard[0], then, then_fields, notify)
-    row = _prepared(obj, fields, connection)
+    sql = guarded_statement(connection, type(obj), fields, guard[0], then, then_fields, notify)
+    row = prepared_row(obj, fields, connection)
     guard_params = guard[1]
     if connection.vendor == "sqlite":
         with connection.cursor() as cursor:
@@ -504,7 +308,7 @@ def insert_guarded(
         return inserted
     params: list[Any] = [*guard_params, *row]
     for item in then:
-        params += _prepared(item, then_fields, connection)
+        params += prepared_row(item, then_fields, connection)
     if notify:
         params.append(CHANNEL)
     with connection.cursor() as cursor:
@@ -515,59 +319,6 @@ def insert_guarded(
     if count:
         mark_saved([obj, *then], alias)
     return bool(count)
-
-
-_GUARDED: dict[tuple[Any, ...], str] = {}
-
-
-def _guarded_statement(
-    connection: BaseDatabaseWrapper,
-    model: type[Model],
-    fields: tuple[Field[Any, Any], ...],
-    guard_sql: str,
-    then: Sequence[Model],
-    then_fields: tuple[Field[Any, Any], ...],
-    notify: bool,
-) -> str:
-    """The statement of :func:`insert_guarded`, built once per database, columns and shape."""
-    then_model = type(then[0]) if then else None
-    # By the columns' names: hashing the fields themselves costs more than the statement saves.
-    names = tuple(field.attname for field in fields), tuple(field.attname for field in then_fields)
-    key = (connection.alias, model, names, guard_sql, then_model, len(then), notify)
-    sql = _GUARDED.get(key)
-    if sql is not None:
-        return sql
-    quote = connection.ops.quote_name
-    table, columns = quote(model._meta.db_table), _quoted_columns(connection, fields)
-    if connection.vendor == "sqlite":
-        pk = _returning_pk(connection, model)
-        # "WHERE EXISTS" also tells SQLite's parser that ON CONFLICT belongs to the INSERT.
-        sql = (
-            f"INSERT INTO {table} {columns} SELECT {', '.join(['%s'] * len(fields))}"
-            f" WHERE EXISTS ({guard_sql}){pk}"
-        )
-    else:
-        select = ", ".join(_cast(connection, field) for field in fields)
-        parts = [
-            f"g AS ({guard_sql})",
-            f"o AS (INSERT INTO {table} {columns} SELECT {select} FROM g ON CONFLICT DO NOTHING RETURNING 1)",
-        ]
-        if then_model is not None:
-            then_select = ", ".join(_cast(connection, field) for field in then_fields)
-            rows = " UNION ALL ".join([f"SELECT {then_select} FROM o"] * len(then))
-            parts.append(
-                f"t AS (INSERT INTO {quote(then_model._meta.db_table)}"
-                f" {_quoted_columns(connection, then_fields)} {rows})"
-            )
-        if notify:
-            # Delivered by PostgreSQL only if (and when) the transaction commits.
-            parts.append("n AS (SELECT pg_notify(%s, '') FROM o)")
-        counted = ", (SELECT COUNT(*) FROM n)" if notify else ""
-        sql = f"WITH {', '.join(parts)} SELECT (SELECT COUNT(*) FROM o), (SELECT COUNT(*) FROM g){counted}"
-    if len(_GUARDED) > 256:
-        _GUARDED.clear()
-    _GUARDED[key] = sql
-    return sql
 
 
 # --------------------------------------------------------------------------- updates
@@ -583,14 +334,14 @@ def delete_rows(alias: str, model: type[Model], field: str, values: Sequence[Any
     column = model._meta.get_field(field)
     quote = connection.ops.quote_name
     prepared = [column.get_db_prep_value(value, connection) for value in values]  # type: ignore[union-attr]
-    step = _rows_per_statement(connection, 1)
+    step = rows_per_statement(connection, 1)
     deleted = 0
     with connection.cursor() as cursor:
         for start in range(0, len(prepared), step):
             chunk = prepared[start : start + step]
             cursor.execute(
                 f"DELETE FROM {quote(model._meta.db_table)} WHERE {quote(str(column.column))} "  # type: ignore[union-attr]
-                f"IN {_placeholders(len(chunk))}",
+                f"IN {placeholders(len(chunk))}",
                 chunk,
             )
             deleted += cursor.rowcount

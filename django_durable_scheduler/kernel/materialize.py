@@ -17,7 +17,7 @@ from ..db.dialect import alias_for, insert_rows, lock_rows, write_transaction
 from ..models import PENDING_STATUSES, Job, Occurrence, OccurrenceStatus
 from ..rules.events import SLOT_SKIPPED, new_event
 from ..rules.schedules import plan_slots
-from ..rules.triggers import slot_trigger_key
+from ..rules.triggers.fire_times import slot_trigger_key
 from ..rules.validation import normalize_int, to_ms
 from .inserting import JOB_PAYLOAD, insert_occurrence
 

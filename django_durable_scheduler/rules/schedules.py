@@ -28,14 +28,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from .triggers import (
-    DEFAULT_CATCHUP_WINDOW,
-    MAX_CATCHUP_SLOTS,
-    count_fire_times,
-    next_fire_time,
-    next_fire_times,
-    previous_fire_times,
-)
+from .triggers import DEFAULT_CATCHUP_WINDOW, MAX_CATCHUP_SLOTS
+from .triggers.fire_times import count_fire_times, next_fire_time, next_fire_times, previous_fire_times
 from .validation import iso_ms
 
 MISFIRE_GRACE = timedelta(seconds=60)
@@ -49,7 +43,7 @@ class SkippedRange:
 
     ``count`` is exact for ``every`` and ``at`` at any length. A cron's slots are counted by
     walking them (daylight saving defeats arithmetic), so a cron range of more than
-    ``triggers.MAX_COUNTED_SLOTS`` slots, such as a long outage's slots older than the
+    ``fire_times.MAX_COUNTED_SLOTS`` slots, such as a long outage's slots older than the
     catch-up window, has ``count`` ``None``: unknown, but more than that.
     """
 

@@ -40,7 +40,7 @@ from django.db import DatabaseError, connections
 from .. import conf, kernel, registry
 from ..db import wakeup
 from ..db.dialect import alias_for
-from ..housekeeping.retention import RetentionThread
+from ..housekeeping.retention.thread import RetentionThread
 from ..kernel import claiming, reservations
 from ..models import Occurrence
 from ..telemetry import metrics

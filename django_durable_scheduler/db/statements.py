@@ -1,0 +1,292 @@
+"""The SQL text of the inserts :mod:`.dialect` runs, one builder per way of writing rows: the
+portable ``INSERT ... VALUES``, SQLite's ``INSERT ... SELECT`` from a ``VALUES`` list and
+PostgreSQL's from ``jsonb_to_recordset`` (the columns every row shares bound once), and the
+guarded insert's single statement. Each yields statements and their parameters; which one runs
+where is :mod:`.dialect`'s choice.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator, Sequence
+from datetime import date, datetime, time
+from operator import attrgetter
+from typing import Any
+from uuid import UUID
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Field, JSONField, Model
+
+__all__ = [
+    "RECORDS_PER_STATEMENT",
+    "guarded_statement",
+    "placeholders",
+    "prepared_row",
+    "quoted_columns",
+    "recordset_statements",
+    "returning_pk",
+    "row_values",
+    "rows_per_statement",
+    "sqlite_values_statements",
+    "values_statements",
+]
+
+
+def rows_per_statement(connection: BaseDatabaseWrapper, width: int, bound_once: int = 0) -> int:
+    """Rows of ``width`` parameters that fit one statement beside ``bound_once`` others."""
+    if connection.vendor == "sqlite":
+        connection.ensure_connection()
+        getlimit = getattr(connection.connection, "getlimit", None)  # Python 3.11+
+        if getlimit is not None:
+            import sqlite3
+
+            limit = int(getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+        else:
+            limit = int(connection.features.max_query_params or 999)
+    else:
+        # MySQL's packet size is the bound here, kept far away by the row count.
+        limit = 65535
+    return max(1, min(1000, (limit - bound_once) // max(1, width)))
+
+
+def quoted_columns(connection: BaseDatabaseWrapper, fields: Sequence[Field[Any, Any]]) -> str:
+    return "(" + ", ".join(connection.ops.quote_name(str(field.column)) for field in fields) + ")"
+
+
+def _pg_type(connection: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
+    """``field``'s PostgreSQL type for a cast or a record column; character types without
+    their length, which a cast would silently cut values to (the target column still
+    refuses a value too long)."""
+    return re.sub(
+        r"^(varchar|char|character varying|character)\(\d+\)$", r"\1", str(field.cast_db_type(connection))
+    )
+
+
+def _cast(connection: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
+    """``%s`` cast to ``field``'s type, for a value in a PostgreSQL ``SELECT`` list, which
+    (unlike ``VALUES``) does not take its types from the target columns."""
+    return f"%s::{_pg_type(connection, field)}"
+
+
+def row_values(objs: Sequence[Model], fields: Sequence[Field[Any, Any]]) -> list[list[Any]]:
+    """Per object, its values of ``fields`` as ``save()`` takes them for an insert: what
+    ``pre_save`` gives (so ``auto_now_add`` and the like get their values), read directly
+    where a field's ``pre_save`` is the base one that reads the attribute."""
+    get = attrgetter(*(field.attname for field in fields))
+    computed = [(i, field) for i, field in enumerate(fields) if type(field).pre_save is not Field.pre_save]
+    rows = []
+    for obj in objs:
+        row = list(get(obj)) if len(fields) > 1 else [get(obj)]
+        for i, field in computed:
+            row[i] = field.pre_save(obj, True)
+        rows.append(row)
+    return rows
+
+
+def prepared_row(obj: Model, fields: Sequence[Field[Any, Any]], connection: BaseDatabaseWrapper) -> list[Any]:
+    """``obj``'s values of ``fields`` as an insert binds them."""
+    (row,) = row_values([obj], fields)
+    return [field.get_db_prep_save(value, connection) for field, value in zip(fields, row, strict=True)]
+
+
+def placeholders(width: int) -> str:
+    return "(" + ", ".join(["%s"] * width) + ")"
+
+
+def returning_pk(connection: BaseDatabaseWrapper, model: type[Model]) -> str:
+    pk = model._meta.pk
+    assert pk is not None
+    return f" ON CONFLICT DO NOTHING RETURNING {connection.ops.quote_name(str(pk.column))}"
+
+
+def values_statements(
+    connection: BaseDatabaseWrapper,
+    table: str,
+    columns: str,
+    fields: Sequence[Field[Any, Any]],
+    rows: list[list[Any]],
+    tail: str,
+) -> Iterator[tuple[str, list[Any]]]:
+    """The portable insert: ``INSERT ... VALUES (...), (...)``, every value bound."""
+    per_statement = rows_per_statement(connection, len(fields))
+    for start in range(0, len(rows), per_statement):
+        chunk = rows[start : start + per_statement]
+        params = [
+            field.get_db_prep_save(value, connection)
+            for row in chunk
+            for field, value in zip(fields, row, strict=True)
+        ]
+        values = ", ".join([placeholders(len(fields))] * len(chunk))
+        yield f"INSERT INTO {table} {columns} VALUES {values}{tail}", params
+
+
+def _constant_columns(rows: list[list[Any]]) -> list[bool]:
+    """Per column, whether every row holds the first row's value (never the first column, so
+    that each row keeps one value of its own). The same object, or an equal scalar of the
+    same type: Python's equality would take ``{"a": 1}`` for ``{"a": True}``."""
+    first = rows[0]
+    same = [all(_same(row[i], first[i]) for row in rows) for i in range(len(first))]
+    same[0] = False
+    return same
+
+
+_SCALARS = frozenset({str, int, datetime, date, time, UUID})
+
+
+def _same(value: Any, other: Any) -> bool:
+    return value is other or (type(value) is type(other) and type(value) in _SCALARS and value == other)
+
+
+def sqlite_values_statements(
+    connection: BaseDatabaseWrapper,
+    table: str,
+    columns: str,
+    fields: Sequence[Field[Any, Any]],
+    rows: list[list[Any]],
+    tail: str,
+) -> Iterator[tuple[str, list[Any]]]:
+    """SQLite's bulk insert: ``INSERT ... SELECT`` from a ``VALUES`` list of the columns that
+    differ between the rows, the others bound once."""
+    same = _constant_columns(rows)
+    varying = [i for i, constant in enumerate(same) if not constant]
+    constants = [fields[i].get_db_prep_save(rows[0][i], connection) for i, c in enumerate(same) if c]
+    select = []
+    for i in range(len(fields)):
+        select.append("%s" if same[i] else f"v.column{varying.index(i) + 1}")
+    # "WHERE true" tells SQLite's parser that an ON CONFLICT belongs to the INSERT.
+    per_statement = rows_per_statement(connection, len(varying), len(constants))
+    convert = [(i, _memo_prep(fields[i], connection)) for i in varying]
+    for start in range(0, len(rows), per_statement):
+        chunk = rows[start : start + per_statement]
+        params = list(constants)
+        for row in chunk:
+            params += [prep(row[i]) for i, prep in convert]
+        values = ", ".join([placeholders(len(varying))] * len(chunk))
+        yield (
+            f"INSERT INTO {table} {columns} SELECT {', '.join(select)} FROM (VALUES {values}) AS v"
+            f" WHERE true{tail}",
+            params,
+        )
+
+
+def _memo_prep(field: Field[Any, Any], connection: BaseDatabaseWrapper) -> Callable[[Any], Any]:
+    """``field.get_db_prep_save`` for a run of values, remembering the last one (rows built
+    together often share a value, a time above all)."""
+    last: list[Any] = [object(), None]
+
+    def prep(value: Any) -> Any:
+        if value is not last[0]:
+            last[:] = value, field.get_db_prep_save(value, connection)
+        return last[1]
+
+    return prep
+
+
+# Rows per PostgreSQL bulk statement: one JSON document of this many records.
+RECORDS_PER_STATEMENT = 5000
+
+
+def recordset_statements(
+    connection: BaseDatabaseWrapper,
+    table: str,
+    columns: str,
+    fields: Sequence[Field[Any, Any]],
+    rows: list[list[Any]],
+    tail: str,
+) -> Iterator[tuple[str, list[Any]]]:
+    """PostgreSQL's bulk insert: ``INSERT ... SELECT`` from ``jsonb_to_recordset`` of one
+    JSON parameter holding the columns that differ between the rows, so thousands of rows
+    are one parameter to send and parse instead of a statement of tens of thousands."""
+    same = _constant_columns(rows)
+    varying = [i for i, constant in enumerate(same) if not constant]
+    select: list[str] = []
+    constants: list[Any] = []
+    record: list[str] = []
+    for i, field in enumerate(fields):
+        if same[i]:
+            select.append(_cast(connection, field))
+            constants.append(field.get_db_prep_save(rows[0][i], connection))
+        else:
+            select.append(f"v.c{i}")
+            record.append(f"c{i} {_pg_type(connection, field)}")
+    source = f"jsonb_to_recordset(%s::jsonb) AS v({', '.join(record)})"
+    sql = f"INSERT INTO {table} {columns} SELECT {', '.join(select)} FROM {source}{tail}"
+    convert = [(f"c{i}", i, _json_converter(fields[i], connection)) for i in varying]
+    for start in range(0, len(rows), RECORDS_PER_STATEMENT):
+        chunk = rows[start : start + RECORDS_PER_STATEMENT]
+        records = [{key: to_json(row[i]) for key, i, to_json in convert} for row in chunk]
+        yield sql, [*constants, json.dumps(records, ensure_ascii=False, separators=(",", ":"))]
+
+
+def _json_converter(field: Field[Any, Any], connection: BaseDatabaseWrapper) -> Callable[[Any], Any]:
+    """How a value of ``field`` goes into a JSON record for ``jsonb_to_recordset``: a JSON
+    column's value as the JSON it is, anything else as the text or number the column's
+    input function reads, from the field's own ``get_db_prep_save``."""
+    if isinstance(field, JSONField):
+        if field.encoder is None:
+            return lambda value: value
+        encoder = field.encoder
+        return lambda value: json.loads(json.dumps(value, cls=encoder))
+    prep = _memo_prep(field, connection)
+
+    def convert(value: Any) -> Any:
+        prepared = prep(value)
+        if prepared is None or isinstance(prepared, bool | int | float | str):
+            return prepared
+        return prepared.isoformat() if isinstance(prepared, datetime | date | time) else str(prepared)
+
+    return convert
+
+
+_GUARDED: dict[tuple[Any, ...], str] = {}
+
+
+def guarded_statement(
+    connection: BaseDatabaseWrapper,
+    model: type[Model],
+    fields: tuple[Field[Any, Any], ...],
+    guard_sql: str,
+    then: Sequence[Model],
+    then_fields: tuple[Field[Any, Any], ...],
+    notify: bool,
+) -> str:
+    """The statement of :func:`.dialect.insert_guarded`, built once per database, columns and shape."""
+    then_model = type(then[0]) if then else None
+    # By the columns' names: hashing the fields themselves costs more than the statement saves.
+    names = tuple(field.attname for field in fields), tuple(field.attname for field in then_fields)
+    key = (connection.alias, model, names, guard_sql, then_model, len(then), notify)
+    sql = _GUARDED.get(key)
+    if sql is not None:
+        return sql
+    quote = connection.ops.quote_name
+    table, columns = quote(model._meta.db_table), quoted_columns(connection, fields)
+    if connection.vendor == "sqlite":
+        pk = returning_pk(connection, model)
+        # "WHERE EXISTS" also tells SQLite's parser that ON CONFLICT belongs to the INSERT.
+        sql = (
+            f"INSERT INTO {table} {columns} SELECT {', '.join(['%s'] * len(fields))}"
+            f" WHERE EXISTS ({guard_sql}){pk}"
+        )
+    else:
+        select = ", ".join(_cast(connection, field) for field in fields)
+        parts = [
+            f"g AS ({guard_sql})",
+            f"o AS (INSERT INTO {table} {columns} SELECT {select} FROM g ON CONFLICT DO NOTHING RETURNING 1)",
+        ]
+        if then_model is not None:
+            then_select = ", ".join(_cast(connection, field) for field in then_fields)
+            rows = " UNION ALL ".join([f"SELECT {then_select} FROM o"] * len(then))
+            parts.append(
+                f"t AS (INSERT INTO {quote(then_model._meta.db_table)}"
+                f" {quoted_columns(connection, then_fields)} {rows})"
+            )
+        if notify:
+            # Delivered by PostgreSQL only if (and when) the transaction commits.
+            parts.append("n AS (SELECT pg_notify(%s, '') FROM o)")
+        counted = ", (SELECT COUNT(*) FROM n)" if notify else ""
+        sql = f"WITH {', '.join(parts)} SELECT (SELECT COUNT(*) FROM o), (SELECT COUNT(*) FROM g){counted}"
+    if len(_GUARDED) > 256:
+        _GUARDED.clear()
+    _GUARDED[key] = sql
+    return sql
