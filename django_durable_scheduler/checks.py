@@ -444,7 +444,7 @@ def check_jobs_have_handlers(app_configs: Any = None, **kwargs: Any) -> list[Che
 
 @register(Tags.database, TAG)
 def check_jobs_have_policies(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    from .kernel.policies import jobs_without_policy
+    from .kernel.binding import jobs_without_policy
     from .models import Job
 
     messages: list[CheckMessage] = []
@@ -457,17 +457,17 @@ def check_jobs_have_policies(app_configs: Any = None, **kwargs: Any) -> list[Che
             found = jobs_without_policy(using=alias)
         except DatabaseError:
             continue
-        for (ptype, pid), jobs in sorted(found.items()):
+        for principal, jobs in sorted(found.items()):
             messages.append(
                 CheckWarning(
-                    f"Enabled jobs in database '{alias}' run as {ptype}:{pid}, which has no authority "
+                    f"Enabled jobs in database '{alias}' run as {principal.label}, which has no authority "
                     f"policy: {', '.join(jobs)}.",
                     hint=(
                         "Every run of theirs is denied (policy_required). Give the principal a policy "
                         "(set_policy, ensure_policy or the admin's Authority policies), or create the "
                         "jobs without an authority envelope to run them as the default principal."
                     ),
-                    obj=f"{ptype}:{pid}",
+                    obj=principal.label,
                     id="durable_scheduler.W003",
                 )
             )

@@ -18,7 +18,7 @@ from .db import dialect
 from .housekeeping import rollups
 from .housekeeping.retention import plan as retention_plan
 from .housekeeping.retention.thread import LastRun, last_run
-from .kernel.policies import jobs_without_policy
+from .kernel.binding import jobs_without_policy
 from .models import (
     ACTIVE_STATUSES,
     PENDING_STATUSES,
@@ -30,6 +30,7 @@ from .models import (
     OccurrenceStatus,
     WorkerHeartbeat,
 )
+from .rules.authority import Principal
 from .rules.validation import from_ms, iso_ms, to_ms
 
 DEFAULT_STALE_AFTER = timedelta(seconds=60)
@@ -134,7 +135,7 @@ class BudgetUsage:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "principal": {"type": self.principal_type, "id": self.principal_id},
+            "principal": Principal.of_row(self).as_dict(),
             "policy_revision": self.policy_revision,
             "window_started_at": iso_ms(self.window_started_at),
             "window_ends_at": iso_ms(self.window_ends_at),
@@ -338,7 +339,9 @@ def collect_status(
         unhandled=unhandled,
         near_budget=budget_usage(now, budget_percent, alias),
         disabled_waiting=disabled_waiting,
-        without_policy={f"{t}:{i}": jobs for (t, i), jobs in jobs_without_policy(using=alias).items()},
+        without_policy={
+            principal.label: jobs for principal, jobs in jobs_without_policy(using=alias).items()
+        },
         last_retention=last_run(alias, now),
     )
     status.batches, status.stalled_batches = _batches(now - max_lag, alias)
@@ -416,7 +419,7 @@ def format_status(status: Status) -> str:
     if status.near_budget:
         lines.append(f"policies near their budget (>= {NEAR_BUDGET_PERCENT}%):")
         lines.extend(
-            f"  {b.principal_type}:{b.principal_id} revision {b.policy_revision} "
+            f"  {Principal.of_row(b).label} revision {b.policy_revision} "
             f"window {iso_ms(b.window_started_at)}..{iso_ms(b.window_ends_at)}: "
             f"runs {b.runs}/{b.max_runs}, units {b.units}/{b.max_units}"
             for b in status.near_budget

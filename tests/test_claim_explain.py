@@ -22,7 +22,7 @@ from django_durable_scheduler import conf
 from django_durable_scheduler.db.dialect import insert_rows
 from django_durable_scheduler.kernel import claiming
 from django_durable_scheduler.models import Event, Job, Occurrence, OccurrenceStatus
-from django_durable_scheduler.rules.authority import principal_key
+from django_durable_scheduler.rules.authority import Principal
 
 from .conftest import authority_for
 
@@ -71,7 +71,7 @@ def _occurrences(job: Job, count: int, prefix: str, **values: Any) -> list[Occur
                 max_attempts=3,
                 authority=job.authority,
                 payload={},
-                principal_key=principal_key(job.authority),
+                principal_key=Principal.of(job.authority).key,
                 created_at=at,
                 updated_at=at,
                 **values,

@@ -36,7 +36,7 @@ from django.test.utils import CaptureQueriesContext
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler.models import Occurrence, OccurrenceStatus
-from django_durable_scheduler.rules.authority import principal_key
+from django_durable_scheduler.rules.authority import Principal
 from django_durable_scheduler.rules.identity import derive_occurrence_identity
 from django_durable_scheduler.rules.validation import to_ms
 
@@ -83,7 +83,7 @@ def _terminal_rows(job, now):
                 payload={"n": i},
                 result={"sent": i} if status == OccurrenceStatus.SUCCEEDED else None,
                 last_error=None if status == OccurrenceStatus.SUCCEEDED else {"message": "boom"},
-                principal_key=principal_key(job.authority),
+                principal_key=Principal.of(job.authority).key,
                 created_at=at,
                 updated_at=at + timedelta(seconds=1),
                 settled_at=at + timedelta(seconds=1),

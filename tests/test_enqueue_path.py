@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 import django_durable_scheduler as scheduler
 from django_durable_scheduler.kernel import enqueuing
 from django_durable_scheduler.models import Event, Job, Occurrence
-from django_durable_scheduler.rules.authority import principal_key
+from django_durable_scheduler.rules.authority import Principal
 from django_durable_scheduler.rules.validation import to_ms
 
 from .conftest import authority_for
@@ -99,7 +99,7 @@ def test_job_deleted_and_created_again_at_the_same_revision_gets_its_new_authori
     assert not dedup
     stored = Occurrence.objects.get(pk=occ.pk)
     assert stored.authority["principal"]["id"] == "second"
-    assert stored.principal_key == principal_key(stored.authority)
+    assert stored.principal_key == Principal.of(stored.authority).key
     assert occ.authority["principal"]["id"] == "second"
 
 

@@ -11,7 +11,7 @@ import pytest
 import django_durable_scheduler as scheduler
 from django_durable_scheduler.kernel.claiming import CURSOR_EVENTS, last_claimed_principal
 from django_durable_scheduler.models import Event
-from django_durable_scheduler.rules.authority import principal_key
+from django_durable_scheduler.rules.authority import Principal
 
 from .conftest import authority_for
 
@@ -86,7 +86,7 @@ def test_single_and_batched_claims_follow_the_same_rule(clock):
 def test_a_cursor_of_the_callers_own_takes_precedence(clock):
     backlog(clock, {"a": 2, "b": 2, "c": 2})
     assert principal_of(scheduler.claim(owner="w", lease=60)) == "a"
-    after_c = principal_key(authority_for("c"))
+    after_c = Principal.of(authority_for("c")).key
     (row,) = scheduler.claim_batch(owner="w", lease=60, limit=1, after_principal=after_c)
     assert principal_of(row) == "a"
 

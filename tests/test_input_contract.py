@@ -416,13 +416,13 @@ def test_exception_with_nul_is_stored_replaced(world):
 def test_longest_principal_key_is_stored(world):
     """The other side of the principal key bound: a key of exactly its column's length."""
     principal = {"type": "t" * 64, "id": '"' * 73 + "i" * (256 - 73)}  # 327 + 73 escapes
-    from django_durable_scheduler.rules.authority import principal_key
+    from django_durable_scheduler.rules.authority import Principal
 
-    assert len(principal_key({"principal": principal})) == 400
+    assert len(Principal.of({"principal": principal}).key) == 400
     scheduler.create_job("job-key", "reports.send", authority={"principal": principal})
     occurrence, _ = scheduler.enqueue("job-key", scheduled_for=world.now, trigger_key="k")
     occurrence.refresh_from_db()
-    assert occurrence.principal_key == principal_key({"principal": principal})
+    assert occurrence.principal_key == Principal.of({"principal": principal}).key
 
 
 def test_largest_column_values_are_accepted(world):

@@ -12,7 +12,7 @@ import pytest
 from django.db import connections
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler.kernel import policies
+from django_durable_scheduler.kernel import binding, policies
 from django_durable_scheduler.models import AuthorityPolicy, AuthorityPolicyRevision, Job, Occurrence
 from django_durable_scheduler.rules.authority import bound_revision
 
@@ -267,7 +267,7 @@ def test_preview_counts_what_set_policy_would_do_and_writes_nothing(principal_wo
 
 
 def test_rebinding_is_batched(clock, monkeypatch):
-    monkeypatch.setattr(policies, "REBIND_BATCH", 3)
+    monkeypatch.setattr(binding, "REBIND_BATCH", 3)
     for n in range(7):
         scheduler.create_job(f"job-{n}", "k", authority=authority_for("dave", "x.run"))
         scheduler.enqueue(f"job-{n}", scheduled_for=clock(), trigger_key="a")

@@ -23,6 +23,7 @@ from ..db.dialect import alias_for
 from ..housekeeping import rollups
 from ..kernel import concurrency
 from ..models import AuthorityPolicy, Batch, BatchStatus, Job, Occurrence, OccurrenceStatus
+from ..rules.authority import Principal
 from . import chainview
 
 WINDOWS = (("last hour", timedelta(hours=1)), ("last day", timedelta(days=1)))
@@ -180,13 +181,12 @@ def concurrency_limits(*, using: str | None = None, now: datetime | None = None)
         live.values("principal_key").annotate(n=Count("pk")).values_list("principal_key", "n")
     )
     for policy in AuthorityPolicy.objects.using(alias).filter(max_running__isnull=False)[:1000]:
-        principal = concurrency.principal_key_of(policy.principal_type, policy.principal_id)
-        name = f"{policy.principal_type}:{policy.principal_id}"
+        principal = Principal.of_row(policy)
         found.append(
             {
                 "scope": "principal",
-                "name": name,
-                "running": by_principal.get(principal, 0),
+                "name": principal.label,
+                "running": by_principal.get(principal.key, 0),
                 "limit": policy.max_running,
             }
         )

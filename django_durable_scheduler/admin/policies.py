@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html_join
 
 from ..exceptions import SchedulerError
-from ..kernel import policies
+from ..kernel import binding, budgets, policies
 from ..models import AuthorityPolicy, AuthorityPolicyRevision
 from .base import ApiFormAdmin, ReadOnlyAdmin
 from .forms import AuthorityPolicyForm, describe_window
@@ -107,8 +107,8 @@ class AuthorityPolicyAdmin(ApiFormAdmin):
         )
         return super().render_change_form(request, context, add, change, form_url, obj)
 
-    def _usage(self, obj: AuthorityPolicy | None) -> policies.WindowUsage | None:
-        return None if obj is None else policies.current_usage(obj)
+    def _usage(self, obj: AuthorityPolicy | None) -> budgets.WindowUsage | None:
+        return None if obj is None else budgets.current_usage(obj)
 
     def _preview(self, form: BaseForm, obj: AuthorityPolicy | None) -> dict[str, Any]:
         """What saving would do to the principal's jobs and pending occurrences: for the values
@@ -131,7 +131,7 @@ class AuthorityPolicyAdmin(ApiFormAdmin):
         if principal is None:
             return {"available": False, "why": "Enter a principal and valid values, then preview."}
         try:
-            counts = policies.preview_policy_change(
+            counts = binding.preview_policy_change(
                 principal[0], principal[1], capabilities=capabilities, enabled=enabled
             )
         except SchedulerError as exc:

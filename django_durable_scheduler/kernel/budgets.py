@@ -1,5 +1,6 @@
-"""Budgets: charging runs against a principal's per-window usage, and settling the
-reservations those charges made (``docs/design.md``, "Budgets and reservations").
+"""Budgets: a principal's per-window usage (:func:`current_usage`), charging runs against
+it, and settling the reservations those charges made (``docs/design.md``, "Budgets and
+reservations").
 
 This sits below the lease code: the kernel settles reservations when an occurrence ends,
 and authorization (``reservations.py``) charges them, each inside its own transaction.
@@ -18,7 +19,12 @@ from django.db import connections
 
 from .. import conf
 from ..db import dialect
-from ..exceptions import AuthorityBudgetExhausted, AuthorityBudgetStateInvalid, AuthoritySettlementConflict
+from ..exceptions import (
+    AuthorityBudgetExhausted,
+    AuthorityBudgetStateInvalid,
+    AuthoritySettlementConflict,
+    InvalidArgument,
+)
 from ..models import (
     AuthorityPolicy,
     AuthorityReservation,
@@ -27,16 +33,69 @@ from ..models import (
     OccurrenceStatus,
     ReservationStatus,
 )
-from ..rules.validation import iso_ms
-from .policies import window_bounds
+from ..rules.authority import Principal
+from ..rules.validation import from_ms, iso_ms, to_ms
 
 
-def principal_details(principal: dict[str, Any]) -> dict[str, Any]:
-    return {"principal": {"type": principal["type"], "id": principal["id"]}}
+@dataclass(frozen=True)
+class WindowUsage:
+    """A policy's usage in the window that contains ``now``."""
+
+    principal_type: str
+    principal_id: str
+    policy_revision: int
+    window_started_at: datetime
+    window_ends_at: datetime
+    runs: int
+    units: int
+    max_runs: int
+    max_units: int
+
+    @property
+    def remaining_runs(self) -> int:
+        return max(0, self.max_runs - self.runs)
+
+    @property
+    def remaining_units(self) -> int:
+        return max(0, self.max_units - self.units)
+
+
+def window_bounds(window_ms: int, now: datetime) -> tuple[datetime, datetime]:
+    """The epoch-aligned window containing ``now``: ``floor(now / window) * window``."""
+    start_ms = to_ms(now, "now") // window_ms * window_ms
+    return from_ms(start_ms), from_ms(start_ms + window_ms)
+
+
+def current_usage(
+    policy: AuthorityPolicy, now: datetime | None = None, *, using: str | None = None
+) -> WindowUsage:
+    """Runs and units reserved under the policy's current revision in the window holding ``now``."""
+    if not isinstance(policy, AuthorityPolicy):
+        raise InvalidArgument("policy", "must be an AuthorityPolicy")
+    at = conf.now() if now is None else from_ms(to_ms(now, "now"))
+    start, end = window_bounds(policy.window_ms, at)
+    principal = Principal.of_row(policy)
+    row = (
+        AuthorityUsage.objects.using(dialect.alias_for(using))
+        .filter(**principal.columns(), policy_revision=policy.revision, window_started_at=start)
+        .values_list("runs", "units")
+        .first()
+    )
+    runs, units = row if row is not None else (0, 0)
+    return WindowUsage(
+        *principal,
+        policy_revision=policy.revision,
+        window_started_at=start,
+        window_ends_at=end,
+        runs=runs,
+        units=units,
+        max_runs=policy.max_runs,
+        max_units=policy.max_units,
+    )
 
 
 def _exhausted(
-    principal: dict[str, Any],
+    principal: Principal,
     policy: AuthorityPolicy,
     window: tuple[datetime, datetime],
     used: tuple[int, int],
@@ -44,7 +103,7 @@ def _exhausted(
 ) -> AuthorityBudgetExhausted:
     start, end = window
     return AuthorityBudgetExhausted(
-        f"authority budget of {principal['type']}:{principal['id']} is spent until {iso_ms(end)}",
+        f"authority budget of {principal.label} is spent until {iso_ms(end)}",
         {
             "windowStartedAt": iso_ms(start),
             "windowEndsAt": iso_ms(end),
@@ -158,20 +217,16 @@ def _mismatch_record(used: tuple[int, int], reserved: tuple[int, int], now: date
 Charged = list[AuthorityReservation | AuthorityBudgetExhausted] | AuthorityBudgetStateInvalid
 
 
-def _principal_of(policy: AuthorityPolicy) -> dict[str, Any]:
-    return {"type": policy.principal_type, "id": policy.principal_id}
-
-
 def _state_invalid(
     policy: AuthorityPolicy, start: datetime, seen: dict[str, Any]
 ) -> AuthorityBudgetStateInvalid:
     """The refusal of a window whose usage was found not to match its reservations (``seen``:
     the counts the check saw, and when)."""
-    principal = _principal_of(policy)
+    principal = Principal.of_row(policy)
     return AuthorityBudgetStateInvalid(
-        f"authority usage of {principal['type']}:{principal['id']} does not match its reservations",
+        f"authority usage of {principal.label} does not match its reservations",
         {
-            **principal_details(principal),
+            **principal.details(),
             "policy_revision": policy.revision,
             "windowStartedAt": iso_ms(start),
             **seen,
@@ -188,7 +243,8 @@ def _reserve(
 ) -> tuple[list[AuthorityReservation | AuthorityBudgetExhausted], tuple[int, int]]:
     """Reserve, in order, each occurrence that still fits the window's budget (unsaved
     reservations), or say why it does not; and the window's usage after them."""
-    principal = _principal_of(policy)
+    principal = Principal.of_row(policy)
+    columns = principal.columns()
     used_runs, used_units = used
     out: list[AuthorityReservation | AuthorityBudgetExhausted] = []
     for occurrence, units in charges:
@@ -201,8 +257,7 @@ def _reserve(
             AuthorityReservation(
                 occurrence_id=occurrence.pk,
                 job_id=occurrence.job_id,
-                principal_type=policy.principal_type,
-                principal_id=policy.principal_id,
+                **columns,
                 policy_revision=policy.revision,
                 window_started_at=window[0],
                 units=units,
@@ -367,7 +422,7 @@ class WindowCheck:
 
     def describe(self) -> str:
         return (
-            f"{self.principal_type}:{self.principal_id} revision {self.policy_revision}, window"
+            f"{Principal.of_row(self).label} revision {self.policy_revision}, window"
             f" {iso_ms(self.window_started_at)}: usage {self.usage[0]} runs / {self.usage[1]} units,"
             f" reservations {self.reservations[0]} / {self.reservations[1]}"
         )

@@ -843,7 +843,7 @@ def claim_authorized(
         def max_running(keys: list[str]) -> dict[str, int]:
             # The policies just locked: a claim that caps nothing reads nothing more.
             return {
-                concurrency.principal_key_of(*principal): policy.max_running
+                principal.key: policy.max_running
                 for principal, policy in policies.items()
                 if policy.max_running is not None
             }

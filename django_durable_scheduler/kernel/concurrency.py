@@ -24,7 +24,7 @@ from django.db.models import Q
 from ..db import dialect
 from ..exceptions import InvalidArgument
 from ..models import AuthorityPolicy, ConcurrencySlot, Occurrence, OccurrenceStatus
-from ..rules.identity import canonical_json
+from ..rules.authority import Principal
 from ..rules.validation import normalize_int
 
 MAX_CONCURRENCY = 10_000
@@ -242,16 +242,12 @@ def max_running_of(principal_keys: list[str], alias: str) -> dict[str, int]:
     worker, which locks no policy, holds them to."""
     match = Q()
     for key in principal_keys:
-        principal_type, principal_id = json.loads(key)
-        match |= Q(principal_type=principal_type, principal_id=principal_id)
+        principal = Principal.from_key(key)
+        if principal is not None:
+            match |= Q(**principal.columns())
     rows = AuthorityPolicy.objects.using(alias).filter(match, max_running__isnull=False)
     return {
-        principal_key_of(policy.principal_type, policy.principal_id): policy.max_running
+        Principal.of_row(policy).key: policy.max_running
         for policy in rows.only("principal_type", "principal_id", "max_running")
         if policy.max_running is not None
     }
-
-
-def principal_key_of(principal_type: str, principal_id: str) -> str:
-    """The occurrences' ``principal_key`` of a principal (canonical JSON of [type, id])."""
-    return canonical_json([principal_type, principal_id])

@@ -18,7 +18,7 @@ from ..db.wakeup import notify_new_work
 from ..exceptions import DataCorrupt, IdempotencyPayloadMismatch, JobDisabled
 from ..models import Event, Job, Occurrence, OccurrenceStatus
 from ..rules import chains
-from ..rules.authority import principal_key
+from ..rules.authority import Principal
 from ..rules.events import new_event
 from ..rules.identity import (
     IDEMPOTENCY_KEY_PREFIX,
@@ -44,7 +44,7 @@ class Builder:
     def __init__(self, job: Job) -> None:
         self.job = job
         self.digest_of: Callable[[int, str], str] = identity_digester(job.job_id, job.revision)
-        self.principal_key = principal_key(job.authority)
+        self.principal_key = Principal.of(job.authority).key
         self.key_spec = key_spec_of(job.concurrency_key, job.kind)
         self.chain = chains.of_job(job)
 

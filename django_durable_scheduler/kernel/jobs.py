@@ -17,7 +17,7 @@ from ..db.dialect import alias_for, write_transaction
 from ..exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
 from ..models import PENDING_STATUSES, Job, Occurrence
 from ..rules import chains
-from ..rules.authority import default_authority, normalize_authority
+from ..rules.authority import Principal, default_authority, normalize_authority
 from ..rules.chains import EDGES, normalize_specs
 from ..rules.events import JOB_CREATED, JOB_UPDATED, SLOT_SKIPPED, new_event
 from ..rules.identity import canonical_json, normalize_json
@@ -98,14 +98,13 @@ def _has_default_authority(job: Job) -> bool:
 
 def _warn_without_policy(job_id: str, authority: dict[str, Any], alias: str) -> None:
     """Log that an explicit envelope's principal has no policy: every run would be denied."""
-    principal = authority["principal"]
-    if get_policy(principal["type"], principal["id"], using=alias) is None:
+    principal = Principal.of(authority)
+    if get_policy(*principal, using=alias) is None:
         logger.warning(
-            "job %s runs as %s:%s, which has no authority policy: every run is denied "
+            "job %s runs as %s, which has no authority policy: every run is denied "
             "(policy_required) until one is set (set_policy, ensure_policy or the admin)",
             job_id,
-            principal["type"],
-            principal["id"],
+            principal.label,
         )
 
 

@@ -3,7 +3,8 @@
 A policy belongs to one principal (``principal_type``, ``principal_id``). Every change is
 compare-and-set on the policy's revision, bumps it, appends the new revision's full content
 to the policy history table, and -- in the same transaction -- rebinds the principal's jobs
-and pending occurrences that the new policy still covers to the new revision. Those whose
+and pending occurrences that the new policy still covers to the new revision
+(``binding.py``). Those whose
 grant the change took away keep their old binding: they are stale now, and the worker
 denies them ``policy_stale``. Those never granted (unbound, or bound to a previous revision
 that lacked a capability too) move to the new revision, where the worker denies them
@@ -19,7 +20,6 @@ policy row without locking it. SQLite has one writer at a time (``dialect.write_
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -29,14 +29,7 @@ from django.db import IntegrityError, OperationalError, connections, transaction
 from .. import conf
 from ..db.dialect import alias_for, write_transaction
 from ..exceptions import AuthorityPolicyConflict, InvalidArgument
-from ..models import (
-    PENDING_STATUSES,
-    AuthorityPolicy,
-    AuthorityPolicyRevision,
-    AuthorityUsage,
-    Job,
-    Occurrence,
-)
+from ..models import AuthorityPolicy, AuthorityPolicyRevision
 from ..rules.authority import (
     DEFAULT_MAX_RUNS,
     DEFAULT_MAX_UNITS,
@@ -44,28 +37,22 @@ from ..rules.authority import (
     MAX_BUDGET,
     MAX_WINDOW_MS,
     MIN_WINDOW_MS,
+    Principal,
     bind,
-    bound_revision,
-    missing_capabilities,
     normalize_authority,
     normalize_capabilities,
-    normalize_principal,
-    principal_key,
 )
 from ..rules.validation import (
     MAX_IDENTIFIER_LENGTH,
     column_max,
-    from_ms,
     normalize_bool,
     normalize_identifier,
     normalize_int,
     to_duration_ms,
-    to_ms,
 )
+from .binding import rebind
 from .concurrency import normalize_limit
 
-# Rows read (and locked) per batch while rebinding: memory stays bounded by this.
-REBIND_BATCH = 500
 MAX_HISTORY_LIMIT = 1000
 MAX_REVISION = column_max(AuthorityPolicy, "revision")
 
@@ -97,37 +84,7 @@ class PolicyChange:
         }
 
 
-@dataclass(frozen=True)
-class WindowUsage:
-    """A policy's usage in the window that contains ``now``."""
-
-    principal_type: str
-    principal_id: str
-    policy_revision: int
-    window_started_at: datetime
-    window_ends_at: datetime
-    runs: int
-    units: int
-    max_runs: int
-    max_units: int
-
-    @property
-    def remaining_runs(self) -> int:
-        return max(0, self.max_runs - self.runs)
-
-    @property
-    def remaining_units(self) -> int:
-        return max(0, self.max_units - self.units)
-
-
 # --------------------------------------------------------------------------- validation
-
-
-def _principal(principal_type: Any, principal_id: Any) -> tuple[str, str]:
-    return (
-        normalize_identifier(principal_type, "principal_type", max_length=64),
-        normalize_identifier(principal_id, "principal_id"),
-    )
 
 
 def _window_ms(window: Any, field: str = "window") -> int:
@@ -138,22 +95,11 @@ def _budget(value: Any, field: str) -> int:
     return normalize_int(value, field, minimum=1, maximum=MAX_BUDGET)
 
 
-def covers(enabled: bool, capabilities: Iterable[str], authority: dict[str, Any]) -> bool:
-    """True when an enabled policy with ``capabilities`` grants everything ``authority`` asks for."""
-    return enabled and not missing_capabilities(list(capabilities), authority)
-
-
-def window_bounds(window_ms: int, now: datetime) -> tuple[datetime, datetime]:
-    """The epoch-aligned window containing ``now``: ``floor(now / window) * window``."""
-    start_ms = to_ms(now, "now") // window_ms * window_ms
-    return from_ms(start_ms), from_ms(start_ms + window_ms)
-
-
 def policy_content(policy: AuthorityPolicy) -> dict[str, Any]:
     """A revision's full content, as the history table stores it (``max_running`` only when
     set, so that revisions from before it existed read the same)."""
     content = {
-        "principal": {"type": policy.principal_type, "id": policy.principal_id},
+        "principal": Principal.of_row(policy).as_dict(),
         "revision": policy.revision,
         "enabled": policy.enabled,
         "capabilities": list(policy.capabilities),
@@ -171,199 +117,40 @@ def policy_content(policy: AuthorityPolicy) -> dict[str, Any]:
 
 def get_policy(principal_type: str, principal_id: str, *, using: str | None = None) -> AuthorityPolicy | None:
     """The principal's policy, or None. A backfilled policy with no capabilities reads fine."""
-    ptype, pid = _principal(principal_type, principal_id)
-    return (
-        AuthorityPolicy.objects.using(alias_for(using)).filter(principal_type=ptype, principal_id=pid).first()
-    )
+    return _policy_of(Principal.parse((principal_type, principal_id)), alias_for(using))
+
+
+def _policy_of(principal: Principal, alias: str) -> AuthorityPolicy | None:
+    return AuthorityPolicy.objects.using(alias).filter(**principal.columns()).first()
 
 
 def policy_history(
     principal_type: str, principal_id: str, limit: int = 50, *, using: str | None = None
 ) -> list[AuthorityPolicyRevision]:
     """The principal's policy revisions, newest first."""
-    ptype, pid = _principal(principal_type, principal_id)
+    principal = Principal.parse((principal_type, principal_id))
     limit = normalize_int(limit, "limit", minimum=1, maximum=MAX_HISTORY_LIMIT)
     return list(
         AuthorityPolicyRevision.objects.using(alias_for(using))
-        .filter(principal_type=ptype, principal_id=pid)
+        .filter(**principal.columns())
         .order_by("-revision")[:limit]
     )
-
-
-def current_usage(
-    policy: AuthorityPolicy, now: datetime | None = None, *, using: str | None = None
-) -> WindowUsage:
-    """Runs and units reserved under the policy's current revision in the window holding ``now``."""
-    if not isinstance(policy, AuthorityPolicy):
-        raise InvalidArgument("policy", "must be an AuthorityPolicy")
-    at = conf.now() if now is None else from_ms(to_ms(now, "now"))
-    start, end = window_bounds(policy.window_ms, at)
-    row = (
-        AuthorityUsage.objects.using(alias_for(using))
-        .filter(
-            principal_type=policy.principal_type,
-            principal_id=policy.principal_id,
-            policy_revision=policy.revision,
-            window_started_at=start,
-        )
-        .values_list("runs", "units")
-        .first()
-    )
-    runs, units = row if row is not None else (0, 0)
-    return WindowUsage(
-        principal_type=policy.principal_type,
-        principal_id=policy.principal_id,
-        policy_revision=policy.revision,
-        window_started_at=start,
-        window_ends_at=end,
-        runs=runs,
-        units=units,
-        max_runs=policy.max_runs,
-        max_units=policy.max_units,
-    )
-
-
-# --------------------------------------------------------------------------- rebinding
-
-
-def _principal_of(authority: Any) -> tuple[Any, Any] | None:
-    principal = authority.get("principal") if isinstance(authority, dict) else None
-    if not isinstance(principal, dict):
-        return None
-    return principal.get("type"), principal.get("id")
-
-
-def _job_batches(ptype: str, pid: str, alias: str, *, lock: bool) -> Iterator[list[Job]]:
-    # Jobs have no principal column: a JSON key lookup narrows the scan, and the principal
-    # is re-checked in Python. Keyset pages keep memory bounded.
-    base = (
-        Job.objects.using(alias)
-        .filter(authority__principal__type=ptype, authority__principal__id=pid)
-        .only("job_id", "authority")
-        .order_by("job_id")
-    )
-    last: str | None = None
-    while True:
-        page = base if last is None else base.filter(job_id__gt=last)
-        if lock:
-            page = page.select_for_update()
-        rows = list(page[:REBIND_BATCH])
-        if not rows:
-            return
-        yield [row for row in rows if _principal_of(row.authority) == (ptype, pid)]
-        last = rows[-1].job_id
-
-
-def _occurrence_batches(ptype: str, pid: str, alias: str, *, lock: bool) -> Iterator[list[Occurrence]]:
-    key = principal_key({"principal": {"type": ptype, "id": pid}})
-    base = (
-        Occurrence.objects.using(alias)
-        .filter(principal_key=key, status__in=PENDING_STATUSES)
-        .only("occurrence_id", "authority", "status")
-        .order_by("occurrence_id")
-    )
-    last: str | None = None
-    while True:
-        page = base if last is None else base.filter(occurrence_id__gt=last)
-        if lock:
-            page = page.select_for_update()
-        rows = list(page[:REBIND_BATCH])
-        if not rows:
-            return
-        # Re-checked under the lock: a claim may have taken a row since it was listed.
-        yield [
-            row
-            for row in rows
-            if row.status in PENDING_STATUSES and _principal_of(row.authority) == (ptype, pid)
-        ]
-        last = rows[-1].occurrence_id
-
-
-def _follows_the_policy(authority: dict[str, Any], before: AuthorityPolicy | None) -> bool:
-    """Whether an envelope the new revision does not cover moves to it anyway: one bound to
-    no revision, or to the previous revision that did not grant it either, was never
-    granted, so it has no grant to lose; bound to the current revision, the worker then
-    names what is missing (``permission_denied``) instead of a stale binding."""
-    bound = bound_revision(authority)
-    return bound is None or (
-        before is not None
-        and bound == before.revision
-        and not covers(before.enabled, before.capabilities, authority)
-    )
-
-
-def _classify(
-    ptype: str,
-    pid: str,
-    *,
-    enabled: bool,
-    capabilities: list[str],
-    alias: str,
-    rebind_to: int | None,
-    before: AuthorityPolicy | None = None,
-) -> dict[str, int]:
-    """Count (and with ``rebind_to``, rebind) the principal's covered jobs and pending
-    occurrences; the uncovered ones are counted stale, and those that were never granted
-    move to ``rebind_to`` too (``before``: the previous revision). Without ``rebind_to``
-    nothing is locked or written (a preview)."""
-    counts = {"rebound_jobs": 0, "stale_jobs": 0, "rebound_occurrences": 0, "stale_occurrences": 0}
-    lock = rebind_to is not None
-    sources: list[tuple[str, Iterator[list[Any]]]] = [
-        ("jobs", _job_batches(ptype, pid, alias, lock=lock)),
-        ("occurrences", _occurrence_batches(ptype, pid, alias, lock=lock)),
-    ]
-    for label, batches in sources:
-        for rows in batches:
-            changed = []
-            for row in rows:
-                if covers(enabled, capabilities, row.authority):
-                    counts[f"rebound_{label}"] += 1
-                else:
-                    counts[f"stale_{label}"] += 1
-                    if not _follows_the_policy(row.authority, before):
-                        continue
-                if rebind_to is not None and bound_revision(row.authority) != rebind_to:
-                    row.authority = bind(row.authority, rebind_to)
-                    changed.append(row)
-            if changed:
-                type(changed[0]).objects.using(alias).bulk_update(changed, ["authority"])
-    return counts
-
-
-def preview_policy_change(
-    principal_type: str,
-    principal_id: str,
-    *,
-    capabilities: Any,
-    enabled: bool = True,
-    using: str | None = None,
-) -> dict[str, int]:
-    """Read-only: how many of the principal's jobs and pending occurrences a change to
-    ``capabilities``/``enabled`` would rebind, and how many it would leave stale."""
-    ptype, pid = _principal(principal_type, principal_id)
-    caps = normalize_capabilities(capabilities, "capabilities")
-    active = normalize_bool(enabled, "enabled")
-    return _classify(ptype, pid, enabled=active, capabilities=caps, alias=alias_for(using), rebind_to=None)
 
 
 # --------------------------------------------------------------------------- writing
 
 
-def _lock_policy(ptype: str, pid: str, alias: str) -> AuthorityPolicy | None:
-    return (
-        AuthorityPolicy.objects.using(alias)
-        .select_for_update()
-        .filter(principal_type=ptype, principal_id=pid)
-        .first()
-    )
+def lock_policy(principal: Principal, alias: str) -> AuthorityPolicy | None:
+    """The principal's policy row, locked: the lock that serializes the changes of one
+    principal's policy and the reservations charged to it (module docstring)."""
+    return AuthorityPolicy.objects.using(alias).select_for_update().filter(**principal.columns()).first()
 
 
-def _conflict(ptype: str, pid: str, expected: int, actual: int) -> AuthorityPolicyConflict:
+def _conflict(principal: Principal, expected: int, actual: int) -> AuthorityPolicyConflict:
     return AuthorityPolicyConflict(
-        f"authority policy {ptype}:{pid} is at revision {actual}, not {expected}",
+        f"authority policy {principal.label} is at revision {actual}, not {expected}",
         {
-            "principal_type": ptype,
-            "principal_id": pid,
+            **principal.columns(),
             "expected_revision": expected,
             "actual_revision": actual,
         },
@@ -420,8 +207,7 @@ def change_policy(
 class _Change:
     """One validated ``change_policy`` request."""
 
-    ptype: str
-    pid: str
+    principal: Principal
     capabilities: list[str]
     window_ms: int
     max_runs: int
@@ -445,10 +231,8 @@ def _validated_change(
     changed_by: Any,
     max_running: Any = None,
 ) -> _Change:
-    ptype, pid = _principal(principal_type, principal_id)
     return _Change(
-        ptype=ptype,
-        pid=pid,
+        principal=Principal.parse((principal_type, principal_id)),
         capabilities=normalize_capabilities(capabilities, "capabilities"),
         window_ms=_window_ms(window),
         max_runs=_budget(max_runs, "max_runs"),
@@ -466,10 +250,9 @@ def _insert_policy(change: _Change, now: datetime, alias: str) -> tuple[Authorit
     """Create the principal's first revision: (the policy, 0). When another transaction
     created it meanwhile, an unconditional change gets (the winner's row, locked, its
     revision) to apply on top of; a compare-and-set one has lost."""
-    ptype, pid = change.ptype, change.pid
+    principal = change.principal
     policy = AuthorityPolicy(
-        principal_type=ptype,
-        principal_id=pid,
+        **principal.columns(),
         revision=1,
         enabled=change.enabled,
         capabilities=change.capabilities,
@@ -492,14 +275,14 @@ def _insert_policy(change: _Change, now: datetime, alias: str) -> tuple[Authorit
         if change.expected is not None:
             raced = (
                 AuthorityPolicy.objects.using(alias)
-                .filter(principal_type=ptype, principal_id=pid)
+                .filter(**principal.columns())
                 .values_list("revision", flat=True)
                 .first()
             )
-            raise _conflict(ptype, pid, change.expected, raced or 0) from None
+            raise _conflict(principal, change.expected, raced or 0) from None
         # An unconditional change applies on top of the winner's (a MySQL deadlock
         # between two such losers is retried by ``change_policy``).
-        locked = _lock_policy(ptype, pid, alias)
+        locked = lock_policy(principal, alias)
         if locked is None:
             raise
         return locked, locked.revision
@@ -509,13 +292,11 @@ def _insert_policy(change: _Change, now: datetime, alias: str) -> tuple[Authorit
 def _keep_unrecorded_revision(policy: AuthorityPolicy, alias: str) -> None:
     """A revision written without history (the v2 backfill): keep it before it is replaced,
     so the history can show what this change changed."""
-    revisions = AuthorityPolicyRevision.objects.using(alias).filter(
-        principal_type=policy.principal_type, principal_id=policy.principal_id
-    )
+    columns = Principal.of_row(policy).columns()
+    revisions = AuthorityPolicyRevision.objects.using(alias).filter(**columns)
     if not revisions.filter(revision=policy.revision).exists():
         AuthorityPolicyRevision.objects.using(alias).create(
-            principal_type=policy.principal_type,
-            principal_id=policy.principal_id,
+            **columns,
             revision=policy.revision,
             content=policy_content(policy),
             changed_by=None,
@@ -549,13 +330,13 @@ def _replace_policy(policy: AuthorityPolicy, change: _Change, now: datetime, ali
 
 
 def _change_policy(change: _Change, alias: str) -> PolicyChange:
-    ptype, pid = change.ptype, change.pid
+    principal = change.principal
     now = conf.now()
     with write_transaction(alias):
-        policy = _lock_policy(ptype, pid, alias)
+        policy = lock_policy(principal, alias)
         previous = 0 if policy is None else policy.revision
         if change.expected is not None and change.expected != previous:
-            raise _conflict(ptype, pid, change.expected, previous)
+            raise _conflict(principal, change.expected, previous)
         if policy is None:
             policy, previous = _insert_policy(change, now, alias)
         # What the previous revision granted, before the change below overwrites it.
@@ -567,16 +348,14 @@ def _change_policy(change: _Change, alias: str) -> PolicyChange:
             _keep_unrecorded_revision(policy, alias)
             _replace_policy(policy, change, now, alias)
         AuthorityPolicyRevision.objects.using(alias).create(
-            principal_type=ptype,
-            principal_id=pid,
+            **principal.columns(),
             revision=policy.revision,
             content=policy_content(policy),
             changed_by=change.actor,
             changed_at=now,
         )
-        counts = _classify(
-            ptype,
-            pid,
+        counts = rebind(
+            principal,
             enabled=change.enabled,
             capabilities=change.capabilities,
             alias=alias,
@@ -653,8 +432,8 @@ def ensure_policy(
     runs = _budget(max_runs, "max_runs")
     units = _budget(max_units, "max_units")
     actor = None if changed_by is None else normalize_identifier(changed_by, "changed_by")
-    ptype, pid = envelope["principal"]["type"], envelope["principal"]["id"]
-    existing = get_policy(ptype, pid, using=using)
+    principal = Principal.of(envelope)
+    existing = get_policy(*principal, using=using)
     if existing is not None:
         return existing
     if not envelope["requestedCapabilities"]:
@@ -664,8 +443,7 @@ def ensure_policy(
         )
     try:
         return set_policy(
-            ptype,
-            pid,
+            *principal,
             capabilities=envelope["requestedCapabilities"],
             window=timedelta(milliseconds=window_ms),
             max_runs=runs,
@@ -675,7 +453,7 @@ def ensure_policy(
             using=using,
         )
     except AuthorityPolicyConflict:
-        raced = get_policy(ptype, pid, using=using)
+        raced = get_policy(*principal, using=using)
         if raced is None:
             raise
         return raced
@@ -694,7 +472,7 @@ def bind_to_current_policy(authority: dict[str, Any], using: str | None = None) 
     waits for the job row lock and then rebinds the job itself.
     """
     authority = normalize_authority(authority, "authority")
-    policy = get_policy(authority["principal"]["type"], authority["principal"]["id"], using=using)
+    policy = _policy_of(Principal.of(authority), alias_for(using))
     if policy is None:
         return authority
     return bind(authority, policy.revision)
@@ -718,23 +496,16 @@ def grant_default(capability: str, *, job_id: str, using: str | None = None) -> 
     created without an authority envelope for a kind it does not grant yet. Such a job's
     author asked for no restriction; an operator restricts it in the admin, and an explicit
     envelope stays fail-closed."""
-    principal = normalize_principal(conf.settings.DEFAULT_PRINCIPAL, "DURABLE_SCHEDULER_DEFAULT_PRINCIPAL")
-    ptype, pid = principal["type"], principal["id"]
+    principal = Principal.parse_dict(conf.settings.DEFAULT_PRINCIPAL, "DURABLE_SCHEDULER_DEFAULT_PRINCIPAL")
     for _ in range(_GRANT_ATTEMPTS):
         with write_transaction(using) as alias:
             # A locking read sees the latest policy even in a repeatable-read snapshot (MySQL).
-            policy = (
-                AuthorityPolicy.objects.using(alias)
-                .select_for_update()
-                .filter(principal_type=ptype, principal_id=pid)
-                .first()
-            )
+            policy = lock_policy(principal, alias)
         if policy is not None and capability in (policy.capabilities or []):
             return policy
         try:
             return set_policy(
-                ptype,
-                pid,
+                *principal,
                 capabilities=sorted({*(policy.capabilities if policy else []), capability}),
                 window=timedelta(milliseconds=policy.window_ms if policy else DEFAULT_WINDOW_MS),
                 max_runs=policy.max_runs if policy else DEFAULT_MAX_RUNS,
@@ -749,22 +520,5 @@ def grant_default(capability: str, *, job_id: str, using: str | None = None) -> 
             continue
     raise AuthorityPolicyConflict(
         f"the default principal's policy kept changing while granting {capability!r}",
-        {"principal": principal, "capability": capability},
+        {**principal.details(), "capability": capability},
     )
-
-
-def jobs_without_policy(*, using: str | None = None) -> dict[tuple[str, str], list[str]]:
-    """The enabled jobs whose principal has no policy, by principal ``(type, id)``: every
-    run of theirs is denied ``policy_required`` until one is set."""
-    alias = alias_for(using)
-    having = set(AuthorityPolicy.objects.using(alias).values_list("principal_type", "principal_id"))
-    found: dict[tuple[str, str], list[str]] = {}
-    jobs = Job.objects.using(alias).filter(enabled=True).order_by("job_id")
-    for job_id, authority in jobs.values_list("job_id", "authority").iterator():
-        principal = authority.get("principal") if isinstance(authority, dict) else None
-        if not isinstance(principal, dict):
-            continue
-        key = (str(principal.get("type")), str(principal.get("id")))
-        if key not in having:
-            found.setdefault(key, []).append(job_id)
-    return found

@@ -22,7 +22,6 @@ takes the database write lock first).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -49,10 +48,10 @@ from ..exceptions import (
     SchedulerError,
 )
 from ..models import AuthorityPolicy, AuthorityReservation, Occurrence, OccurrenceStatus
-from ..rules.authority import MAX_BUDGET, bound_revision, missing_capabilities, policy_ref
+from ..rules.authority import MAX_BUDGET, Principal, bound_revision, missing_capabilities, policy_ref
 from ..rules.validation import column_max, normalize_identifier, normalize_int, preview, to_ms
 from . import budgets, settling
-from .budgets import principal_details
+from .policies import lock_policy
 
 RESERVED = "reserved"
 REUSED = "reused"
@@ -72,6 +71,8 @@ REASONS: dict[type[SchedulerError], str] = {
 _DENIALS = tuple(REASONS)
 
 Units = int | Callable[[Occurrence], int]
+# The policies a transaction has locked, by principal.
+LockedPolicies = dict[Principal, AuthorityPolicy]
 MAX_POLICY_REVISION = column_max(AuthorityReservation, "policy_revision")
 
 
@@ -101,28 +102,14 @@ def _read_occurrence(occurrence_id: str, alias: str) -> Occurrence:
     return row
 
 
-def _lock_policy(principal: dict[str, Any], alias: str) -> AuthorityPolicy | None:
-    # The lock that serializes one principal's reservations (module docstring).
-    return (
-        AuthorityPolicy.objects.using(alias)
-        .select_for_update()
-        .filter(principal_type=principal["type"], principal_id=principal["id"])
-        .first()
-    )
-
-
-def _require(policy: AuthorityPolicy | None, principal: dict[str, Any]) -> AuthorityPolicy:
+def _require(policy: AuthorityPolicy | None, principal: Principal) -> AuthorityPolicy:
     if policy is None or not policy.enabled:
         state = "missing" if policy is None else "disabled"
         raise AuthorityPolicyRequired(
-            f"authority policy of {principal['type']}:{principal['id']} is {state}",
-            {**principal_details(principal), "policy": state},
+            f"authority policy of {principal.label} is {state}",
+            {**principal.details(), "policy": state},
         )
     return policy
-
-
-def _name(principal: dict[str, Any]) -> str:
-    return f"{principal['type']}:{principal['id']}"
 
 
 def _not_granted(denied: list[str]) -> str:
@@ -133,13 +120,13 @@ def _check_revision(policy: AuthorityPolicy, expected: int, authority: dict[str,
     # A stale binding is the reason; what the current revision lacks is named too, so the
     # operator sees what to grant (or what a change took away).
     if policy.revision != expected:
-        principal = authority["principal"]
+        principal = Principal.of(authority)
         denied = missing_capabilities(policy.capabilities, authority)
         raise AuthorityPolicyStale(
-            f"authority policy of {_name(principal)} is at revision {policy.revision}, not {expected}"
+            f"authority policy of {principal.label} is at revision {policy.revision}, not {expected}"
             + _not_granted(denied),
             {
-                **principal_details(principal),
+                **principal.details(),
                 "expected_revision": expected,
                 "actual_revision": policy.revision,
                 **({"denied": denied} if denied else {}),
@@ -150,11 +137,11 @@ def _check_revision(policy: AuthorityPolicy, expected: int, authority: dict[str,
 def _check_capabilities(policy: AuthorityPolicy, authority: dict[str, Any]) -> None:
     denied = missing_capabilities(policy.capabilities, authority)
     if denied:
-        principal = authority["principal"]
+        principal = Principal.of(authority)
         raise AuthorityPermissionDenied(
-            f"authority policy of {_name(principal)} (revision {policy.revision}) does not grant "
+            f"authority policy of {principal.label} (revision {policy.revision}) does not grant "
             + ", ".join(denied),
-            {**principal_details(principal), "policy_revision": policy.revision, "denied": denied},
+            {**principal.details(), "policy_revision": policy.revision, "denied": denied},
         )
 
 
@@ -162,13 +149,9 @@ def _existing(occurrence_id: str, alias: str) -> AuthorityReservation | None:
     return AuthorityReservation.objects.using(alias).select_for_update().filter(pk=occurrence_id).first()
 
 
-def _same_owner(reservation: AuthorityReservation, occurrence: Occurrence) -> bool:
-    principal = occurrence.authority["principal"]
-    return (
-        reservation.job_id == occurrence.job_id
-        and reservation.principal_type == principal["type"]
-        and reservation.principal_id == principal["id"]
-    )
+def _same_owner(reservation: AuthorityReservation, occurrence: Occurrence, principal: Principal) -> bool:
+    """Whether the reservation was made for this occurrence's job and ``principal`` (its own)."""
+    return reservation.job_id == occurrence.job_id and Principal.of_row(reservation) == principal
 
 
 def _mismatch(reservation: AuthorityReservation, occurrence_id: str) -> AuthorityReservationMismatch:
@@ -178,7 +161,7 @@ def _mismatch(reservation: AuthorityReservation, occurrence_id: str) -> Authorit
             "occurrence_id": occurrence_id,
             "reservation": {
                 "job_id": reservation.job_id,
-                "principal": {"type": reservation.principal_type, "id": reservation.principal_id},
+                "principal": Principal.of_row(reservation).as_dict(),
                 "policy_revision": reservation.policy_revision,
                 "units": reservation.units,
             },
@@ -215,8 +198,8 @@ def reserve_authority(
     alias = alias_for(using)
     now = conf.now()
     with write_transaction(alias):
-        principal = _read_occurrence(occurrence_id, alias).authority["principal"]
-        policy = _lock_policy(principal, alias)
+        principal = Principal.of(_read_occurrence(occurrence_id, alias).authority)
+        policy = lock_policy(principal, alias)
         occurrence = Occurrence.objects.using(alias).select_for_update().filter(pk=occurrence_id).first()
         if occurrence is None:
             raise NotFound(f"occurrence {occurrence_id!r} does not exist", {"occurrence_id": occurrence_id})
@@ -228,7 +211,7 @@ def reserve_authority(
         existing = _existing(occurrence_id, alias)
         if existing is not None:
             if (
-                not _same_owner(existing, occurrence)
+                not _same_owner(existing, occurrence, principal)
                 or existing.policy_revision != revision
                 or existing.units != requested
             ):
@@ -264,18 +247,12 @@ def resolve_units(units: Units, occurrence: Occurrence) -> int:
     return _units(units)
 
 
-def _policy_key(authority: dict[str, Any]) -> tuple[str, str]:
-    principal = authority["principal"]
-    return principal["type"], principal["id"]
-
-
-def _check_held(held: Occurrence, policy: AuthorityPolicy | None) -> AuthorityPolicy:
-    """The first two authority checks on a held occurrence, raising the denial.
+def _check_held(held: Occurrence, policy: AuthorityPolicy | None, principal: Principal) -> AuthorityPolicy:
+    """The first two authority checks on a held occurrence (of ``principal``), raising the denial.
 
     The policy must exist and be enabled, and the envelope must be bound to its current revision.
     """
     authority = held.authority
-    principal = authority["principal"]
     policy = _require(policy, principal)
     bound = bound_revision(authority)
     if bound is None:
@@ -283,7 +260,7 @@ def _check_held(held: Occurrence, policy: AuthorityPolicy | None) -> AuthorityPo
         raise AuthorityPolicyUnbound(
             f"occurrence {held.pk!r} is not bound to a scheduler policy revision" + _not_granted(denied),
             {
-                **principal_details(principal),
+                **principal.details(),
                 "expected": policy_ref(policy.revision),
                 **({"denied": denied} if denied else {}),
             },
@@ -293,7 +270,7 @@ def _check_held(held: Occurrence, policy: AuthorityPolicy | None) -> AuthorityPo
     return policy
 
 
-def _share_policies(keys: list[tuple[str, str]], alias: str, clause: str) -> list[AuthorityPolicy]:
+def _share_policies(keys: list[Principal], alias: str, clause: str) -> list[AuthorityPolicy]:
     """The policy rows of these principals, sorted, locked with ``clause`` (a shared lock)."""
     connection = connections[alias]
     quote = connection.ops.quote_name
@@ -306,9 +283,7 @@ def _share_policies(keys: list[tuple[str, str]], alias: str, clause: str) -> lis
     return list(AuthorityPolicy.objects.db_manager(alias).raw(sql, [part for key in keys for part in key]))
 
 
-def _lock_policies(
-    keys: set[tuple[str, str]], alias: str, *, shared: bool = False
-) -> dict[tuple[str, str], AuthorityPolicy]:
+def _lock_policies(keys: set[Principal], alias: str, *, shared: bool = False) -> LockedPolicies:
     """Lock the policy rows of these principals, sorted, so that concurrent authorizers
     cannot deadlock. ``shared`` (a claim's): where the database has a shared row lock, take
     that, so that claims of one principal do not wait on each other here (it still keeps
@@ -318,12 +293,12 @@ def _lock_policies(
         return {}
     clause = dialect.shared_lock_clause(alias) if shared else None
     if clause is not None:
-        return {(p.principal_type, p.principal_id): p for p in _share_policies(sorted(keys), alias, clause)}
+        return {Principal.of_row(p): p for p in _share_policies(sorted(keys), alias, clause)}
     match = Q()
-    for principal_type, principal_id in sorted(keys):
-        match |= Q(principal_type=principal_type, principal_id=principal_id)
+    for principal in sorted(keys):
+        match |= Q(**principal.columns())
     return {
-        (p.principal_type, p.principal_id): p
+        Principal.of_row(p): p
         for p in AuthorityPolicy.objects.using(alias)
         .select_for_update()
         .filter(match)
@@ -331,8 +306,6 @@ def _lock_policies(
     }
 
 
-# The policies a transaction has locked, by (principal type, principal id).
-LockedPolicies = dict[tuple[str, str], AuthorityPolicy]
 # A verdict in progress: (index of the item, the locked occurrence, why it is refused).
 _Refusal = tuple[int, Occurrence, SchedulerError]
 
@@ -354,7 +327,7 @@ def _authorize_locked(
     if already is not None:
         policies, locked = already
     else:
-        policies = _lock_policies({_policy_key(occurrence.authority) for occurrence, _ in items}, alias)
+        policies = _lock_policies({Principal.of(occurrence.authority) for occurrence, _ in items}, alias)
         locked = {
             row.pk: row
             for row in Occurrence.objects.using(alias)
@@ -372,34 +345,34 @@ def _authorize_locked(
     }
     verdicts: list[Authorization | LeaseLost] = [Authorization(RESERVED)] * len(items)
     refused: list[_Refusal] = []
-    charges: dict[tuple[str, str], list[tuple[int, Occurrence, int]]] = {}
+    charges: dict[Principal, list[tuple[int, Occurrence, int]]] = {}
     for index, (occurrence, units) in enumerate(items):
         held = locked.get(occurrence.pk)
         if held is None or not settling.holds_lease(held, owner, occurrence.fence, now):
             verdicts[index] = settling.lease_lost(occurrence.pk, held, owner, occurrence.fence, now)
             continue
-        key = _policy_key(held.authority)
+        principal = Principal.of(held.authority)
         try:
-            _check_held(held, policies.get(key))
+            _check_held(held, policies.get(principal), principal)
             # A retry reuses the reservation its earlier attempt made (charged under the
             # revision and window of that attempt): no second charge.
             reservation = existing.get(held.pk)
             if reservation is not None:
-                if not _same_owner(reservation, held):
+                if not _same_owner(reservation, held, principal):
                     raise _mismatch(reservation, held.pk)
                 verdicts[index] = Authorization(REUSED)
                 continue
         except _DENIALS as exc:
             refused.append((index, held, exc))
             continue
-        charges.setdefault(key, []).append((index, held, units))
+        charges.setdefault(principal, []).append((index, held, units))
     refused += _charge(charges, policies, now, alias)
     _write_refusals(items, refused, verdicts, owner, alias)
     return verdicts
 
 
 def _charge(
-    charges: dict[tuple[str, str], list[tuple[int, Occurrence, int]]],
+    charges: dict[Principal, list[tuple[int, Occurrence, int]]],
     policies: LockedPolicies,
     now: datetime,
     alias: str,
@@ -526,22 +499,13 @@ class AuthorizedClaim:
     unpriced: list[tuple[Occurrence, InvalidArgument]]
 
 
-def _principals_of(keys: list[str]) -> set[tuple[str, str]]:
-    # A principal_key is the canonical JSON of [type, id] (authority.principal_key).
-    found = set()
-    for key in keys:
-        value = json.loads(key)
-        if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
-            found.add((value[0], value[1]))
-    return found
-
-
 def lock_policies_of(principal_keys: list[str], alias: str) -> LockedPolicies:
     """Lock the policy rows of the principals with these ``principal_key`` values, sorted:
     what a claim does before it locks any occurrence, so that it takes the locks in the order
     ``set_policy`` and :func:`authorize` do. Shared where the database can (PostgreSQL):
     claims of one principal then serialize only on their charge (``budgets.charge``)."""
-    return _lock_policies(_principals_of(principal_keys), alias, shared=True)
+    principals = {principal for key in principal_keys if (principal := Principal.from_key(key)) is not None}
+    return _lock_policies(principals, alias, shared=True)
 
 
 def authorize_claimed(

@@ -6,8 +6,9 @@ deduplicated and sorted, absent optional values written as explicit nulls.
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..exceptions import InvalidArgument
 from .identity import canonical_json
@@ -15,6 +16,7 @@ from .validation import field_key, normalize_identifier
 
 SCHEMA_VERSION = 1
 MAX_CAPABILITIES = 256
+MAX_TYPE_LENGTH = 64  # AuthorityPolicy.principal_type
 MIN_WINDOW_MS = 60_000
 MAX_WINDOW_MS = 31 * 24 * 60 * 60 * 1000
 MAX_BUDGET = 1_000_000
@@ -74,22 +76,133 @@ def normalize_capabilities(
     return items
 
 
-def normalize_principal(value: Any, field: str = "authority.principal") -> dict[str, str]:
-    if not isinstance(value, dict):
-        raise InvalidArgument(field, "must be an object with type and id")
-    _refuse_unknown(value, {"type", "id"}, field)
-    principal = {
-        "type": normalize_identifier(value.get("type"), f"{field}.type", max_length=64),
-        "id": normalize_identifier(value.get("id"), f"{field}.id"),
-    }
-    length, limit = len(principal_key({"principal": principal})), _principal_key_length()
-    if length > limit:
+_new_tuple = tuple.__new__
+
+
+class Principal(NamedTuple):
+    """Who a job runs as. A tuple ``(type, id)``, so it compares, sorts and hashes as the
+    ``(principal_type, principal_id)`` pairs the policy tables are keyed by.
+
+    Its stored forms: the envelope's ``{"type", "id"}`` (:meth:`as_dict`, also the
+    ``principal`` of error details and event payloads), the occurrences' ``principal_key``
+    (:attr:`key`, canonical JSON of ``[type, id]``) and the policy tables' two columns
+    (:meth:`columns`); logs, metrics and messages show :attr:`label` (``type:id``).
+    """
+
+    type: str
+    id: str
+
+    @classmethod
+    def parse(cls, value: Any, field: str = "principal") -> Principal:
+        """Validate a principal given as an envelope's ``{"type", "id"}`` (refusing
+        ``field.type``/``field.id``; its key must fit ``Occurrence.principal_key``), as a
+        ``principal_key`` string (refusing ``field``), or as a ``(type, id)`` pair (refusing
+        ``field_type``/``field_id``, the policy functions' parameters and columns)."""
+        if isinstance(value, dict):
+            return cls.parse_dict(value, field)
+        if isinstance(value, str):
+            return cls._parse_key(value, field)
+        if isinstance(value, tuple | list) and len(value) == 2:
+            return cls(
+                normalize_identifier(value[0], f"{field}_type", max_length=MAX_TYPE_LENGTH),
+                normalize_identifier(value[1], f"{field}_id"),
+            )
         raise InvalidArgument(
-            field,
-            f"type and id are {length} characters as a principal key (JSON-escaped), "
-            f"over the {limit} its column holds",
+            field, "must be an object with type and id, a principal key or a (type, id) pair"
         )
-    return principal
+
+    @classmethod
+    def parse_dict(cls, value: Any, field: str = "authority.principal") -> Principal:
+        """Validate the envelope's shape only, ``{"type", "id"}`` (see :meth:`parse`)."""
+        if not isinstance(value, dict):
+            raise InvalidArgument(field, "must be an object with type and id")
+        _refuse_unknown(value, {"type", "id"}, field)
+        principal = cls(
+            normalize_identifier(value.get("type"), f"{field}.type", max_length=MAX_TYPE_LENGTH),
+            normalize_identifier(value.get("id"), f"{field}.id"),
+        )
+        length, limit = len(principal.key), _principal_key_length()
+        if length > limit:
+            raise InvalidArgument(
+                field,
+                f"type and id are {length} characters as a principal key (JSON-escaped), "
+                f"over the {limit} its column holds",
+            )
+        return principal
+
+    @classmethod
+    def _parse_key(cls, value: str, field: str) -> Principal:
+        try:
+            principal = cls.from_key(value)
+        except ValueError:
+            principal = None
+        if principal is not None:
+            principal = cls.parse_dict(principal.as_dict(), field)
+        # The key of the normalized principal, byte for byte: the key a row stores.
+        if principal is None or principal.key != value:
+            raise InvalidArgument(field, "must be a principal key: the canonical JSON of [type, id]")
+        return principal
+
+    @classmethod
+    def of(cls, authority: dict[str, Any]) -> Principal:
+        """The principal of a normalized (stored) envelope, unchecked. Once per row on the
+        claim, so built as the generated constructor would, without its extra call."""
+        principal = authority["principal"]
+        return _new_tuple(cls, (principal["type"], principal["id"]))
+
+    @classmethod
+    def of_row(cls, row: Any) -> Principal:
+        """The principal of a row with ``principal_type`` and ``principal_id`` columns."""
+        return cls(row.principal_type, row.principal_id)
+
+    @classmethod
+    def from_key(cls, key: str) -> Principal | None:
+        """The principal of a stored ``principal_key`` (None if it is not a [type, id] pair)."""
+        value = json.loads(key)
+        if isinstance(value, list) and len(value) == 2 and all(isinstance(part, str) for part in value):
+            return cls(value[0], value[1])
+        return None
+
+    @classmethod
+    def found_in(cls, authority: Any) -> Principal | None:
+        """What a stored envelope names, as it is (None when it has no principal object):
+        for the readers that must not fail on a row, whatever it holds."""
+        principal = authority.get("principal") if isinstance(authority, dict) else None
+        if not isinstance(principal, dict):
+            return None
+        # As stored: a row written outside the kernel may hold anything.
+        return cls(principal.get("type"), principal.get("id"))  # type: ignore[arg-type]
+
+    @classmethod
+    def label_of(cls, authority: Any) -> str:
+        """The label of an envelope's principal, for logs and metrics ("" if it has none)."""
+        principal = cls.found_in(authority)
+        return "" if principal is None else principal.label
+
+    @property
+    def key(self) -> str:
+        """The occurrences' ``principal_key`` (their fairness partition)."""
+        return canonical_json([self.type, self.id])
+
+    @property
+    def label(self) -> str:
+        return f"{self.type}:{self.id}"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"type": self.type, "id": self.id}
+
+    def details(self) -> dict[str, Any]:
+        """The ``principal`` entry of an error's details."""
+        return {"principal": self.as_dict()}
+
+    def columns(self) -> dict[str, str]:
+        """The policy tables' columns, for a query's filter or a new row."""
+        return {"principal_type": self.type, "principal_id": self.id}
+
+
+def normalize_principal(value: Any, field: str = "authority.principal") -> dict[str, str]:
+    """An envelope's principal, validated (:meth:`Principal.parse_dict`), as it is stored."""
+    return Principal.parse_dict(value, field).as_dict()
 
 
 def _principal_key_length() -> int:
@@ -164,20 +277,6 @@ def default_authority(kind: str, principal: Any) -> dict[str, Any]:
             "requestedCapabilities": [kind],
         }
     )
-
-
-def principal_key(authority: dict[str, Any]) -> str:
-    """The fairness partition key of an envelope: canonical JSON of [type, id]."""
-    principal = authority["principal"]
-    return canonical_json([principal["type"], principal["id"]])
-
-
-def principal_label(authority: Any) -> str:
-    """``type:id`` of an envelope's principal, for logs and metrics ("" if it has none)."""
-    principal = authority.get("principal") if isinstance(authority, dict) else None
-    if not isinstance(principal, dict):
-        return ""
-    return f"{principal.get('type')}:{principal.get('id')}"
 
 
 def missing_capabilities(capabilities: list[str], authority: dict[str, Any]) -> list[str]:

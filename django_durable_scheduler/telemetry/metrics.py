@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import __version__
-from ..rules.authority import principal_label
+from ..rules.authority import Principal
 
 NAME = "django_durable_scheduler"
 Outcome = dict[str, Any]  # the worker's outcome of a handler run
@@ -125,7 +125,7 @@ def get() -> Instruments | None:
 
 
 def labels(kind: str, authority: Any) -> dict[str, str]:
-    return {"scheduler.kind": kind, "scheduler.principal": principal_label(authority)}
+    return {"scheduler.kind": kind, "scheduler.principal": Principal.label_of(authority)}
 
 
 def count_enqueued(kind: str, authority: Any, count: int = 1) -> None:

@@ -21,7 +21,7 @@ from ..db.dialect import alias_for
 from ..exceptions import InvalidArgument, LeaseLost, SchedulerError
 from ..kernel import reservations
 from ..models import Occurrence, OccurrenceStatus
-from ..rules.authority import principal_label
+from ..rules.authority import Principal
 from ..rules.validation import to_ms
 from ..telemetry import metrics
 from .runs import Held, Run, log_fields
@@ -317,7 +317,7 @@ class OutcomeReporter:
             result.verdict,
             occurrence.job_id,
             kind,
-            principal_label(occurrence.authority),
+            Principal.label_of(occurrence.authority),
             reason,
             error.get("message", "by authority"),
             extra=log_fields(occurrence, kind, status=result.verdict, reason=reason),

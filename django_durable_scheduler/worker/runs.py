@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import registry
 from ..models import Occurrence
-from ..rules.authority import principal_label
+from ..rules.authority import Principal
 from .context import ExecutionContext
 
 
@@ -27,7 +27,7 @@ def log_fields(occurrence: Occurrence, kind: str, **more: Any) -> dict[str, Any]
         "scheduler_kind": kind,
         "scheduler_attempt": occurrence.attempt,
         "scheduler_max_attempts": occurrence.max_attempts,
-        "scheduler_principal": principal_label(occurrence.authority),
+        "scheduler_principal": Principal.label_of(occurrence.authority),
         **{f"scheduler_{key}": value for key, value in more.items()},
     }
 

@@ -10,6 +10,7 @@ from django.db import DatabaseError
 
 from ... import ops
 from ...kernel import budgets
+from ...rules.authority import Principal
 from . import DATABASE_HELP, database_alias
 
 
@@ -78,7 +79,7 @@ class Command(BaseCommand):
 
 def _check_json(check: budgets.WindowCheck) -> dict[str, Any]:
     return {
-        "principal": {"type": check.principal_type, "id": check.principal_id},
+        "principal": Principal.of_row(check).as_dict(),
         "policy_revision": check.policy_revision,
         "window_started_at": check.window_started_at.isoformat(),
         "usage": {"runs": check.usage[0], "units": check.usage[1]},
