@@ -158,7 +158,9 @@ def enqueue(
                 return insert_occurrence(remembered.job, guard=guard, builder=remembered.builder, **args)
             with dialect.write_transaction(alias):
                 return insert_occurrence(remembered.job, guard=guard, builder=remembered.builder, **args)
-        except dialect.GuardFailed:
+        except (dialect.GuardFailed, InvalidArgument):
+            # A job changed since: also one whose old key template cannot key this payload
+            # (nothing is written before the key is computed). The current row decides.
             _REMEMBERED.pop((alias, job_id), None)
     with dialect.write_transaction(alias):
         job = get_job(job_id, using=alias)

@@ -59,10 +59,10 @@ from ..rules.validation import (
     normalize_bool,
     normalize_identifier,
     normalize_int,
+    normalize_limit,
     to_duration_ms,
     to_ms,
 )
-from .concurrency import normalize_limit
 
 # Rows read (and locked) per batch while rebinding: memory stays bounded by this.
 REBIND_BATCH = 500
