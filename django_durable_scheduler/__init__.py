@@ -28,6 +28,7 @@ _EXPORTS = {
     "batch_progress": "kernel",
     "batch_members": "kernel",
     "cancel": "kernel",
+    "retry_dead_letter": "kernel",
     "run_now": "kernel",
     "claim": "kernel",
     "claim_batch": "kernel",

@@ -1,6 +1,6 @@
 """System checks with stable ids (``durable_scheduler.E001`` ...), each with a hint.
 
-- ``E001`` a handler module of an installed app fails to import.
+- ``E001`` a handler module of an installed app fails to import (when Django started, or now).
 - ``E002`` a registered handler is not callable, or its ``units`` are not 1..1,000,000.
 - ``E003`` a ``DURABLE_SCHEDULER_*`` setting has the wrong type or range.
 - ``E004`` the project's routers write this app's models to more than one database.
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import re
-from importlib import import_module
 from typing import Any
 
 from django.apps import apps
@@ -25,7 +24,7 @@ from django.core.checks import Warning as CheckWarning
 from django.db import DatabaseError, connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.migrations.loader import MigrationLoader
-from django.utils.module_loading import import_string, module_has_submodule
+from django.utils.module_loading import import_string
 
 from . import conf
 from .exceptions import InvalidArgument
@@ -36,7 +35,7 @@ TAG = "durable_scheduler"
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
-def _handler_module() -> str | None:
+def handler_module() -> str | None:
     """The configured handler module name, or None when it is invalid (E003 says so)."""
     name = conf.settings.raw("HANDLER_MODULE")
     return name if isinstance(name, str) and _MODULE_NAME.match(name) else None
@@ -45,19 +44,12 @@ def _handler_module() -> str | None:
 def _import_handler_modules() -> list[tuple[str, str, BaseException]]:
     """Import every installed app's handler module (what ``registry.autodiscover`` does), but
     report each failure instead of stopping at the first. Imported modules are cached, so
-    this costs nothing after the first time; only failing ones run again."""
-    name = _handler_module()
-    if name is None:
-        return []
-    failures: list[tuple[str, str, BaseException]] = []
-    for app_config in apps.get_app_configs():
-        try:
-            if not module_has_submodule(app_config.module, name):
-                continue
-            import_module(f"{app_config.name}.{name}")
-        except Exception as exc:
-            failures.append((app_config.label, f"{app_config.name}.{name}", exc))
-    return failures
+    this costs nothing after the first time (when Django started, unless
+    ``DURABLE_SCHEDULER_AUTODISCOVER`` is off)."""
+    from . import registry
+
+    name = handler_module()
+    return [] if name is None else registry.import_handler_modules(name)
 
 
 @register(TAG)
@@ -130,6 +122,20 @@ def _handler_module_problems() -> list[Problem]:
             "HANDLER_MODULE",
             f"must be a dotted module name such as {example!r}, not {module!r}",
             "Name the module (relative to each app) that holds your @scheduler.handler functions.",
+        )
+    ]
+
+
+def _autodiscover_problems() -> list[Problem]:
+    value = conf.settings.raw("AUTODISCOVER")
+    if isinstance(value, bool):
+        return []
+    return [
+        (
+            "AUTODISCOVER",
+            f"must be True or False, not {value!r}",
+            "True (the default) imports every app's handler module when Django starts; False "
+            "leaves that to runscheduler and scheduler_sync.",
         )
     ]
 
@@ -321,6 +327,7 @@ def _settings_problems() -> list[Problem]:
         problem
         for problems_of in (
             _handler_module_problems,
+            _autodiscover_problems,
             _default_lease_problems,
             _retry_delay_problems,
             _retry_jitter_problems,

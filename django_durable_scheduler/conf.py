@@ -22,6 +22,9 @@ logger = logging.getLogger("django_durable_scheduler")
 DEFAULTS: dict[str, Any] = {
     # Module name autodiscovered in every installed app for @handler registrations.
     "HANDLER_MODULE": "tasks",
+    # Import those modules when Django starts (every process, not only runscheduler's), so
+    # that an enqueue anywhere computes its handler's concurrency key (apps.py).
+    "AUTODISCOVER": True,
     # A callable (or dotted path to one) returning an aware datetime: tests set a clock here.
     "CLOCK": None,
     # Lease given to a claimed occurrence when the caller does not say, in seconds.
@@ -169,6 +172,10 @@ class Settings:
     @property
     def HANDLER_MODULE(self) -> str:  # noqa: N802
         return str(self.raw("HANDLER_MODULE"))
+
+    @property
+    def AUTODISCOVER(self) -> bool:  # noqa: N802
+        return self.raw("AUTODISCOVER") is True
 
     @property
     def CLOCK(self) -> Callable[[], datetime] | None:  # noqa: N802

@@ -42,6 +42,8 @@ from .rules.validation import (
     normalize_bool,
     normalize_identifier,
     normalize_int,
+    normalize_limit,
+    normalize_template,
     retry_base_delay_ms,
     retry_delays_ms,
     retry_max_delay_ms,
@@ -66,6 +68,8 @@ FIELDS = (
     "retry_base_delay",
     "retry_max_delay",
     "timeout",
+    "concurrency",
+    "concurrency_key",
     "then",
     "on_dead_letter",
 )
@@ -90,6 +94,9 @@ class DeclaredJob:
     # Its follow-ups (chains.py): the jobs that follow each occurrence that succeeds / dies.
     then: list[dict[str, Any]] | None = None
     on_dead_letter: list[dict[str, Any]] | None = None
+    # How many of its occurrences run at once (None: no cap), per its key template if given.
+    concurrency: int | None = None
+    concurrency_key: str | None = None
 
 
 _declared: dict[str, DeclaredJob] = {}
@@ -117,6 +124,8 @@ def _declaration(job_id: Any, kind: Any, fields: Mapping[str, Any], prefix: str)
         retry_base_delay_ms=base_ms,
         retry_max_delay_ms=max_ms,
         timeout_ms=timeout_ms(fields.get("timeout"), f"{prefix}timeout"),
+        concurrency=normalize_limit(fields.get("concurrency"), f"{prefix}concurrency"),
+        concurrency_key=normalize_template(fields.get("concurrency_key"), f"{prefix}concurrency_key"),
         then=normalize_specs(fields.get("then"), f"{prefix}then", nested=False),
         on_dead_letter=normalize_specs(fields.get("on_dead_letter"), f"{prefix}on_dead_letter", nested=False),
     )
@@ -156,13 +165,17 @@ def declare_job(
     retry_base_delay: float | timedelta | None = None,
     retry_max_delay: float | timedelta | None = None,
     timeout: float | timedelta | None = None,
+    concurrency: int | None = None,
+    concurrency_key: str | None = None,
     then: Any = None,
     on_dead_letter: Any = None,
     module: str | None = None,
 ) -> DeclaredJob:
     """Declare a job in code (created or updated by ``manage.py scheduler_sync``).
 
-    The arguments are those of ``create_job``; the declaration is validated now, so a bad
+    The arguments are those of ``create_job`` (``concurrency``: how many of the job's
+    occurrences run at once on every worker, per ``concurrency_key``, a template on the
+    payload, when given); the declaration is validated now, so a bad
     one fails where it is written. Returns the normalized declaration. The calling module's
     app (or ``module``'s, for a helper that declares on its caller's behalf) owns the job:
     once that app stops declaring it, a sync disables it.
@@ -179,6 +192,8 @@ def declare_job(
             "retry_base_delay": retry_base_delay,
             "retry_max_delay": retry_max_delay,
             "timeout": timeout,
+            "concurrency": concurrency,
+            "concurrency_key": concurrency_key,
             "then": then,
             "on_dead_letter": on_dead_letter,
         },
@@ -266,6 +281,9 @@ def changes_for(declaration: DeclaredJob, job: Job) -> dict[str, Any]:
     for edge in EDGES:
         if canonical_json(getattr(job, edge)) != canonical_json(getattr(declaration, edge)):
             changes[edge] = getattr(declaration, edge)
+    for name in ("concurrency", "concurrency_key"):
+        if getattr(job, name) != getattr(declaration, name):
+            changes[name] = getattr(declaration, name)
     if job.timeout_ms != declaration.timeout_ms:
         changes["timeout"] = (
             None if declaration.timeout_ms is None else timedelta(milliseconds=declaration.timeout_ms)
@@ -301,6 +319,8 @@ def _sync_one(declaration: DeclaredJob, using: str | None) -> str:
                     timeout=None
                     if declaration.timeout_ms is None
                     else timedelta(milliseconds=declaration.timeout_ms),
+                    concurrency=declaration.concurrency,
+                    concurrency_key=declaration.concurrency_key,
                     then=declaration.then,
                     on_dead_letter=declaration.on_dead_letter,
                     using=using,

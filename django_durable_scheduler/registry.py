@@ -6,13 +6,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from importlib import import_module
 from typing import Any
 
 from .declared import add_declaration, declaration_from_handler, forget_kind
 from .exceptions import InvalidArgument
 from .kernel import concurrency as _limits
 from .rules.authority import MAX_BUDGET
-from .rules.validation import normalize_identifier, normalize_int, timeout_ms
+from .rules.validation import normalize_identifier, normalize_int, normalize_limit, timeout_ms
 
 HandlerFunc = Callable[[Any], Any]
 
@@ -54,9 +55,12 @@ def handler(
             "authority": {"principal": {"type": "service", "id": "reports"}},
         })
 
-    The dict takes ``job_id`` (default: the kind), ``authority`` (required), ``trigger``,
-    ``payload``, ``enabled``, ``max_attempts``, ``retry_base_delay`` and ``retry_max_delay``,
-    as :func:`~django_durable_scheduler.kernel.create_job` does. ``concurrency``: how many
+    The dict takes ``job_id`` (default: the kind) and every attribute
+    :func:`~django_durable_scheduler.kernel.create_job` takes, validated as it validates them:
+    ``authority`` (optional: without it the job runs as the default principal), ``trigger``,
+    ``payload``, ``enabled``, ``max_attempts``, ``retry_base_delay``, ``retry_max_delay``,
+    ``timeout``, ``concurrency``, ``concurrency_key`` (a template: the job's own limit),
+    ``then`` and ``on_dead_letter``. ``concurrency``: how many
     runs of this kind may run at once across every worker (1..10,000; None: no cap), per
     ``concurrency_key`` when given: a template on the payload (``"{customer}"``) or a
     function of the payload, computed at enqueue (a job's own ``concurrency_key`` wins).
@@ -67,7 +71,7 @@ def handler(
     if not callable(units):
         normalize_int(units, "units", minimum=1, maximum=MAX_BUDGET)  # what one reservation may take
     limit_ms = timeout_ms(timeout, "timeout")
-    at_once = _limits.normalize_limit(concurrency, "concurrency")
+    at_once = normalize_limit(concurrency, "concurrency")
     key_spec = _limits.normalize_key_spec(concurrency_key, "concurrency_key")
     declaration = None
     if job is not None:
@@ -114,10 +118,38 @@ def unregister(kind: str) -> None:
     forget_kind(kind)
 
 
-def autodiscover() -> None:
-    """Import the handler module (``DURABLE_SCHEDULER_HANDLER_MODULE``) of every installed app."""
-    from django.utils.module_loading import autodiscover_modules
+# The handler modules whose import failed in this process, with their error.
+_failed: dict[str, BaseException] = {}
 
+
+def import_handler_modules(name: str) -> list[tuple[str, str, BaseException]]:
+    """Import the module ``name`` of every installed app that has one; returns ``(app label,
+    module, error)`` of each that fails. A module imported once is not imported again, nor
+    is one that failed: running it again would report the handlers it registered before it
+    failed as registered twice, instead of its own error."""
+    from django.apps import apps
+    from django.utils.module_loading import module_has_submodule
+
+    failures: list[tuple[str, str, BaseException]] = []
+    for app_config in apps.get_app_configs():
+        module = f"{app_config.name}.{name}"
+        error = _failed.get(module)
+        if error is None:
+            try:
+                if not module_has_submodule(app_config.module, name):
+                    continue
+                import_module(module)
+                continue
+            except Exception as exc:
+                error = _failed[module] = exc
+        failures.append((app_config.label, module, error))
+    return failures
+
+
+def autodiscover() -> None:
+    """Import the handler module (``DURABLE_SCHEDULER_HANDLER_MODULE``) of every installed
+    app; the first that fails to import raises its error."""
     from .conf import settings
 
-    autodiscover_modules(settings.HANDLER_MODULE)
+    for _, _, error in import_handler_modules(settings.HANDLER_MODULE):
+        raise error

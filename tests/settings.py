@@ -87,6 +87,8 @@ if os.environ.get("DSCH_CLOCK_T0"):
     DURABLE_SCHEDULER_CLOCK = "tests.procs.clock.dilated"
 DURABLE_SCHEDULER_TIME_SOURCE = os.environ.get("DSCH_TIME_SOURCE", "host")
 DURABLE_SCHEDULER_LISTEN = os.environ.get("DSCH_LISTEN", "1") == "1"
+# A subprocess of tests/test_autodiscover.py starts without importing the handler modules.
+DURABLE_SCHEDULER_AUTODISCOVER = os.environ.get("DSCH_AUTODISCOVER", "1") == "1"
 # Subprocess workers of the retention tests get their retention (JSON) from the environment.
 if os.environ.get("DSCH_RETENTION"):
     DURABLE_SCHEDULER_RETENTION = json.loads(os.environ["DSCH_RETENTION"])

@@ -875,3 +875,41 @@ def test_changelists_have_no_n_plus_1(admin_client, many, model, django_assert_m
         response = admin_client.get(url(model, "changelist"))
     assert response.status_code == 200
     assert len(response.context["cl"].result_list) >= 5
+
+
+def test_a_jobs_limit_timeout_and_key_through_the_form(admin_client, clock):
+    data = {
+        "job_id": "limited",
+        "kind": "reports.send",
+        "trigger": "{}",
+        "payload": "null",
+        "authority": json.dumps(AUTHORITY),
+        "enabled": "on",
+        "max_attempts": 3,
+        "timeout": "90",
+        "concurrency": "2",
+        "concurrency_key": "{customer}",
+        "loaded_revision": 0,
+        "_save": "Save",
+    }
+    response = admin_client.post(url("job", "add"), data)
+    assert response.status_code == 302, form_errors(response)
+    job = Job.objects.get(pk="limited")
+    assert (job.timeout_ms, job.concurrency, job.concurrency_key) == (90_000, 2, "{customer}")
+    page = admin_client.get(url("job", "change", "limited")).content.decode()
+    assert 'name="concurrency" value="2"' in page and 'value="{customer}"' in page
+    # Emptied: no cap, no key, the handler's timeout (a new revision).
+    response = admin_client.post(
+        url("job", "change", "limited"),
+        {**data, "timeout": "", "concurrency": "", "concurrency_key": "", "loaded_revision": 1},
+    )
+    assert response.status_code == 302, form_errors(response)
+    job.refresh_from_db()
+    assert (job.revision, job.timeout_ms, job.concurrency, job.concurrency_key) == (2, None, None, None)
+    # Refused on its field, nothing written.
+    for field, value in (("concurrency", "0"), ("concurrency_key", "{a.b}"), ("timeout", "0")):
+        changed = {**data, field: value, "loaded_revision": 2}
+        response = admin_client.post(url("job", "change", "limited"), changed)
+        assert field in form_errors(response), form_errors(response)
+    job.refresh_from_db()
+    assert job.revision == 2

@@ -181,6 +181,8 @@ ARGUMENTS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "max_attempts": arg(3),
         "retry_base_delay": arg(10),
         "retry_max_delay": arg(3600),
+        "concurrency": arg(None, st.just(2)),
+        "concurrency_key": arg(None, st.just("{n}")),
         "then": arg(None, st.just(["job-a"]), st.just([{"job_id": "job-b", "payload": 1}])),
         "on_dead_letter": arg(None, st.just("job-b")),
     },
@@ -192,6 +194,8 @@ ARGUMENTS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "authority": st.one_of(AUTHORITIES, VALUES),
         "retry_base_delay": arg(10),
         "max_attempts": arg(3),
+        "concurrency": arg(None, st.just(2)),
+        "concurrency_key": arg(None, st.just("{n}")),
         "then": arg(None, st.just(["job-b"]), st.just(["job-a"])),
     },
     "enqueue": {
@@ -247,6 +251,7 @@ ARGUMENTS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "fence": arg(None),
     },
     "run_now": {"occurrence_id": arg(QUEUED), "reason": arg(None)},
+    "retry_dead_letter": {"occurrence_id": arg(QUEUED)},
     "claim": {"owner": arg("w2"), "lease": arg(30), "kinds": arg(None, st.lists(VALUES, max_size=2))},
     "claim_batch": {
         "owner": arg("w2"),
@@ -332,6 +337,7 @@ REQUIRED: dict[str, set[str]] = {
     "batch_members": {"batch_id"},
     "cancel": {"occurrence_id"},
     "run_now": {"occurrence_id"},
+    "retry_dead_letter": {"occurrence_id"},
     "claim": {"owner", "lease"},
     "claim_batch": {"owner", "lease"},
     "renew": {"occurrence_id", "owner", "fence", "lease"},

@@ -398,6 +398,31 @@ case(
     retry_base_delay=timedelta(minutes=2),
     retry_max_delay=timedelta(minutes=1),
 )
+BAD_LIMITS: list[tuple[str, Any]] = [
+    ("zero", 0),
+    ("negative", -1),
+    ("over-10000", 10_001),
+    ("str", "2"),
+    ("float", 2.0),
+    ("bool", True),
+]
+BAD_TEMPLATES: list[tuple[str, Any]] = [
+    ("int", 5),
+    ("empty", ""),
+    ("attribute", "{a.b}"),
+    ("index", "{a[0]}"),
+    ("conversion", "{a!r}"),
+    ("format-spec", "{a:>5}"),
+    ("unclosed", "{a"),
+    ("nul", "a\x00b"),
+    ("len-257", "x" * 257),
+    ("callable", str.upper),
+]
+for fn in ("create_job", "update_job"):
+    for label, value in BAD_LIMITS:
+        case(fn, "concurrency", label, concurrency=value)
+    for label, value in BAD_TEMPLATES:
+        case(fn, "concurrency_key", label, concurrency_key=value)
 case(
     "create_job",
     "job_id",

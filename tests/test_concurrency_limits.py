@@ -149,6 +149,15 @@ def test_bad_concurrency_key_at_enqueue_writes_nothing(clock):
     assert (Occurrence.objects.count(), Event.objects.count()) == before
 
 
+@pytest.mark.django_db
+def test_a_changed_key_template_keys_the_next_enqueue_in_the_same_process(clock):
+    scheduler.create_job("rekeyed", "k", authority=authority_for("alice", "x.run"), concurrency_key="{a}")
+    scheduler.enqueue("rekeyed", scheduled_for=BASE_MS, trigger_key="t1", payload={"a": 1})
+    scheduler.update_job("rekeyed", expected_revision=1, concurrency_key="{b}")
+    occurrence, _ = scheduler.enqueue("rekeyed", scheduled_for=BASE_MS, trigger_key="t2", payload={"b": 2})
+    assert occurrence.concurrency_key == "2"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [

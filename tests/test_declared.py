@@ -442,3 +442,42 @@ def test_a_declared_chain_is_checked_where_it_is_written(isolated):
         register(isolated, "b.loop", authority=AUTHORITY, then=["c.loop"])
         scheduler.declare_job("c.loop", "reports.send", authority=AUTHORITY, then=["b.loop"])
         sync()
+
+
+def test_concurrency_limits_are_declared_and_synced(isolated):
+    register(isolated, "crm.push", authority=AUTHORITY, concurrency=1, concurrency_key="{customer}")
+    scheduler.declare_job("crm.push.eu", "crm.push", authority=AUTHORITY, concurrency=2)
+    assert sorted(sync()["created"]) == ["crm.push", "crm.push.eu"]
+    assert (Job.objects.get(pk="crm.push").concurrency, Job.objects.get(pk="crm.push").concurrency_key) == (
+        1,
+        "{customer}",
+    )
+    assert Job.objects.get(pk="crm.push.eu").concurrency == 2
+    # Changed elsewhere: the declaration wins at the next sync.
+    kernel.update_job("crm.push.eu", expected_revision=1, concurrency=None, concurrency_key="{x}")
+    assert sync()["updated"] == ["crm.push.eu"]
+    job = Job.objects.get(pk="crm.push.eu")
+    assert (job.concurrency, job.concurrency_key, job.revision) == (2, None, 3)
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"concurrency": 0}, "concurrency"),
+        ({"concurrency": 10_001}, "concurrency"),
+        ({"concurrency": "1"}, "concurrency"),
+        ({"concurrency": True}, "concurrency"),
+        ({"concurrency_key": ""}, "concurrency_key"),
+        ({"concurrency_key": "{a[0]}"}, "concurrency_key"),
+        ({"concurrency_key": str.upper}, "concurrency_key"),
+    ],
+)
+def test_bad_declared_limits_are_refused_naming_the_field(isolated, fields, field):
+    with pytest.raises(InvalidArgument) as caught:
+        scheduler.declare_job("bad-limit", "crm.push", **fields)
+    assert caught.value.details["field"] == field
+    with pytest.raises(InvalidArgument) as caught:
+        scheduler.handler("crm.bad-limit", job=fields)
+    assert caught.value.details["field"] == f"job.{field}"
+    assert declared.declared_jobs() == [] and registry.get_handler("crm.bad-limit") is None
+    assert sync() == {"created": [], "updated": [], "unchanged": [], "disabled": []}

@@ -824,3 +824,75 @@ def test_a_key_callable_returning_a_bad_key_is_refused_and_nothing_written(db):
         djtasks.badly_keyed.enqueue(5)
     assert caught.value.details["field"] == "unique_key"
     assert not Occurrence.objects.exists() and not Job.objects.exists()
+
+
+def test_a_tasks_concurrency_limit_and_key_come_from_durable_and_options(db):
+    customer = djtasks.per_customer.enqueue(customer="c1")
+    job = Job.objects.get(job_id="task:default:default:tests.testapp.djtasks.per_customer")
+    assert (job.concurrency, job.concurrency_key) == (1, "{concurrencyKey}")
+    assert Occurrence.objects.get(pk=customer.id).concurrency_key == "c1"
+    account = djtasks.per_account.enqueue(7, since="monday")
+    assert Occurrence.objects.get(pk=account.id).concurrency_key == "account-7"
+    djtasks.per_customer.enqueue(customer="c1")
+    djtasks.per_customer.enqueue(customer="c2")
+    # One run per customer at once: c1's second waits while c1's first runs.
+    claimed = scheduler.claim_batch(owner="w", lease=60, limit=10, kinds=[DEFAULT_KIND])
+    by_key = sorted(row.concurrency_key for row in claimed if row.job_id == job.job_id)
+    assert by_key == ["c1", "c2"]
+    # @durable's limit and key win over the backend's OPTIONS.
+    tasks = {
+        "default": {
+            "BACKEND": "django_durable_scheduler.tasks.DurableBackend",
+            "QUEUES": ["default", "high"],
+            "OPTIONS": {"concurrency": 3, "concurrency_key": "{word}"},
+        }
+    }
+    with override_settings(TASKS=tasks):
+        result = djtasks.per_customer.enqueue(customer="c3")
+    job.refresh_from_db()
+    assert job.concurrency == 1 and Occurrence.objects.get(pk=result.id).concurrency_key == "c3"
+
+
+def test_the_backend_options_give_every_task_a_limit(db):
+    tasks = {
+        "default": {
+            "BACKEND": "django_durable_scheduler.tasks.DurableBackend",
+            "QUEUES": ["default", "high"],
+            "OPTIONS": {"concurrency": 3, "concurrency_key": "{b}"},
+        }
+    }
+    with override_settings(TASKS=tasks):
+        result = djtasks.add.enqueue(a=1, b=2)
+    job = Job.objects.get(job_id="task:default:default:tests.testapp.djtasks.add")
+    assert (job.concurrency, job.concurrency_key) == (3, "{concurrencyKey}")
+    assert Occurrence.objects.get(pk=result.id).concurrency_key == "2"
+    djtasks.add.enqueue(1, 2)  # back to no options: the job follows
+    job.refresh_from_db()
+    assert (job.concurrency, job.concurrency_key) == (None, None)
+
+
+def test_a_task_key_that_cannot_be_computed_refuses_the_enqueue_and_writes_nothing(db):
+    before = (Job.objects.count(), Occurrence.objects.count(), Event.objects.count())
+    with pytest.raises(scheduler.InvalidArgument) as caught:
+        djtasks.per_customer.enqueue(client="c1")
+    assert caught.value.details["field"] == "concurrency_key"
+    assert (Job.objects.count(), Occurrence.objects.count(), Event.objects.count()) == before
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"concurrency": 0}, "durable.concurrency"),
+        ({"concurrency": 10_001}, "durable.concurrency"),
+        ({"concurrency": "2"}, "durable.concurrency"),
+        ({"concurrency_key": ""}, "durable.concurrency_key"),
+        ({"concurrency_key": "{a.b}"}, "durable.concurrency_key"),
+        ({"concurrency_key": 5}, "durable.concurrency_key"),
+    ],
+)
+def test_bad_task_limits_are_refused_where_they_are_written(options, field):
+    with pytest.raises(scheduler.InvalidArgument) as caught:
+        durable(**options)
+    assert caught.value.details["field"] == field
+    with pytest.raises(ImproperlyConfigured, match=field.replace("durable.", r"OPTIONS'\]\.")):
+        DurableBackend("broken", {"OPTIONS": options})

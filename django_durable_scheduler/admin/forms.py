@@ -26,10 +26,9 @@ from ..exceptions import (
     SchedulerError,
 )
 from ..kernel import policies
-from ..kernel.concurrency import MAX_CONCURRENCY
 from ..models import AuthorityPolicy, Job, TaskSchedule
 from ..rules.authority import MAX_BUDGET, MAX_CAPABILITIES, MAX_WINDOW_MS, MIN_WINDOW_MS
-from ..rules.validation import MAX_IDENTIFIER_LENGTH, normalize_identifier
+from ..rules.validation import MAX_CONCURRENCY, MAX_IDENTIFIER_LENGTH, normalize_identifier
 
 WINDOW_UNITS: dict[str, int] = {"minutes": 60, "hours": 3600, "days": 86_400}
 _SECONDS_UNIT = ("seconds", "seconds")
@@ -353,6 +352,23 @@ class JobForm(_ApiForm):
     )
     retry_max_delay = forms.FloatField(label="Retry max delay (s)", required=False)
     max_attempts = forms.IntegerField(min_value=1, max_value=kernel.MAX_ATTEMPTS_LIMIT, initial=3)
+    timeout = forms.FloatField(
+        label="Timeout (s)",
+        required=False,
+        help_text="How long one run may take (empty: the handler's, else DURABLE_SCHEDULER_HANDLER_TIMEOUT).",
+    )
+    concurrency = forms.IntegerField(
+        label="Max running at once",
+        required=False,
+        min_value=1,
+        max_value=MAX_CONCURRENCY,
+        help_text="How many of the job's occurrences may run at once on all workers (empty: no cap).",
+    )
+    concurrency_key = forms.CharField(
+        label="Concurrency key",
+        required=False,
+        help_text="Counts the limit per key: a template on the payload such as {customer} (empty: none).",
+    )
 
     class Meta:
         model = Job
@@ -369,6 +385,9 @@ class JobForm(_ApiForm):
         "max_attempts": "max_attempts",
         "retry_base_delay": "retry_base_delay",
         "retry_max_delay": "retry_max_delay",
+        "timeout": "timeout",
+        "concurrency": "concurrency",
+        "concurrency_key": "concurrency_key",
     }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -383,6 +402,9 @@ class JobForm(_ApiForm):
                 on_dead_letter=instance.on_dead_letter,
                 retry_base_delay=instance.retry_base_delay_ms / 1000,
                 retry_max_delay=instance.retry_max_delay_ms / 1000,
+                timeout=None if instance.timeout_ms is None else instance.timeout_ms / 1000,
+                concurrency=instance.concurrency,
+                concurrency_key=instance.concurrency_key,
             )
         else:
             self.initial.setdefault("trigger", {})
@@ -407,6 +429,8 @@ class JobForm(_ApiForm):
                 value = {}
             if name in ("retry_base_delay", "retry_max_delay") and value is None:
                 continue
+            if name == "concurrency_key" and not value:
+                value = None  # empty: no key
             changes[self._API_NAMES[name]] = value
         return changes
 

@@ -51,6 +51,8 @@ class JobAdmin(ApiFormAdmin):
         "enabled",
         "max_attempts",
         ("retry_base_delay", "retry_max_delay"),
+        "timeout",
+        ("concurrency", "concurrency_key"),
         "loaded_revision",
     ]
     _INFO = [
@@ -81,6 +83,9 @@ class JobAdmin(ApiFormAdmin):
                 "on_dead_letter",
                 "enabled",
                 "max_attempts",
+                "timeout_ms",
+                "concurrency",
+                "concurrency_key",
             ]
             return [(None, {"fields": ["job_id", *view]}), ("Schedule", {"fields": self._INFO}), recent]
         return [(None, {"fields": ["job_id", *self._EDIT]}), ("Schedule", {"fields": self._INFO}), recent]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import string
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -25,39 +24,10 @@ from ..db import dialect
 from ..exceptions import InvalidArgument
 from ..models import AuthorityPolicy, ConcurrencySlot, Occurrence, OccurrenceStatus
 from ..rules.authority import Principal
-from ..rules.validation import normalize_int
-
-MAX_CONCURRENCY = 10_000
-MAX_KEY_LENGTH = 256
+from ..rules.validation import MAX_KEY_LENGTH, normalize_template
 
 # The key of a limit: a function of the payload, or a template naming payload fields.
 KeySpec = str | Callable[[Any], Any]
-
-
-def normalize_limit(value: Any, field: str) -> int | None:
-    """A limit: None (no cap) or a whole number of runs at once in 1..MAX_CONCURRENCY."""
-    if value is None:
-        return None
-    return normalize_int(value, field, minimum=1, maximum=MAX_CONCURRENCY)
-
-
-def normalize_template(value: Any, field: str) -> str | None:
-    """A key template: None, or text whose ``{name}`` fields name top-level payload keys
-    (no attribute, index, conversion or format spec: the key is data, not code)."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH:
-        raise InvalidArgument(field, f"must be a non-empty template of at most {MAX_KEY_LENGTH} characters")
-    if "\x00" in value:
-        raise InvalidArgument(field, "must not contain NUL (U+0000)")
-    try:
-        parts = list(string.Formatter().parse(value))
-    except ValueError as exc:
-        raise InvalidArgument(field, f"is not a valid template ({exc})") from None
-    for _, name, spec, conversion in parts:
-        if name is not None and (not name.isidentifier() or spec or conversion):
-            raise InvalidArgument(field, "fields must be plain payload key names, like {customer}")
-    return value
 
 
 def normalize_key_spec(value: Any, field: str) -> KeySpec | None:

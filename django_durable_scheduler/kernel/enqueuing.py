@@ -58,8 +58,10 @@ def _slot_args(scheduled_for: Any, trigger_key: Any, available_at: Any) -> tuple
 
 # The job columns an enqueued occurrence copies (its identity comes from the revision): an
 # enqueue from a remembered job inserts only while the stored row still has these values,
-# so it writes exactly what reading the job first would have written.
-_JOB_GUARD = ("revision", "enabled", "max_attempts", "authority", *EDGES)
+# so it writes exactly what reading the job first would have written. The kind and the key
+# template are among them: the concurrency key is computed from them, and a job deleted and
+# made again starts at the same revision.
+_JOB_GUARD = ("revision", "enabled", "max_attempts", "authority", "kind", "concurrency_key", *EDGES)
 
 
 class _Remembered:
@@ -158,7 +160,9 @@ def enqueue(
                 return insert_occurrence(remembered.job, guard=guard, builder=remembered.builder, **args)
             with dialect.write_transaction(alias):
                 return insert_occurrence(remembered.job, guard=guard, builder=remembered.builder, **args)
-        except dialect.GuardFailed:
+        except (dialect.GuardFailed, InvalidArgument):
+            # A job changed since: also one whose old key template cannot key this payload
+            # (nothing is written before the key is computed). The current row decides.
             _REMEMBERED.pop((alias, job_id), None)
     with dialect.write_transaction(alias):
         job = get_job(job_id, using=alias)

@@ -30,12 +30,13 @@ from ..rules.validation import (
     normalize_bool,
     normalize_identifier,
     normalize_int,
+    normalize_limit,
+    normalize_template,
     retry_base_delay_ms,
     retry_max_delay_ms,
     timeout_ms,
 )
 from .cancelling import cancel_pending
-from .concurrency import normalize_limit, normalize_template
 from .policies import bind_to_current_policy, get_policy, grant_default
 
 logger = logging.getLogger("django_durable_scheduler")

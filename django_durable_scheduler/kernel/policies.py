@@ -48,10 +48,10 @@ from ..rules.validation import (
     normalize_bool,
     normalize_identifier,
     normalize_int,
+    normalize_limit,
     to_duration_ms,
 )
 from .binding import rebind
-from .concurrency import normalize_limit
 
 MAX_HISTORY_LIMIT = 1000
 MAX_REVISION = column_max(AuthorityPolicy, "revision")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 import reprlib
+import string
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -229,3 +230,35 @@ def iso_ms(value: datetime) -> str:
     """UTC ISO-8601 with milliseconds and a Z, as JavaScript's toISOString."""
     value = value.astimezone(UTC)
     return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+
+
+# A concurrency limit and the key it counts per (docs/design.md, "Concurrency limits"): what a
+# job, a handler, a declaration, a task and a policy's ``max_running`` may give.
+MAX_CONCURRENCY = 10_000
+MAX_KEY_LENGTH = 256
+
+
+def normalize_limit(value: Any, field: str) -> int | None:
+    """A limit: None (no cap) or a whole number of runs at once in 1..MAX_CONCURRENCY."""
+    if value is None:
+        return None
+    return normalize_int(value, field, minimum=1, maximum=MAX_CONCURRENCY)
+
+
+def normalize_template(value: Any, field: str) -> str | None:
+    """A key template: None, or text whose ``{name}`` fields name top-level payload keys
+    (no attribute, index, conversion or format spec: the key is data, not code)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_KEY_LENGTH:
+        raise InvalidArgument(field, f"must be a non-empty template of at most {MAX_KEY_LENGTH} characters")
+    if "\x00" in value:
+        raise InvalidArgument(field, "must not contain NUL (U+0000)")
+    try:
+        parts = list(string.Formatter().parse(value))
+    except ValueError as exc:
+        raise InvalidArgument(field, f"is not a valid template ({exc})") from None
+    for _, name, spec, conversion in parts:
+        if name is not None and (not name.isidentifier() or spec or conversion):
+            raise InvalidArgument(field, "fields must be plain payload key names, like {customer}")
+    return value

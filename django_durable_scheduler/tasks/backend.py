@@ -48,7 +48,8 @@ class DurableBackend(BaseTaskBackend):
     ``OPTIONS``: ``max_attempts`` (default 3), ``retry_base_delay`` and ``retry_max_delay``
     (seconds; default the app's settings), ``timeout`` (seconds; default the app's
     ``HANDLER_TIMEOUT``), ``principal`` (``{"type", "id"}``; default the app's default
-    principal) for every task of this backend, ``@durable`` overriding them per task;
+    principal), ``concurrency`` and ``concurrency_key`` (how many runs of a task at once, per
+    key; default no cap) for every task of this backend, ``@durable`` overriding them per task;
     ``database``: the database alias (default: where the routers write this app's models).
     """
 

@@ -12,7 +12,7 @@ from ..exceptions import NotFound
 from ..models import Occurrence
 from ..rules.validation import normalize_identifier, to_ms
 from .jobs import ensure_job, forget_job, job_id_for
-from .options import TaskOptions, unique_for
+from .options import KEY_FIELD, TaskOptions, options_for, task_concurrency_key, unique_for
 
 if TYPE_CHECKING:
     from .framework import AnyTask
@@ -31,6 +31,10 @@ def enqueue(
     }
     if task.run_after is not None:
         payload["runAfter"] = to_ms(task.run_after, "run_after")
+    # Computed now, before the task's job is made or brought up to date: a bad key writes nothing.
+    key_spec = options_for(task.module_path).merged_over(defaults).concurrency_key
+    if key_spec is not None:
+        payload[KEY_FIELD] = task_concurrency_key(key_spec, args, kwargs)
     unique = unique_args(task, args, kwargs)
     try:
         return _enqueue(task, payload, unique, backend_alias, defaults, using)

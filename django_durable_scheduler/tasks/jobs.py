@@ -15,7 +15,7 @@ from ..exceptions import Conflict, NotFound, RevisionConflict
 from ..models import Job
 from ..rules.identity import canonical_json
 from .framework import InvalidTask
-from .options import TaskOptions, options_for, queue_kind
+from .options import JOB_KEY_TEMPLATE, TaskOptions, options_for, queue_kind
 
 if TYPE_CHECKING:
     from .framework import AnyTask
@@ -36,8 +36,9 @@ def job_id_for(backend_alias: str, task: AnyTask) -> str:
 def job_settings(task: AnyTask, defaults: TaskOptions) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """What the job of ``task`` holds, from its ``@durable`` options over ``defaults`` (the
     backend's ``OPTIONS``) over the app's defaults: ``({"kind", "max_attempts",
-    "retry_base_delay_ms", "retry_max_delay_ms"}, authority or None for the default
-    principal)``."""
+    "retry_base_delay_ms", "retry_max_delay_ms", "timeout_ms", "concurrency",
+    "concurrency_key"}, authority or None for the default principal)``. A task with a
+    concurrency key gets a job keyed on the key each occurrence's payload carries."""
     opts = options_for(task.module_path).merged_over(defaults)
     kind = queue_kind(task.queue_name)
     wanted: dict[str, Any] = {
@@ -54,6 +55,8 @@ def job_settings(task: AnyTask, defaults: TaskOptions) -> tuple[dict[str, Any], 
             else round(conf.settings.RETRY_MAX_DELAY * 1000)
         ),
         "timeout_ms": opts.timeout_ms,
+        "concurrency": opts.concurrency,
+        "concurrency_key": None if opts.concurrency_key is None else JOB_KEY_TEMPLATE,
     }
     authority = None
     if opts.principal is not None:
@@ -103,6 +106,8 @@ def _sync_job(job_id: str, wanted: dict[str, Any], authority: dict[str, Any] | N
                         retry_base_delay=timedelta(milliseconds=wanted["retry_base_delay_ms"]),
                         retry_max_delay=timedelta(milliseconds=wanted["retry_max_delay_ms"]),
                         timeout=_timeout(wanted["timeout_ms"]),
+                        concurrency=wanted["concurrency"],
+                        concurrency_key=wanted["concurrency_key"],
                         using=alias,
                     )
                 return
@@ -134,6 +139,9 @@ def _changes(job: Job, wanted: dict[str, Any], authority: dict[str, Any] | None)
         changes["retry_max_delay"] = timedelta(milliseconds=wanted["retry_max_delay_ms"])
     if job.timeout_ms != wanted["timeout_ms"]:
         changes["timeout"] = _timeout(wanted["timeout_ms"])
+    for name in ("concurrency", "concurrency_key"):
+        if getattr(job, name) != wanted[name]:
+            changes[name] = wanted[name]
     stored = {key: job.authority.get(key) for key in ("principal", "requestedCapabilities")}
     if authority is None:
         default = {

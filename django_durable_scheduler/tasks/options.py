@@ -1,5 +1,6 @@
-"""What this app adds to a task: its attempts, backoff and principal (``@durable``), its
-unique key and debounce, and the handler kind its queue maps to. Imports no task framework."""
+"""What this app adds to a task: its attempts, backoff, timeout, principal and concurrency
+limit (``@durable``), its unique key and debounce, and the handler kind its queue maps to.
+Imports no task framework."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from ..exceptions import InvalidArgument
+from ..kernel.concurrency import render_key
 from ..kernel.unique import MAX_DEBOUNCE_MS, UNIQUE_WHILE
 from ..rules.authority import normalize_principal
 from ..rules.identity import canonical_json
@@ -19,6 +21,8 @@ from ..rules.validation import (
     key_label,
     normalize_identifier,
     normalize_int,
+    normalize_limit,
+    normalize_template,
     retry_delays_ms,
     timeout_ms,
     to_duration_ms,
@@ -42,39 +46,52 @@ def queue_of(kind: str) -> str | None:
     return kind[len(KIND_PREFIX) :] if kind.startswith(KIND_PREFIX) else None
 
 
+# The concurrency key template of a task's job: each occurrence's payload carries its key,
+# computed at enqueue from the call's arguments (``task_concurrency_key``).
+KEY_FIELD = "concurrencyKey"
+JOB_KEY_TEMPLATE = "{" + KEY_FIELD + "}"
+
+
 @dataclass(frozen=True)
 class TaskOptions:
-    """A task's attempts and backoff (as a job's) and the principal it runs as. None: the
-    backend's ``OPTIONS`` decide (and then this app's defaults)."""
+    """A task's attempts, backoff, timeout and concurrency limit (as a job's) and the
+    principal it runs as. None: the backend's ``OPTIONS`` decide (and then this app's
+    defaults). ``concurrency_key``: a template naming the task's keyword arguments, or a
+    callable taking the call's arguments."""
 
     max_attempts: int | None = None
     retry_base_delay_ms: int | None = None
     retry_max_delay_ms: int | None = None
     principal: dict[str, Any] | None = None
     timeout_ms: int | None = None
+    concurrency: int | None = None
+    concurrency_key: str | Callable[..., Any] | None = None
 
     def merged_over(self, base: TaskOptions) -> TaskOptions:
         """These options, each one unset taken from ``base``."""
         return TaskOptions(
-            max_attempts=self.max_attempts if self.max_attempts is not None else base.max_attempts,
-            retry_base_delay_ms=(
-                self.retry_base_delay_ms if self.retry_base_delay_ms is not None else base.retry_base_delay_ms
-            ),
-            retry_max_delay_ms=(
-                self.retry_max_delay_ms if self.retry_max_delay_ms is not None else base.retry_max_delay_ms
-            ),
-            principal=self.principal if self.principal is not None else base.principal,
-            timeout_ms=self.timeout_ms if self.timeout_ms is not None else base.timeout_ms,
+            **{
+                name: base_value if (value := getattr(self, name)) is None else value
+                for name, base_value in vars(base).items()
+            }
         )
 
 
-OPTION_KEYS = ("max_attempts", "retry_base_delay", "retry_max_delay", "principal", "timeout")
+OPTION_KEYS = (
+    "max_attempts",
+    "retry_base_delay",
+    "retry_max_delay",
+    "principal",
+    "timeout",
+    "concurrency",
+    "concurrency_key",
+)
 
 
 def parse_options(values: dict[str, Any], field: str) -> TaskOptions:
     """``TaskOptions`` from ``max_attempts``, ``retry_base_delay``, ``retry_max_delay`` and
-    ``timeout`` (seconds or timedelta) and ``principal`` (``{"type", "id"}``); bad input names
-    the field."""
+    ``timeout`` (seconds or timedelta), ``principal`` (``{"type", "id"}``), ``concurrency``
+    and ``concurrency_key``; bad input names the field."""
     if not isinstance(values, dict):
         raise InvalidArgument(field, "must be a dict")
     unknown = sorted(key_label(key) for key in values if key not in OPTION_KEYS)
@@ -97,8 +114,32 @@ def parse_options(values: dict[str, Any], field: str) -> TaskOptions:
         retry_max_delay_ms=max_ms,
         principal=None if principal is None else normalize_principal(principal, f"{field}.principal"),
         timeout_ms=timeout_ms(values.get("timeout"), f"{field}.timeout"),
+        concurrency=normalize_limit(values.get("concurrency"), f"{field}.concurrency"),
+        concurrency_key=_key_spec(values.get("concurrency_key"), f"{field}.concurrency_key"),
     )
     return options
+
+
+def _key_spec(value: Any, field: str) -> str | Callable[..., Any] | None:
+    """A task's concurrency key: a callable, or a template naming keyword arguments."""
+    if callable(value):
+        function: Callable[..., Any] = value
+        return function
+    return normalize_template(value, field)
+
+
+def task_concurrency_key(spec: str | Callable[..., Any], args: Any, kwargs: Any) -> str:
+    """The concurrency key of one call: ``spec`` (a template) filled from the keyword
+    arguments, or called with the arguments; refused as a job's key is (``concurrency_key``),
+    and also when it computes None (a task's runs each have a key, or the task none)."""
+    if callable(spec):
+        function = spec
+        key = render_key(lambda _payload: function(*args, **kwargs), None)
+    else:
+        key = render_key(spec, kwargs)
+    if key is None:
+        raise InvalidArgument("concurrency_key", "must compute a string (or an int), not None")
+    return key
 
 
 @dataclass(frozen=True)
@@ -166,6 +207,8 @@ def durable(
     retry_max_delay: float | timedelta | None = None,
     principal: dict[str, Any] | None = None,
     timeout: float | timedelta | None = None,
+    concurrency: int | None = None,
+    concurrency_key: str | Callable[..., Any] | None = None,
     unique_key: bool | str | Callable[..., str | None] | None = None,
     unique_while: str | None = None,
     debounce: float | timedelta | None = None,
@@ -179,7 +222,10 @@ def durable(
     ``max_attempts`` (1..32) and the backoff (``retry_base_delay`` doubling up to
     ``retry_max_delay``, seconds or timedelta) are those of a job; ``principal`` is who the
     task runs as (its policy must grant the queue's kind, ``django.tasks:<queue>``);
-    ``timeout`` is how long a run may take (as a job's ``timeout``).
+    ``timeout`` is how long a run may take (as a job's ``timeout``). ``concurrency``
+    (1..10,000): how many runs of the task may run at once on every worker, per
+    ``concurrency_key`` when given: a template naming the task's keyword arguments
+    (``"{customer_id}"``) or a callable called with the call's arguments, computed at enqueue.
 
     ``unique_key``: while a call of the task with the same key waits, another call returns
     its result instead of adding one (``unique_while="active"``: also while it runs). True
@@ -197,6 +243,8 @@ def durable(
             ("retry_max_delay", retry_max_delay),
             ("timeout", timeout),
             ("principal", principal),
+            ("concurrency", concurrency),
+            ("concurrency_key", concurrency_key),
         )
         if value is not None
     }

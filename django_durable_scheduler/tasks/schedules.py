@@ -22,6 +22,7 @@ from ..models import TASK_SCHEDULE_PREFIX
 from ..rules.validation import normalize_identifier
 from .backend import DurableBackend
 from .framework import Task, task_backends
+from .options import KEY_FIELD, options_for, task_concurrency_key
 
 if TYPE_CHECKING:
     from .framework import AnyTask
@@ -121,6 +122,9 @@ def schedule_settings(task: AnyTask, trigger: Any, args: Any = (), kwargs: Any =
         "backend": backend.alias,
     }
     wanted, authority = backend.job_settings(task)
+    key_spec = options_for(task.module_path).merged_over(backend.defaults).concurrency_key
+    if key_spec is not None:  # the arguments are the same every run: so is the key
+        payload[KEY_FIELD] = task_concurrency_key(key_spec, payload["args"], payload["kwargs"])
     timeout_ms = wanted["timeout_ms"]
     return {
         "kind": wanted["kind"],
@@ -131,4 +135,6 @@ def schedule_settings(task: AnyTask, trigger: Any, args: Any = (), kwargs: Any =
         "retry_base_delay": timedelta(milliseconds=wanted["retry_base_delay_ms"]),
         "retry_max_delay": timedelta(milliseconds=wanted["retry_max_delay_ms"]),
         "timeout": None if timeout_ms is None else timedelta(milliseconds=timeout_ms),
+        "concurrency": wanted["concurrency"],
+        "concurrency_key": wanted["concurrency_key"],
     }

@@ -139,3 +139,15 @@ def rebuild():
 def badly_keyed(n):
     """Its key callable returns the argument as it is: an int is no key."""
     return n
+
+
+@task
+@durable(concurrency=1, concurrency_key="{customer}")
+def per_customer(*, customer):
+    return customer
+
+
+@task
+@durable(concurrency=2, concurrency_key=lambda account, since=None: f"account-{account}")
+def per_account(account, since=None):
+    return account

@@ -185,6 +185,12 @@ def per_customer(ctx):
     return "done"
 
 
+@scheduler.handler("test.keyed-by-function", concurrency=1, concurrency_key=lambda p: f"tenant-{p['tenant']}")
+def keyed_by_function(ctx):
+    """A handler whose concurrency key is a function (tests/test_autodiscover.py)."""
+    return "done"
+
+
 # --- chains and batches under SIGKILL (tests/test_chains_crash.py)
 
 
