@@ -66,6 +66,7 @@ PAGES = [
     "docs/authority",
     "docs/scaling",
     "docs/tasks",
+    "docs/reference",
     "docs/api",
     "bench/README",
     "CHANGELOG",
