@@ -117,7 +117,7 @@ def hold(reporter: OutcomeReporter, outcomes: list[dict]) -> list:
     runs = [Run.of(claimed[occ.pk], owner=owner, using=None, default_timeout=None) for occ in occurrences]
     reporter.held.add(runs)
     for run, outcome in zip(runs, outcomes, strict=True):
-        reporter.held.finish(run, outcome)
+        reporter.held.finish(run, kernel.Outcome(run.occurrence.pk, run.occurrence.fence, **outcome))
     return [run.occurrence.pk for run in runs]
 
 

@@ -23,6 +23,7 @@ exist exactly when the caller commits.
 from __future__ import annotations
 
 from ..rules.events import history
+from ..rules.outcomes import Outcome
 from ..rules.validation import MAX_ATTEMPTS_LIMIT
 from .batches import cancel_batch, close_batch, get_batch, open_batch
 from .batches import complete_due as complete_due_batches
@@ -67,6 +68,7 @@ from .settling import (
 __all__ = [
     "JOB_PAYLOAD",
     "MAX_ATTEMPTS_LIMIT",
+    "Outcome",
     "backoff_delay_ms",
     "batch_members",
     "batch_progress",

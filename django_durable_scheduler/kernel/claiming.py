@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -395,9 +395,25 @@ def last_claimed_principal(alias: str) -> str | None:
     return str(rows[0][0]) if rows else None
 
 
-# (occurrence_id, kind, principal_key, due_at, scheduled_for, priority, job timeout_ms, job_id,
-# concurrency_key, job concurrency) of one candidate.
-Candidate = tuple[str, str, str, datetime, datetime, int, int | None, str, str | None, int | None]
+class Candidate(NamedTuple):
+    """One row the fair pool's arms read: a claimable occurrence, what ranks it and what its
+    concurrency limits are found by (the claim's columns are read only for the rows locked)."""
+
+    occurrence_id: str
+    kind: str
+    principal_key: str
+    due_at: datetime  # available_at, or lease_expires_at for a reclaim
+    scheduled_for: datetime
+    priority: int
+    timeout_ms: int | None  # the job's
+    job_id: str
+    concurrency_key: str | None
+    concurrency: int | None  # the job's
+
+    @property
+    def due_order(self) -> tuple[datetime, datetime, str]:
+        """The order of a principal's candidates of equal priority: the claim's ORDER BY."""
+        return self.due_at, self.scheduled_for, self.occurrence_id
 
 
 class _Pool:
@@ -422,7 +438,7 @@ class _Pool:
         rows = _fetch(self.alias, sql, self.params)
         self.parts, self.params = [], []
         return [
-            (
+            Candidate(
                 pk,
                 kind,
                 key,
@@ -475,9 +491,9 @@ def _read_pool(
         if start == 0:
             pool.add("reclaims", None, want)
         for row in pool.fetch():
-            rows_of = by_principal.setdefault(row[2], {})
-            if row[0] not in rows_of:  # a reclaim arm may list a row a pending arm has
-                rows_of[row[0]] = row
+            rows_of = by_principal.setdefault(row.principal_key, {})
+            if row.occurrence_id not in rows_of:  # a reclaim arm may list a row a pending arm has
+                rows_of[row.occurrence_id] = row
                 found += 1
         if found >= want:
             break
@@ -497,13 +513,13 @@ def _ranked(
     for key, by_id in by_principal.items():
         # Higher priority first within a principal, then due time: ranks, and so the
         # turns principals take, do not depend on priority.
-        rows = sorted(by_id.values(), key=lambda row: (-row[5], row[3], row[4], row[0]))
+        rows = sorted(by_id.values(), key=lambda row: (-row.priority, *row.due_order))
         position = order.get(key, len(order))
         ranked += [(rank, position, row) for rank, row in enumerate(rows[:per_principal])]
     if by_due_time:
-        ranked.sort(key=lambda item: (item[0], item[2][3], item[2][4], item[2][0]))
+        ranked.sort(key=lambda item: (item[0], *item[2].due_order))
     else:
-        ranked.sort(key=lambda item: (item[0], item[1], item[2][3], item[2][4], item[2][0]))
+        ranked.sort(key=lambda item: (item[0], item[1], *item[2].due_order))
     return [row for _, _, row in ranked]
 
 
@@ -515,12 +531,12 @@ def _lock_pool(
     never kept from rows this one does not take. With a ``gate``, a row over one of its
     concurrency limits is passed over (left as it is) and the next ones are tried."""
     vendor = connections[alias].vendor
-    rank = {row[0]: index for index, row in enumerate(pool)}
+    rank = {row.occurrence_id: index for index, row in enumerate(pool)}
     at = _adapted(alias, now)
     got: list[Occurrence] = []
     position = 0
     while len(got) < limit and position < len(pool):
-        chunk = [row[0] for row in pool[position : position + limit - len(got)]]
+        chunk = [row.occurrence_id for row in pool[position : position + limit - len(got)]]
         position += len(chunk)
         sql = _lock_statement(alias, vendor, len(chunk))
         locked = Occurrence.objects.raw(sql, [*chunk, at, at], using=alias)
@@ -531,8 +547,8 @@ def _lock_pool(
     got.sort(key=lambda row: rank[row.pk])
     for occurrence in got:
         row = pool[rank[occurrence.pk]]
-        occurrence.claimed_kind = row[1]
-        occurrence.claimed_timeout_ms = row[6]
+        occurrence.claimed_kind = row.kind
+        occurrence.claimed_timeout_ms = row.timeout_ms
     return got
 
 
@@ -574,7 +590,7 @@ def claim_candidates(
     pool = _ranked(by_principal, per_principal, principals, after_principal is None)[:want]
     if not pool:
         return []
-    principal_keys = sorted({row[2] for row in pool})
+    principal_keys = sorted({row.principal_key for row in pool})
     if before_lock is not None:
         before_lock(principal_keys)
     gate = _gate(alias, now, pool, principal_keys, max_running_of)
@@ -588,10 +604,14 @@ def _keys_at_claim(alias: str, pool: list[Candidate]) -> dict[str, str | None]:
     """The handler's concurrency key of candidates enqueued where their handler was not
     registered (a process that never imported it): computed here from the payload, one read
     for those only; a payload it cannot key counts under the kind as a whole."""
-    unkeyed = [row[0] for row in pool if row[8] is None and concurrency.key_spec_of(None, row[1]) is not None]
+    unkeyed = [
+        row.occurrence_id
+        for row in pool
+        if row.concurrency_key is None and concurrency.key_spec_of(None, row.kind) is not None
+    ]
     if not unkeyed:
         return {}
-    kinds = {row[0]: row[1] for row in pool}
+    kinds = {row.occurrence_id: row.kind for row in pool}
     found: dict[str, str | None] = {}
     for pk, payload in Occurrence.objects.using(alias).filter(pk__in=unkeyed).values_list("pk", "payload"):
         try:
@@ -617,10 +637,11 @@ def _gate(
     keys = _keys_at_claim(alias, pool)
     limits = {}
     for row in pool:
-        key = keys.get(row[0], row[8])
-        found = concurrency.scopes_of(row[2], row[7], row[1], key, row[9], capped.get(row[2]))
+        key = keys.get(row.occurrence_id, row.concurrency_key)
+        cap = capped.get(row.principal_key)
+        found = concurrency.scopes_of(row.principal_key, row.job_id, row.kind, key, row.concurrency, cap)
         if found:
-            limits[row[0]] = found
+            limits[row.occurrence_id] = found
     if not limits:
         return None
     gate = concurrency.Gate(alias, now, limits)

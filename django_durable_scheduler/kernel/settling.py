@@ -14,7 +14,6 @@ import json
 import math
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -32,6 +31,7 @@ from ..rules.lifecycle import TRANSITION, Action, cancel_requested, refusal, wri
 # The fence rule, also used by the authority checks as leases.holds_lease and leases.lease_lost.
 from ..rules.lifecycle import holds_lease as holds_lease
 from ..rules.lifecycle import lease_lost as lease_lost
+from ..rules.outcomes import FAILED, SUCCEEDED, Outcome
 from ..rules.validation import (
     column_max,
     from_ms,
@@ -305,19 +305,6 @@ def backoff_delay_ms(attempt: int, base_ms: int, max_ms: int, jitter: float | No
     return max(1, min(max_ms, int(raw + random.uniform(-spread, spread))))
 
 
-@dataclass(frozen=True)
-class _Outcome:
-    """One validated settle request."""
-
-    occurrence_id: str
-    fence: int
-    outcome: str
-    result: Any
-    error: dict[str, Any] | None
-    retryable: bool
-    retry_ms: int | None
-
-
 SETTLE_ITEM_KEYS = frozenset(
     {"occurrence_id", "fence", "outcome", "result", "error", "retryable", "retry_at"}
 )
@@ -332,20 +319,54 @@ def _settle_args(
     retryable: Any,
     retry_at: Any,
     prefix: str = "",
-) -> _Outcome:
+) -> Outcome:
+    """A settle request checked, as the :class:`Outcome` settling writes (``retry_at`` a
+    datetime, to the millisecond, as it is stored)."""
     occurrence_id = normalize_identifier(occurrence_id, f"{prefix}occurrence_id")
     fence = normalize_int(fence, f"{prefix}fence", minimum=1, maximum=MAX_FENCE)
-    if outcome not in ("succeeded", "failed"):
+    if outcome not in (SUCCEEDED, FAILED):
         raise InvalidArgument(f"{prefix}outcome", "must be 'succeeded' or 'failed'")
     result_value = check_result(result, f"{prefix}result")
-    return _Outcome(
-        occurrence_id=occurrence_id,
-        fence=fence,
-        outcome=outcome,
-        result=result_value,
-        error=_normalize_error(error, f"{prefix}error"),
-        retryable=normalize_bool(retryable, f"{prefix}retryable"),
-        retry_ms=None if retry_at is None else to_ms(retry_at, f"{prefix}retry_at"),
+    return Outcome(
+        occurrence_id,
+        fence,
+        outcome,
+        result_value,
+        _normalize_error(error, f"{prefix}error"),
+        normalize_bool(retryable, f"{prefix}retryable"),
+        None if retry_at is None else from_ms(to_ms(retry_at, f"{prefix}retry_at")),
+    )
+
+
+def _settle_item(index: int, item: Any) -> Outcome:
+    """Item ``index`` of :func:`settle_many`, an :class:`Outcome` or a dict of
+    :func:`settle`'s arguments, checked."""
+    prefix = f"items[{index}]."
+    if isinstance(item, Outcome):
+        return _settle_args(
+            item.occurrence_id,
+            item.fence,
+            item.status,
+            item.result,
+            item.error,
+            item.retryable,
+            item.retry_at,
+            prefix,
+        )
+    if not isinstance(item, dict):
+        raise InvalidArgument(f"items[{index}]", "must be a dict")
+    unknown = sorted(key_label(key) for key in item if key not in SETTLE_ITEM_KEYS)
+    if unknown:
+        raise InvalidArgument(f"{prefix}{unknown[0]}", "is not a settle argument")
+    return _settle_args(
+        item.get("occurrence_id"),
+        item.get("fence"),
+        item.get("outcome"),
+        item.get("result"),
+        item.get("error"),
+        item.get("retryable", True),
+        item.get("retry_at"),
+        prefix,
     )
 
 
@@ -402,38 +423,19 @@ def settle(
 
 
 def settle_many(
-    items: Iterable[dict[str, Any]], *, owner: str, using: str | None = None
+    items: Iterable[Outcome | dict[str, Any]], *, owner: str, using: str | None = None
 ) -> list[Occurrence | LeaseLost]:
     """Settle many held occurrences in one transaction (what the worker does with the
-    outcomes of a batch). Each item is a dict of :func:`settle`'s arguments
-    (``occurrence_id``, ``fence``, ``outcome`` and optionally ``result``, ``error``,
-    ``retryable``, ``retry_at``). Bad input raises ``InvalidArgument`` naming the item and
+    outcomes of a batch). Each item is an :class:`Outcome` or a dict of :func:`settle`'s
+    arguments (``occurrence_id``, ``fence``, ``outcome`` and optionally ``result``,
+    ``error``, ``retryable``, ``retry_at``). Bad input raises ``InvalidArgument`` naming the item and
     writes nothing. Returns, per item in order, the settled occurrence, or the
     ``LeaseLost`` error of an item whose lease is no longer held (the others settle).
     """
     owner = _owner(owner)
-    if isinstance(items, dict | str) or not isinstance(items, Iterable):
+    if isinstance(items, dict | str | Outcome) or not isinstance(items, Iterable):
         raise InvalidArgument("items", "must be a list of dicts")
-    specs: list[_Outcome] = []
-    for index, item in enumerate(items):
-        prefix = f"items[{index}]."
-        if not isinstance(item, dict):
-            raise InvalidArgument(f"items[{index}]", "must be a dict")
-        unknown = sorted(key_label(key) for key in item if key not in SETTLE_ITEM_KEYS)
-        if unknown:
-            raise InvalidArgument(f"{prefix}{unknown[0]}", "is not a settle argument")
-        specs.append(
-            _settle_args(
-                item.get("occurrence_id"),
-                item.get("fence"),
-                item.get("outcome"),
-                item.get("result"),
-                item.get("error"),
-                item.get("retryable", True),
-                item.get("retry_at"),
-                prefix,
-            )
-        )
+    specs = [_settle_item(index, item) for index, item in enumerate(items)]
     seen: set[str] = set()
     for index, spec in enumerate(specs):
         if spec.occurrence_id in seen:
@@ -453,7 +455,7 @@ def _group_key(values: dict[str, Any]) -> str:
     return json.dumps(values, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def _lock_settled(specs: Sequence[_Outcome], alias: str) -> dict[str, Occurrence]:
+def _lock_settled(specs: Sequence[Outcome], alias: str) -> dict[str, Occurrence]:
     return {
         row.pk: row
         for row in Occurrence.objects.using(alias)
@@ -465,16 +467,13 @@ def _lock_settled(specs: Sequence[_Outcome], alias: str) -> dict[str, Occurrence
 
 
 def _backoff_delays(
-    specs: Sequence[_Outcome], locked: dict[str, Occurrence], alias: str
+    specs: Sequence[Outcome], locked: dict[str, Occurrence], alias: str
 ) -> dict[str, tuple[int, int]]:
     """(base, max) retry delay of the jobs whose failed occurrences retry at their backoff."""
     needs_backoff = {
         locked[spec.occurrence_id].job_id
         for spec in specs
-        if spec.occurrence_id in locked
-        and spec.outcome == "failed"
-        and spec.retryable
-        and spec.retry_ms is None
+        if spec.occurrence_id in locked and spec.status == FAILED and spec.retryable and spec.retry_at is None
     }
     # Read, not locked: locking the job row would serialize every settle of a job.
     return {
@@ -485,8 +484,8 @@ def _backoff_delays(
     }
 
 
-def _settle_action(spec: _Outcome, current: Occurrence | None) -> Action:
-    if spec.outcome == "succeeded":
+def _settle_action(spec: Outcome, current: Occurrence | None) -> Action:
+    if spec.status == SUCCEEDED:
         return Action.SETTLE_SUCCEEDED
     if current is not None and cancel_requested(current) and current.fence == spec.fence:
         return Action.SETTLE_CANCELLED  # any failure after a cancel request: no retry
@@ -496,7 +495,7 @@ def _settle_action(spec: _Outcome, current: Occurrence | None) -> Action:
 
 
 def _settle_values(
-    action: Action, spec: _Outcome, current: Occurrence, delays: dict[str, tuple[int, int]], now: datetime
+    action: Action, spec: Outcome, current: Occurrence, delays: dict[str, tuple[int, int]], now: datetime
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The columns ``action`` writes on ``current``, and its event's data."""
     data: dict[str, Any] = {"attempt": current.attempt, "maxAttempts": current.max_attempts}
@@ -508,11 +507,11 @@ def _settle_values(
         data["reason"] = "cancel_requested"
         return writes(action, now, last_error=cancelled_error(spec.error)), data
     if action is Action.SETTLE_RETRY:
-        if spec.retry_ms is None:
+        if spec.retry_at is None:
             base_ms, max_ms = delays[current.job_id]
             available = now + timedelta(milliseconds=backoff_delay_ms(current.attempt, base_ms, max_ms))
         else:
-            available = max(now, from_ms(spec.retry_ms))
+            available = max(now, cast(datetime, spec.retry_at))
         data["retryAt"] = iso_ms(available)
         return writes(action, now, available_at=available, last_error=spec.error), data
     data["reason"] = "max_attempts" if spec.retryable else "not_retryable"
@@ -520,7 +519,7 @@ def _settle_values(
 
 
 def _settle_held(
-    specs: Sequence[_Outcome], owner: str, now: datetime, alias: str
+    specs: Sequence[Outcome], owner: str, now: datetime, alias: str
 ) -> list[Occurrence | LeaseLost]:
     """The body of settle/settle_many, inside the transaction: lock the rows, refuse those
     whose lease is not held, then one UPDATE per group of rows that get the same values,
@@ -615,7 +614,7 @@ def release(occurrence_id: str, *, owner: str, fence: int, using: str | None = N
         current = _take_held(Action.RELEASE, occurrence_id, owner, fence, now, alias)
         if cancel_requested(current):  # asked to stop: it ends here instead of running again
             (settled,) = _settle_held(
-                [_Outcome(occurrence_id, fence, "failed", None, None, False, None)], owner, now, alias
+                [Outcome(occurrence_id, fence, FAILED, retryable=False)], owner, now, alias
             )
             return cast(Occurrence, settled)
         _requeue_unattempted(

@@ -43,6 +43,7 @@ from ..db.dialect import alias_for
 from ..housekeeping.retention import RetentionThread
 from ..kernel import claiming, reservations
 from ..models import Occurrence
+from ..rules.outcomes import FAILED
 from ..telemetry import metrics
 from .heartbeat import Heartbeat
 from .outcomes import OutcomeReporter
@@ -488,7 +489,8 @@ class Worker:
         unpriced = self._hold([occurrence for occurrence, _ in batch.unpriced])
         for run, (_, exc) in zip(unpriced, batch.unpriced, strict=True):
             error = {"type": "InvalidUnits", "message": str(exc)}
-            self.held.finish(run, {"status": "failed", "error": error, "retryable": False, "exception": exc})
+            at = (run.context.occurrence_id, run.context.fence)
+            self.held.finish(run, kernel.Outcome(*at, FAILED, error=error, retryable=False, exception=exc))
         runnable = self._hold(batch.runnable)
         self.reporter.claimed(runnable)
         self.pool.submit(runnable)
