@@ -68,11 +68,20 @@ def test_fence_and_attempt_rules_are_consistent():
 
 def test_writes_sets_exactly_the_table_columns():
     now = CLOCK_START
-    given: dict[str, Any] = {"result": None, "last_error": None, "available_at": now, "payload": None}
+    given: dict[str, Any] = {
+        "result": None,
+        "last_error": None,
+        "available_at": now,
+        "payload": None,
+        "metadata": None,
+        "receipt": None,
+    }
     for t in TRANSITIONS:
         extra = {k: v for k, v in given.items() if k in t.sets}
         if t.action in (Action.CLAIM, Action.RECLAIM):
             extra.update(lease_owner=OWNER, lease_expires_at=now)
+        if t.action is Action.RENEW:
+            extra.update(lease_expires_at=now)
         assert set(lifecycle.writes(t.action, now, **extra)) == set(t.sets), t.action
 
 
@@ -176,6 +185,10 @@ def request(action: Action, row: Occurrence | None, clock, *, fence: int | None 
         return kernel.dead_letter_expired()
     if action is Action.RUN_NOW:
         return kernel.run_now(pk, reason="walked")
+    if action is Action.RENEW:
+        return kernel.renew(pk, lease=LEASE * 2, **held)
+    if action is Action.RECORD_EXECUTION:
+        return kernel.record_execution(pk, metadata={"step": 1}, **held)
     if action is Action.DEBOUNCE:  # another slot with the row's key
         return kernel.enqueue(
             "job-a",
@@ -294,7 +307,7 @@ def check_allowed(
         request(action or transition.action, row, clock)
     now = clock()
     events = list(Event.objects.filter(event_id__gt=last_event).order_by("event_id"))
-    assert [e.event_type for e in events] == [transition.event]
+    assert [e.event_type for e in events] == ([transition.event] if transition.event else [])
     if transition.new_row:
         assert inserted_occurrence(queries) and updated_columns(queries) == set()
         known = {r["occurrence_id"] for r in before_rows}
@@ -319,7 +332,11 @@ def check_allowed(
             before = snapshot()
             request(transition.action, subject, clock)  # asked again: nothing more is written
             assert snapshot() == before
-    assert events[0].occurrence_id == subject.pk
+        if transition.action is Action.RENEW:  # extended, never shortened
+            assert subject.lease_expires_at == now + timedelta(seconds=LEASE * 2)
+        if transition.action is Action.RECORD_EXECUTION:  # the column not given is kept
+            assert (subject.metadata, subject.receipt) == ({"step": 1}, row.receipt)
+    assert all(event.occurrence_id == subject.pk for event in events)
 
 
 def test_a_missing_occurrence_is_not_found_or_its_lease_lost(job, clock):

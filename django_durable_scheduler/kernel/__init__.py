@@ -25,13 +25,13 @@ from __future__ import annotations
 from ..rules.events import history
 from ..rules.outcomes import Outcome
 from ..rules.validation import MAX_ATTEMPTS_LIMIT
-from .batches import cancel_batch, close_batch, get_batch, open_batch
+from .batches import close_batch, get_batch, open_batch
 from .batches import complete_due as complete_due_batches
 from .batches import members as batch_members
 from .batches import progress as batch_progress
+from .cancelling import cancel, cancel_batch
 from .claiming import claim, claim_batch, has_due
 from .enqueuing import (
-    cancel,
     enqueue,
     enqueue_batch,
     enqueue_many,

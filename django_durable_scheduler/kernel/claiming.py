@@ -35,7 +35,7 @@ from ..db.dialect import alias_for, insert_rows, write_transaction
 from ..exceptions import InvalidArgument
 from ..models import Event, Job, Occurrence, OccurrenceStatus
 from ..rules.events import OCCURRENCE_CLAIMED, OCCURRENCE_RECLAIMED, new_event
-from ..rules.lifecycle import TRANSITION, Action, writes
+from ..rules.lifecycle import CLAIMABLE_SQL, RECLAIMABLE_SQL, Action, applied, event_of, writes
 from ..rules.validation import iso_ms, normalize_bool, normalize_identifier, normalize_int, to_duration_ms
 from . import concurrency, reservations, settling
 from .reservations import AuthorizedClaim, Units
@@ -103,7 +103,7 @@ SELECT * FROM (
 ) w
 UNION ALL
 SELECT {o.principal_key}, MIN({o.lease_expires_at}), NULL FROM {occurrences}
-WHERE {o.status} = {running} AND {o.lease_expires_at} <= %(now)s AND {o.attempt} < {o.max_attempts}
+WHERE {reclaimable_at_now}
 GROUP BY {o.principal_key}
 """
 
@@ -111,11 +111,11 @@ GROUP BY {o.principal_key}
 # rows and expired leases, each grouped through the claim index.
 PRINCIPALS_GROUPED = """
 SELECT {o.principal_key}, MIN({o.available_at}), NULL FROM {occurrences}{by_claim_index}
-WHERE {o.status} IN ({queued}, {retry_wait}) AND {o.available_at} <= %(now)s
+WHERE {claimable_at_now}
 GROUP BY {o.principal_key}
 UNION ALL
 SELECT {o.principal_key}, MIN({o.lease_expires_at}), NULL FROM {occurrences}{by_claim_index}
-WHERE {o.status} = {running} AND {o.lease_expires_at} <= %(now)s AND {o.attempt} < {o.max_attempts}
+WHERE {reclaimable_at_now}
 GROUP BY {o.principal_key}
 """
 
@@ -173,7 +173,7 @@ SELECT {o.occurrence_id}, {j.kind}, {o.principal_key}, {o.lease_expires_at}, {o.
        {o.priority}, {j.timeout_ms}, {o.job}, {o.concurrency_key}, {j.concurrency}
 FROM {occurrences}{by_claim_index}
 JOIN {jobs} ON {j.job_id} = {o.job}
-WHERE {o.status} = {running} AND {o.lease_expires_at} <= %s AND {o.attempt} < {o.max_attempts}
+WHERE {reclaimable}
   AND {j.enabled} = %s{of_kinds}
 ORDER BY {o.lease_expires_at}, {o.scheduled_for}, {o.occurrence_id}
 LIMIT %s
@@ -190,9 +190,7 @@ LIMIT %s
 LOCK = """
 SELECT {claim_columns} FROM {occurrences}
 WHERE {o.occurrence_id} IN ({ids})
-  AND CASE WHEN {o.status} IN ({queued}, {retry_wait}) THEN {o.available_at} <= %s
-           WHEN {o.status} = {running} THEN {o.lease_expires_at} <= %s AND {o.attempt} < {o.max_attempts}
-           ELSE 1 = 0 END
+  AND CASE WHEN {claimable} THEN 1 WHEN {reclaimable} THEN 1 ELSE 0 END = 1
 {for_update}"""
 
 # Whether anything is claimable (a read without locks): a due waiting row or an expired lease
@@ -201,7 +199,7 @@ DUE = """
 SELECT 1 FROM (
     SELECT {o.occurrence_id} FROM {occurrences}{by_claim_index}
     JOIN {jobs} ON {j.job_id} = {o.job}
-    WHERE {o.status} IN ({queued}, {retry_wait}) AND {o.available_at} <= %s
+    WHERE {claimable}
       AND {j.enabled} = %s{of_kinds}
     LIMIT 1
 ) due_row
@@ -209,7 +207,7 @@ UNION ALL
 SELECT 1 FROM (
     SELECT {o.occurrence_id} FROM {occurrences}{by_claim_index}
     JOIN {jobs} ON {j.job_id} = {o.job}
-    WHERE {o.status} = {running} AND {o.lease_expires_at} <= %s AND {o.attempt} < {o.max_attempts}
+    WHERE {reclaimable}
       AND {j.enabled} = %s{of_kinds}
     LIMIT 1
 ) expired_row
@@ -274,7 +272,7 @@ def _names(connection: BaseDatabaseWrapper) -> dict[str, Any]:
         for_update = "FOR UPDATE SKIP LOCKED"
     else:
         for_update = "FOR UPDATE"
-    return {
+    names = {
         "o": columns(Occurrence),
         "j": columns(Job),
         "e": columns(Event),
@@ -287,6 +285,12 @@ def _names(connection: BaseDatabaseWrapper) -> dict[str, Any]:
         "by_claim_index": hint.format(CLAIM_INDEX),
         "for_update": for_update,
     }
+    # The claim's and the reclaim's conditions (lifecycle.py), with a positional time
+    # parameter, or the one named ``now``.
+    for name, condition in (("claimable", CLAIMABLE_SQL), ("reclaimable", RECLAIMABLE_SQL)):
+        names[name] = condition.format(**names, now="%s")
+        names[f"{name}_at_now"] = condition.format(**names, now="%(now)s")
+    return names
 
 
 @functools.cache
@@ -733,9 +737,8 @@ def claim_planned(
     if not rows:
         return []
     # Claim and reclaim set the same columns (lifecycle.TRANSITIONS): one UPDATE for both.
-    Occurrence.objects.using(alias).filter(pk__in=[row.pk for row in rows]).update(
-        **writes(Action.CLAIM, now, lease_owner=owner, lease_expires_at=expires)
-    )
+    values = writes(Action.CLAIM, now, lease_owner=owner, lease_expires_at=expires)
+    Occurrence.objects.using(alias).filter(pk__in=[row.pk for row in rows]).update(**values)
     events = []
     for row in rows:
         reclaimed = row.status == OccurrenceStatus.RUNNING
@@ -749,7 +752,7 @@ def claim_planned(
         events.append(
             new_event(
                 row.job_id,
-                TRANSITION[Action.RECLAIM if reclaimed else Action.CLAIM].event,
+                event_of(Action.RECLAIM if reclaimed else Action.CLAIM),
                 now,
                 occurrence_id=row.pk,
                 owner_id=owner,
@@ -757,12 +760,7 @@ def claim_planned(
                 data=data,
             )
         )
-        row.status = OccurrenceStatus.RUNNING
-        row.attempt += 1
-        row.fence += 1
-        row.lease_owner = owner
-        row.lease_expires_at = expires
-        row.updated_at = now
+        applied(Action.CLAIM, row, values)
     insert_rows(alias, events)
     return rows
 

@@ -24,9 +24,10 @@ from .. import conf
 from ..db.dialect import alias_for, insert_rows, lock_rows, write_transaction
 from ..exceptions import InvalidArgument, LeaseLost, SchedulerError
 from ..models import TERMINAL_STATUSES, Job, Occurrence, OccurrenceStatus
-from ..rules.events import OCCURRENCE_RENEWED, new_event
+from ..rules.events import new_event
 from ..rules.identity import normalize_json
-from ..rules.lifecycle import TRANSITION, Action, cancel_requested, refusal, writes
+from ..rules.lifecycle import Action, applied, cancel_requested, event_of, held, refusal, writes
+from ..rules.lifecycle import expired as lifecycle_expired
 
 # The fence rule, also used by the authority checks as leases.holds_lease and leases.lease_lost.
 from ..rules.lifecycle import holds_lease as holds_lease
@@ -106,27 +107,27 @@ def _dead_letter_rows(rows: Sequence[Occurrence], now: datetime, alias: str, *, 
         if not group:
             continue
         ids = [row.pk for row in group]
-        values = writes(action, now, last_error=stored)
-        Occurrence.objects.using(alias).filter(pk__in=ids).update(**values)
-        for row in group:
-            row.status, row.last_error = values["status"], stored
-        if action is Action.EXPIRE:
-            outcome = {"status": "dead_letter", "error": error}
-            settle_reservations(ids, OccurrenceStatus.DEAD_LETTER, outcome, now, alias)
-        else:
-            settle_cancelled(ids, CANCELLED_WHILE_RUNNING, now, alias)
         events += [
             new_event(
                 row.job_id,
-                TRANSITION[action].event,
+                event_of(action),
                 now,
                 occurrence_id=row.pk,
-                owner_id=row.lease_owner,
+                owner_id=row.lease_owner,  # the holder whose lease expired
                 fence=row.fence,
                 data={"reason": reason, "attempt": row.attempt, "maxAttempts": row.max_attempts},
             )
             for row in group
         ]
+        values = writes(action, now, last_error=stored)
+        Occurrence.objects.using(alias).filter(pk__in=ids).update(**values)
+        for row in group:
+            applied(action, row, values)
+        if action is Action.EXPIRE:
+            outcome = {"status": "dead_letter", "error": error}
+            settle_reservations(ids, OccurrenceStatus.DEAD_LETTER, outcome, now, alias)
+        else:
+            settle_cancelled(ids, CANCELLED_WHILE_RUNNING, now, alias)
     insert_rows(alias, events)
     reached_terminal(rows, now, alias)
 
@@ -137,9 +138,7 @@ def dead_letter_expired(*, limit: int = 500, using: str | None = None) -> int:
     (``expire_cancelled``: the request made it the final one)."""
     limit = normalize_int(limit, "limit", minimum=1, maximum=conf.settings.MAX_CLAIM_BATCH)
     now = conf.now()
-    expired = Occurrence.objects.using(alias_for(using)).filter(
-        status=OccurrenceStatus.RUNNING, lease_expires_at__lte=now, attempt__gte=F("max_attempts")
-    )
+    expired = Occurrence.objects.using(alias_for(using)).filter(lifecycle_expired(now))
     # Usually there is nothing to do: find out without taking a write lock.
     if not expired.exists():
         return 0
@@ -159,15 +158,8 @@ def dead_letter_expired(*, limit: int = 500, using: str | None = None) -> int:
 
 
 def _held(alias: str, occurrence_id: str, owner: str, fence: int, now: datetime) -> QuerySet[Occurrence]:
-    """The occurrence, if ``owner`` holds its lease at ``fence`` (the row-level form of
-    :func:`holds_lease`, for an update that must not touch a lease it lost)."""
-    return Occurrence.objects.using(alias).filter(
-        pk=occurrence_id,
-        status=OccurrenceStatus.RUNNING,
-        lease_owner=owner,
-        fence=fence,
-        lease_expires_at__gt=now,
-    )
+    """The occurrence, if ``owner`` holds its lease at ``fence`` (``lifecycle.held``)."""
+    return Occurrence.objects.using(alias).filter(held(owner, fence, now), pk=occurrence_id)
 
 
 def lease_args(occurrence_id: Any, owner: Any, fence: Any) -> tuple[str, str, int]:
@@ -188,14 +180,14 @@ def renew(
     wanted = now + timedelta(milliseconds=lease_ms)
     with write_transaction(using) as alias:
         updated = _held(alias, occurrence_id, owner, fence, now).update(
-            lease_expires_at=Greatest(F("lease_expires_at"), wanted), updated_at=now
+            **writes(Action.RENEW, now, lease_expires_at=Greatest(F("lease_expires_at"), wanted))
         )
         current = Occurrence.objects.using(alias).filter(pk=occurrence_id).first()
         if not updated or current is None:
             raise lease_lost(occurrence_id, current, owner, fence, now)
         new_event(
             current.job_id,
-            OCCURRENCE_RENEWED,
+            event_of(Action.RENEW),
             now,
             occurrence_id=occurrence_id,
             owner_id=owner,
@@ -538,8 +530,7 @@ def _settle_held(
             out.append(cast(LeaseLost, refused))  # a fenced transition's only refusal
             continue
         values, data = _settle_values(action, spec, current, delays, now)
-        for name, value in values.items():
-            setattr(current, name, value)
+        applied(action, current, values)
         updates.setdefault(_group_key(values), (values, []))[1].append(current.pk)
         if current.status in TERMINAL_STATUSES:
             outcome_data: dict[str, Any] = {"status": current.status}
@@ -551,7 +542,7 @@ def _settle_held(
                 outcome_data["error"] = spec.error
             key = _group_key(outcome_data)
             terminal.setdefault(key, (current.status, outcome_data, []))[2].append(current.pk)
-        pending_events.append((current, TRANSITION[action].event, data, spec.fence))
+        pending_events.append((current, event_of(action), data, spec.fence))
         out.append(current)
     for values, ids in updates.values():
         Occurrence.objects.using(alias).filter(pk__in=ids).update(**values)
@@ -595,7 +586,7 @@ def _requeue_unattempted(
     )
     new_event(
         current.job_id,
-        TRANSITION[action].event,
+        event_of(action),
         now,
         occurrence_id=current.pk,
         owner_id=owner,
@@ -643,9 +634,13 @@ def record_execution(
         values["receipt"] = normalize_json(receipt, "receipt", max_bytes=MAX_RESULT_BYTES)
     if not values:
         raise InvalidArgument("metadata", "give metadata or receipt")
+    for column in ("metadata", "receipt"):
+        values.setdefault(column, F(column))  # the one not given is kept
     now = conf.now()
     with write_transaction(using) as alias:
-        updated = _held(alias, occurrence_id, owner, fence, now).update(updated_at=now, **values)
+        updated = _held(alias, occurrence_id, owner, fence, now).update(
+            **writes(Action.RECORD_EXECUTION, now, **values)
+        )
         current = Occurrence.objects.using(alias).filter(pk=occurrence_id).first()
         if not updated or current is None:
             raise lease_lost(occurrence_id, current, owner, fence, now)
@@ -703,8 +698,7 @@ def deny(
             **(summary or {}),
         }
         values = writes(Action.DENY, now, last_error=error)
-        for name, value in values.items():
-            setattr(current, name, value)
+        applied(Action.DENY, current, values)
         current.save(using=alias, update_fields=list(values))
         settled = settle_reservations(
             [occurrence_id],
@@ -723,7 +717,7 @@ def deny(
         data.update(settled.get(occurrence_id, {}))
         new_event(
             current.job_id,
-            TRANSITION[Action.DENY].event,
+            event_of(Action.DENY),
             now,
             occurrence_id=occurrence_id,
             owner_id=owner,
