@@ -14,8 +14,8 @@ from django.db import DataError, OperationalError, connection
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel, registry
 from django_durable_scheduler.exceptions import InvalidArgument
-from django_durable_scheduler.kernel.settling import MAX_ERROR_MESSAGE, MAX_TRACEBACK, storable_text
 from django_durable_scheduler.models import Occurrence
+from django_durable_scheduler.rules.outcomes import MAX_ERROR_MESSAGE, MAX_TRACEBACK, storable_text
 from django_durable_scheduler.worker import Worker, outcomes
 from django_durable_scheduler.worker.outcomes import OutcomeReporter
 from django_durable_scheduler.worker.runs import Held, Run
