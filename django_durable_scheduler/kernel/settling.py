@@ -256,15 +256,16 @@ def _settle_action(spec: Outcome, current: Occurrence | None) -> Action:
 def _settle_values(
     action: Action, spec: Outcome, current: Occurrence, delays: dict[str, tuple[int, int]], now: datetime
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The columns ``action`` writes on ``current``, and its event's data."""
+    """The values the writer gives ``action``'s UPDATE on ``current`` (``lifecycle.writes``
+    adds the table's), and its event's data."""
     data: dict[str, Any] = {"attempt": current.attempt, "maxAttempts": current.max_attempts}
     if action is Action.SETTLE_SUCCEEDED:
         if cancel_requested(current):
             data["cancelRequested"] = True  # it finished before it saw the request: kept
-        return writes(action, now, result=spec.result), data
+        return {"result": spec.result}, data
     if action is Action.SETTLE_CANCELLED:
         data["reason"] = "cancel_requested"
-        return writes(action, now, last_error=cancelled_error(spec.error)), data
+        return {"last_error": cancelled_error(spec.error)}, data
     if action is Action.SETTLE_RETRY:
         if spec.retry_at is None:
             base_ms, max_ms = delays[current.job_id]
@@ -272,9 +273,9 @@ def _settle_values(
         else:
             available = max(now, cast(datetime, spec.retry_at))
         data["retryAt"] = iso_ms(available)
-        return writes(action, now, available_at=available, last_error=spec.error), data
+        return {"available_at": available, "last_error": spec.error}, data
     data["reason"] = "max_attempts" if spec.retryable else "not_retryable"
-    return writes(action, now, last_error=spec.error), data
+    return {"last_error": spec.error}, data
 
 
 def _settle_held(
@@ -286,7 +287,7 @@ def _settle_held(
     locked = _lock_settled(specs, alias)
     delays = _backoff_delays(specs, locked, alias)
     out: list[Occurrence | LeaseLost] = []
-    updates: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    updates: dict[str, tuple[Action, dict[str, Any], list[str]]] = {}
     terminal: dict[str, tuple[str, dict[str, Any], list[str]]] = {}
     pending_events: list[tuple[Occurrence, str, dict[str, Any], int]] = []
     for spec in specs:
@@ -296,9 +297,10 @@ def _settle_held(
         if refused is not None or current is None:
             out.append(cast(LeaseLost, refused))  # a fenced transition's only refusal
             continue
-        values, data = _settle_values(action, spec, current, delays, now)
-        applied(action, current, values)
-        updates.setdefault(_group_key(values), (values, []))[1].append(current.pk)
+        given, data = _settle_values(action, spec, current, delays, now)
+        applied(action, current, writes(action, now, **given))
+        group = _group_key({"action": action, **given})
+        updates.setdefault(group, (action, given, []))[2].append(current.pk)
         if current.status in TERMINAL_STATUSES:
             outcome_data: dict[str, Any] = {"status": current.status}
             if current.status == OccurrenceStatus.SUCCEEDED:
@@ -311,8 +313,8 @@ def _settle_held(
             terminal.setdefault(key, (current.status, outcome_data, []))[2].append(current.pk)
         pending_events.append((current, event_of(action), data, spec.fence))
         out.append(current)
-    for values, ids in updates.values():
-        Occurrence.objects.using(alias).filter(pk__in=ids).update(**values)
+    for action, given, ids in updates.values():
+        Occurrence.objects.using(alias).filter(pk__in=ids).update(**writes(action, now, **given))
     reserved: dict[str, dict[str, Any]] = {}
     for status, outcome_data, ids in terminal.values():
         reserved.update(settle_reservations(ids, status, outcome_data, now, alias))
