@@ -385,7 +385,7 @@ class Worker:
         """Whether the worker stops after ``turn``: --once, --max-occurrences reached (both
         finish what they hold first), or --burst with nothing left to do."""
         if self.once or self.pacer.done(held=len(self.held), processed=self.processed):
-            self._drain(None)
+            drain(self, None)
             return True
         return self.burst and turn.empty and turn.drained
 
@@ -422,35 +422,9 @@ class Worker:
         )
         self.pool.awake()
 
-    def _drain(self, timeout: float | None) -> None:
-        """Settle what is pending until nothing is held (or ``timeout``)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            self.waker.event.clear()  # before the state is read, as in Waker.sleep
-            self.pool.expire()
-            if self.pool.all_stuck() and self._exit_code != EXIT_STUCK:
-                self._give_up()  # what is left to run never will: settle, give up the rest
-                deadline = time.monotonic()
-            try:
-                self.reporter.flush()
-            except DatabaseError:
-                logger.exception("database error while finishing the running occurrences; retrying")
-                connections.close_all()
-                time.sleep(0.5)
-            if not self.held:
-                return
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return
-            wait = 0.5 if remaining is None else min(0.5, remaining)
-            due = self.pool.next_deadline()
-            if due is not None:
-                wait = max(0.0, min(wait, due - time.monotonic()))
-            self.waker.event.wait(wait)
-
     def _shutdown(self) -> None:
         # Stuck: no thread is left to finish anything; settle what has finished, no more.
-        self._drain(0 if self._exit_code == EXIT_STUCK else self.grace)
+        drain(self, 0 if self._exit_code == EXIT_STUCK else self.grace)
         self.pool.drop_queued()
         self.reporter.give_back(self.held.runs(), "after the grace period")
         self.pool.stop()
@@ -469,3 +443,31 @@ class Worker:
         """Claim and authorize up to ``limit`` occurrences of ``kinds`` and hand the runnable
         ones to the handler threads (:meth:`.claims.Claimer.claim`)."""
         return self.claimer.claim(limit, kinds)
+
+
+def drain(worker: Worker, timeout: float | None) -> None:
+    """Settle what ``worker`` has pending until it holds nothing (or ``timeout``): how it
+    finishes, for --once, --max-occurrences and a stop's grace period."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        worker.waker.event.clear()  # before the state is read, as in Waker.sleep
+        worker.pool.expire()
+        if worker.pool.all_stuck() and worker._exit_code != EXIT_STUCK:
+            worker._give_up()  # what is left to run never will: settle, give up the rest
+            deadline = time.monotonic()
+        try:
+            worker.reporter.flush()
+        except DatabaseError:
+            logger.exception("database error while finishing the running occurrences; retrying")
+            connections.close_all()
+            time.sleep(0.5)
+        if not worker.held:
+            return
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return
+        wait = 0.5 if remaining is None else min(0.5, remaining)
+        due = worker.pool.next_deadline()
+        if due is not None:
+            wait = max(0.0, min(wait, due - time.monotonic()))
+        worker.waker.event.wait(wait)
