@@ -62,7 +62,7 @@ def render() -> str:
             t.when or "",
             target,
             sets,
-            f"`{t.event}`",
+            f"`{t.event}`" if t.event else "(none)",
             t.fence,
             t.attempt,
             t.otherwise,

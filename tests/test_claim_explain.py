@@ -2,7 +2,7 @@
 over a table shaped like a busy one: 100,000 settled occurrences and 1,000 due ones, spread
 over a few principals, with statistics gathered as a real database would have them.
 
-The statements come from ``claiming.statements`` by name (with sample arguments) and are
+The statements come from ``claim_sql.statements`` by name (with sample arguments) and are
 explained as each database plans them: ``EXPLAIN (FORMAT JSON)`` on PostgreSQL, ``EXPLAIN
 QUERY PLAN`` on SQLite, ``EXPLAIN`` on MySQL/MariaDB. No planner setting is changed.
 """
@@ -20,7 +20,7 @@ from django.db import connection
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import conf
 from django_durable_scheduler.db.dialect import insert_rows
-from django_durable_scheduler.kernel import claiming
+from django_durable_scheduler.kernel import claim_sql
 from django_durable_scheduler.models import Event, Job, Occurrence, OccurrenceStatus
 from django_durable_scheduler.rules.authority import Principal
 
@@ -31,9 +31,9 @@ DUE = 1_000
 PRINCIPALS = 10
 TABLE = Occurrence._meta.db_table
 
-FAIR = claiming.FAIR_INDEX
-PRIORITY = claiming.PRIORITY_INDEX
-CLAIM = claiming.CLAIM_INDEX
+FAIR = claim_sql.FAIR_INDEX
+PRIORITY = claim_sql.PRIORITY_INDEX
+CLAIM = claim_sql.CLAIM_INDEX
 PRIMARY_KEY = "primary key"
 
 # The index each statement must read the occurrences through. MySQL/MariaDB have the same
@@ -205,7 +205,7 @@ def test_every_claim_statement_reads_through_its_index(busy_table):
     if connection.vendor == "mysql":
         expected = {name: index for name, index in EXPECTED.items() if name not in ONLY_WITH_PARTIAL_INDEXES}
         expected["principals"] = CLAIM  # grouped through the claim index: there is no loose scan
-    statements = claiming.statements()
+    statements = claim_sql.statements()
     assert sorted(statements) == sorted(expected)
     problems = []
     for name, (sql, params) in statements.items():
@@ -262,7 +262,7 @@ def test_the_lock_reads_the_primary_key_whatever_the_statistics(stale_statistics
     this size it reads the key either way, so the statement's form is checked too: the key is
     its only condition outside the CASE that re-checks the due state."""
     explain = {"postgresql": _explain_postgresql, "sqlite": _explain_sqlite, "mysql": _explain_mysql}
-    sql = claiming._lock_statement("default", connection.vendor, LOCKED_BATCH)
+    sql = claim_sql.lock_statement("default", connection.vendor, LOCKED_BATCH)
     now = connection.ops.adapt_datetimefield_value(conf.now())
     indexes, scans = explain[connection.vendor](sql, [*stale_statistics, now, now])
     assert indexes == [PRIMARY_KEY] and not scans, (indexes, scans, sql)

@@ -130,7 +130,7 @@ def _claim_statements(captured):
         if head.startswith("UPDATE"):
             out.append(("update", sql))
         elif head.startswith("SELECT 1 FROM") and "PRIORITY" in upper:
-            out.append(("prioritized", sql))  # claiming.has_prioritized
+            out.append(("prioritized", sql))  # candidates.has_prioritized
         elif not head.startswith(("SELECT", "WITH", "(")):
             continue
         elif "DISTINCT" in upper or "RECURSIVE" in upper or "GROUP BY" in upper:

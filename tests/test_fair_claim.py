@@ -9,7 +9,8 @@ from datetime import timedelta
 import pytest
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler.kernel.claiming import CURSOR_EVENTS, last_claimed_principal
+from django_durable_scheduler.kernel.candidates import last_claimed_principal
+from django_durable_scheduler.kernel.claim_sql import CURSOR_EVENTS
 from django_durable_scheduler.models import Event
 from django_durable_scheduler.rules.authority import Principal
 

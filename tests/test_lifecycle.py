@@ -6,6 +6,7 @@ the table generates."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 from datetime import timedelta
@@ -68,11 +69,20 @@ def test_fence_and_attempt_rules_are_consistent():
 
 def test_writes_sets_exactly_the_table_columns():
     now = CLOCK_START
-    given: dict[str, Any] = {"result": None, "last_error": None, "available_at": now, "payload": None}
+    given: dict[str, Any] = {
+        "result": None,
+        "last_error": None,
+        "available_at": now,
+        "payload": None,
+        "metadata": None,
+        "receipt": None,
+    }
     for t in TRANSITIONS:
         extra = {k: v for k, v in given.items() if k in t.sets}
         if t.action in (Action.CLAIM, Action.RECLAIM):
             extra.update(lease_owner=OWNER, lease_expires_at=now)
+        if t.action is Action.RENEW:
+            extra.update(lease_expires_at=now)
         assert set(lifecycle.writes(t.action, now, **extra)) == set(t.sets), t.action
 
 
@@ -176,6 +186,10 @@ def request(action: Action, row: Occurrence | None, clock, *, fence: int | None 
         return kernel.dead_letter_expired()
     if action is Action.RUN_NOW:
         return kernel.run_now(pk, reason="walked")
+    if action is Action.RENEW:
+        return kernel.renew(pk, lease=LEASE * 2, **held)
+    if action is Action.RECORD_EXECUTION:
+        return kernel.record_execution(pk, metadata={"step": 1}, **held)
     if action is Action.DEBOUNCE:  # another slot with the row's key
         return kernel.enqueue(
             "job-a",
@@ -294,7 +308,7 @@ def check_allowed(
         request(action or transition.action, row, clock)
     now = clock()
     events = list(Event.objects.filter(event_id__gt=last_event).order_by("event_id"))
-    assert [e.event_type for e in events] == [transition.event]
+    assert [e.event_type for e in events] == ([transition.event] if transition.event else [])
     if transition.new_row:
         assert inserted_occurrence(queries) and updated_columns(queries) == set()
         known = {r["occurrence_id"] for r in before_rows}
@@ -319,7 +333,11 @@ def check_allowed(
             before = snapshot()
             request(transition.action, subject, clock)  # asked again: nothing more is written
             assert snapshot() == before
-    assert events[0].occurrence_id == subject.pk
+        if transition.action is Action.RENEW:  # extended, never shortened
+            assert subject.lease_expires_at == now + timedelta(seconds=LEASE * 2)
+        if transition.action is Action.RECORD_EXECUTION:  # the column not given is kept
+            assert (subject.metadata, subject.receipt) == ({"step": 1}, row.receipt)
+    assert all(event.occurrence_id == subject.pk for event in events)
 
 
 def test_a_missing_occurrence_is_not_found_or_its_lease_lost(job, clock):
@@ -357,3 +375,220 @@ def test_design_doc_shows_the_lifecycle_the_table_generates():
     assert written == diagram.render(), (
         f"docs/design.md's lifecycle block differs from lifecycle.TRANSITIONS: run `{diagram.COMMAND}`"
     )
+
+
+# --------------------------------------------------------------------------- every writer uses the table
+
+PACKAGE = ROOT / "django_durable_scheduler"
+# The table's helper that gives a transition's columns: an occurrence UPDATE takes its values
+# from it, as ``**writes(...)`` or ``**values`` with ``values = writes(...)`` in the function.
+TABLE_HELPER = "writes"
+
+
+def _is_writes_call(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    return name == TABLE_HELPER
+
+
+class _WriterCheck(ast.NodeVisitor):
+    """Finds, in one module, the writes of occurrence rows whose columns do not come from the
+    lifecycle table: an ``update()`` of an occurrence queryset or a ``save(update_fields=...)``
+    of an occurrence not given ``writes()``'s values, any ``bulk_update`` of occurrences, and
+    UPDATE SQL written for the occurrence table."""
+
+    def __init__(self, path: str, occurrence_querysets: set[str], occurrence_getters: set[str]) -> None:
+        self.path = path
+        self.querysets = occurrence_querysets  # functions returning QuerySet[Occurrence]
+        self.getters = occurrence_getters  # functions returning an Occurrence
+        self.problems: list[str] = []
+        self.seen = 0  # occurrence writes judged
+        self.scopes: list[dict[str, list[ast.AST]]] = [{}]  # name -> the values assigned to it
+        self.occurrences: list[set[str]] = [set()]  # names bound to an occurrence or its queryset
+
+    def _problem(self, node: ast.AST, what: str) -> None:
+        self.problems.append(f"{self.path}:{getattr(node, 'lineno', 0)}: {what}")
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        assigned: dict[str, list[ast.AST]] = {}
+        occurrences: set[str] = set()
+        for arg in [*node.args.args, *node.args.kwonlyargs]:
+            if arg.annotation is not None and "Occurrence" in ast.unparse(arg.annotation):
+                occurrences.add(arg.arg)
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Assign | ast.AnnAssign):
+                targets = inner.targets if isinstance(inner, ast.Assign) else [inner.target]
+                for target in targets:
+                    if isinstance(target, ast.Name) and inner.value is not None:
+                        assigned.setdefault(target.id, []).append(inner.value)
+                        if self._is_occurrence(inner.value, occurrences):
+                            occurrences.add(target.id)
+        self.scopes.append(assigned)
+        self.occurrences.append(occurrences)
+        self.generic_visit(node)
+        self.scopes.pop()
+        self.occurrences.pop()
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> None:
+        self.visit_FunctionDef(node)
+
+    def _root(self, node: ast.AST) -> ast.AST:
+        while True:
+            if isinstance(node, ast.Call):
+                node = node.func
+            elif isinstance(node, ast.Attribute | ast.Subscript):
+                node = node.value
+            else:
+                return node
+
+    def _is_occurrence(self, node: ast.AST, names: set[str] | None = None) -> bool:
+        """Whether ``node`` is an occurrence or an occurrence queryset (by what it is built from)."""
+        names = self.occurrences[-1] if names is None else names
+        root = self._root(node)
+        if isinstance(root, ast.Name) and (root.id == "Occurrence" or root.id in names):
+            return True
+        called = node.func if isinstance(node, ast.Call) else None
+        while isinstance(called, ast.Attribute) and isinstance(called.value, ast.Call):
+            called = called.value.func  # a chain on a call: look at the call that starts it
+        name = called.id if isinstance(called, ast.Name) else getattr(called, "attr", "")
+        return name in self.querysets or name in self.getters
+
+    def _from_table(self, node: ast.AST) -> bool:
+        if _is_writes_call(node):
+            return True
+        if isinstance(node, ast.Name):
+            values = self.scopes[-1].get(node.id, [])
+            return bool(values) and all(_is_writes_call(value) for value in values)
+        return False
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if isinstance(func, ast.Attribute):
+            if func.attr == "update" and self._is_occurrence(func.value):
+                self._check_update(node)
+            elif func.attr == "save" and self._is_occurrence(func.value):
+                self._check_save(node)
+            elif func.attr == "bulk_update" and self._is_occurrence(func.value):
+                self._problem(
+                    node, "bulk_update of occurrences: their columns must come from lifecycle.writes()"
+                )
+        self.generic_visit(node)
+
+    def _check_update(self, node: ast.Call) -> None:
+        self.seen += 1
+        plain = [k.arg for k in node.keywords if k.arg is not None]
+        spread = [k.value for k in node.keywords if k.arg is None]
+        if node.args or plain or len(spread) != 1 or not self._from_table(spread[0]):
+            self._problem(
+                node,
+                f"an occurrence update() that does not take its columns from lifecycle.writes() "
+                f"({ast.unparse(node)[:120]})",
+            )
+
+    def _check_save(self, node: ast.Call) -> None:
+        self.seen += 1
+        fields = next((k.value for k in node.keywords if k.arg == "update_fields"), None)
+        if fields is None:
+            return  # a full save: an insert of a new row (the enqueue's), not a transition
+        ok = (
+            isinstance(fields, ast.Call)
+            and isinstance(fields.func, ast.Name)
+            and fields.func.id == "list"
+            and len(fields.args) == 1
+            and self._from_table(fields.args[0])
+        )
+        if not ok:
+            self._problem(
+                node,
+                f"an occurrence save(update_fields=...) whose fields are not lifecycle.writes()'s "
+                f"({ast.unparse(node)[:120]})",
+            )
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        text = node.value if isinstance(node.value, str) else ""
+        if re.search(r"\bUPDATE\b", text) and ("{occurrences}" in text or Occurrence._meta.db_table in text):
+            self._problem(
+                node, "UPDATE SQL written for the occurrence table: use lifecycle.writes() and the ORM"
+            )
+
+
+def _annotated_functions(tree: ast.AST, annotation: re.Pattern[str]) -> set[str]:
+    return {
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.returns is not None
+        and annotation.fullmatch(ast.unparse(node.returns))
+    }
+
+
+def check_occurrence_writers(sources: dict[str, str]) -> tuple[list[str], int]:
+    """The problems found in ``sources`` (path -> text), and how many occurrence writes were
+    looked at (so that a check that finds nothing to look at fails too)."""
+    trees = {path: ast.parse(text) for path, text in sources.items()}
+    querysets: set[str] = set()
+    getters: set[str] = set()
+    for tree in trees.values():
+        querysets |= _annotated_functions(tree, re.compile(r"QuerySet\[Occurrence\]"))
+        getters |= _annotated_functions(tree, re.compile(r"Occurrence( \| None)?"))
+    problems: list[str] = []
+    seen = 0
+    for path, tree in trees.items():
+        check = _WriterCheck(path, querysets, getters)
+        check.visit(tree)
+        problems += check.problems
+        seen += check.seen
+    return problems, seen
+
+
+def _package_sources() -> dict[str, str]:
+    return {
+        str(path.relative_to(ROOT)): path.read_text(encoding="utf-8")
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if "migrations" not in path.parts
+    }
+
+
+def test_every_occurrence_write_takes_its_columns_from_the_table():
+    problems, seen = check_occurrence_writers(_package_sources())
+    assert not problems, "occurrence writes outside the lifecycle table:\n" + "\n".join(problems)
+    # claim, settle (grouped), release/defer, deny, the sweep, renew, record_execution, cancel,
+    # request_cancel, run_now, debounce and the enqueue's insert: found, so judged.
+    assert seen >= 12, f"the check looked at only {seen} occurrence writes"
+
+
+def test_the_writer_check_names_what_it_refuses():
+    bad = """
+from .models import Occurrence
+from .rules.lifecycle import Action, writes
+
+
+def claim(pk, now, owner):
+    Occurrence.objects.filter(pk=pk).update(status="running", lease_owner=owner)
+
+
+def settle(occurrence: Occurrence, now):
+    values = {"status": "succeeded"}
+    occurrence.save(update_fields=["status", "updated_at"])
+    Occurrence.objects.filter(pk=occurrence.pk).update(**values)
+
+
+def fine(occurrence: Occurrence, now):
+    values = writes(Action.RUN_NOW, now, available_at=now)
+    occurrence.save(update_fields=list(values))
+    Occurrence.objects.filter(pk=occurrence.pk).update(**writes(Action.RUN_NOW, now, available_at=now))
+
+
+SQL = "UPDATE {occurrences} SET status = 'running'"
+"""
+    problems, seen = check_occurrence_writers({"pkg/bad.py": bad})
+    assert seen == 5
+    assert [p.split(": ", 1)[0] for p in problems] == [
+        "pkg/bad.py:7",
+        "pkg/bad.py:12",
+        "pkg/bad.py:13",
+        "pkg/bad.py:22",
+    ], problems
+    assert "update() that does not take its columns from lifecycle.writes()" in problems[0]

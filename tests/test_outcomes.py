@@ -34,7 +34,7 @@ def finished(reporter: OutcomeReporter, outcomes: list[dict[str, Any]]) -> list[
     runs = [Run.of(row, owner=owner, using=None, default_timeout=None) for row in claimed]
     reporter.held.add(runs)
     for run, outcome in zip(runs, outcomes, strict=True):
-        reporter.held.finish(run, outcome)
+        reporter.held.finish(run, kernel.Outcome(run.occurrence.pk, run.occurrence.fence, **outcome))
     return runs
 
 

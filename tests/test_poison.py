@@ -14,8 +14,8 @@ from django.db import DataError, OperationalError, connection
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel, registry
 from django_durable_scheduler.exceptions import InvalidArgument
-from django_durable_scheduler.kernel.settling import MAX_ERROR_MESSAGE, MAX_TRACEBACK, storable_text
 from django_durable_scheduler.models import Occurrence
+from django_durable_scheduler.rules.outcomes import MAX_ERROR_MESSAGE, MAX_TRACEBACK, storable_text
 from django_durable_scheduler.worker import Worker, outcomes
 from django_durable_scheduler.worker.outcomes import OutcomeReporter
 from django_durable_scheduler.worker.runs import Held, Run
@@ -117,7 +117,7 @@ def hold(reporter: OutcomeReporter, outcomes: list[dict]) -> list:
     runs = [Run.of(claimed[occ.pk], owner=owner, using=None, default_timeout=None) for occ in occurrences]
     reporter.held.add(runs)
     for run, outcome in zip(runs, outcomes, strict=True):
-        reporter.held.finish(run, outcome)
+        reporter.held.finish(run, kernel.Outcome(run.occurrence.pk, run.occurrence.fence, **outcome))
     return [run.occurrence.pk for run in runs]
 
 

@@ -16,6 +16,7 @@ import pytest
 from django_durable_scheduler import registry, signals
 from django_durable_scheduler.exceptions import HandlerTimeout, PermanentFailure, Retry
 from django_durable_scheduler.models import Occurrence
+from django_durable_scheduler.rules.outcomes import Outcome
 from django_durable_scheduler.worker import Worker
 from django_durable_scheduler.worker.pool import EXIT_STUCK, HandlerPool, call_handler
 from django_durable_scheduler.worker.runs import Held, Run
@@ -116,8 +117,8 @@ def test_the_threads_run_the_handlers_and_hand_over_their_outcomes(pool, kinds):
     running.submit(*runs)
     finished = running.wait_finished(2)
     assert sorted(run.occurrence.pk for run in finished) == sorted(run.occurrence.pk for run in runs)
-    assert {run.outcome["status"] for run in finished} == {"succeeded"}
-    assert finished[0].outcome["result"]["occurrence"] == finished[0].occurrence.pk
+    assert {run.outcome.status for run in finished} == {"succeeded"}
+    assert finished[0].outcome.result["occurrence"] == finished[0].occurrence.pk
     assert threads == {"dsch-run-0", "dsch-run-1"}
     assert len(running.learnt) == 2 and all(run.ran > 0 for run in finished)
     assert running.pool.stuck == 0 and running.pool.queued == 0
@@ -147,9 +148,9 @@ def test_a_run_past_its_timeout_is_failed_and_its_late_outcome_dropped(pool, kin
         running.pool.expire()
     (failed,) = running.wait_finished(1)
     assert failed is run and run.context.lease_lost and run.ran == 0.05
-    assert run.outcome["error"]["type"] == "HandlerTimeout"
-    assert "hang" in run.outcome["error"]["traceback"], "where the thread is stuck"
-    assert isinstance(run.outcome["exception"], HandlerTimeout)
+    assert run.outcome.error["type"] == "HandlerTimeout"
+    assert "hang" in run.outcome.error["traceback"], "where the thread is stuck"
+    assert isinstance(run.outcome.exception, HandlerTimeout)
     assert (running.pool.stuck, running.pool.all_stuck()) == (1, True)
     (warning,) = [r for r in caplog.records if "failing it" in r.getMessage()]
     assert "(1 of 1 stuck)" in warning.getMessage() and warning.scheduler_timeout == 0.05
@@ -241,20 +242,21 @@ def test_a_handler_outcome_is_what_it_returned_or_raised(kinds, settings):
     def broken(ctx):
         raise RuntimeError("boom")
 
-    assert call_handler(run_of(kinds(lambda ctx: [1, 2])).context) == {
-        "status": "succeeded",
-        "result": [1, 2],
-    }
+    run = run_of(kinds(lambda ctx: [1, 2]))
+    assert call_handler(run.context) == Outcome(run.occurrence.pk, run.occurrence.fence, "succeeded", [1, 2])
     retry = call_handler(run_of(kinds(later)).context)
-    assert (retry["error"]["type"], retry["retry_at"]) == ("Retry", NOW + timedelta(seconds=30))
+    assert (retry.error["type"], retry.retry_at) == ("Retry", NOW + timedelta(seconds=30))
+    assert isinstance(retry.exception, Retry)
     permanent = call_handler(run_of(kinds(never)).context)
-    assert (permanent["retryable"], permanent["error"]["code"]) == (False, "E_ACCOUNT")
+    assert (permanent.retryable, permanent.error["code"]) == (False, "E_ACCOUNT")
     failed = call_handler(run_of(kinds(broken)).context)
-    assert failed["error"]["message"] == "boom" and "RuntimeError: boom" in failed["error"]["traceback"]
-    assert "retryable" not in failed, "an exception is retried"
-    gone = call_handler(run_of("test.pool-unregistered").context)
-    assert gone == {
-        "status": "failed",
-        "error": {"message": "no handler for kind 'test.pool-unregistered'"},
-        "retryable": True,
-    }
+    assert failed.error["message"] == "boom" and "RuntimeError: boom" in failed.error["traceback"]
+    assert failed.retryable, "an exception is retried"
+    run = run_of("test.pool-unregistered")
+    assert call_handler(run.context) == Outcome(
+        run.occurrence.pk,
+        run.occurrence.fence,
+        "failed",
+        error={"message": "no handler for kind 'test.pool-unregistered'"},
+        retryable=True,
+    )

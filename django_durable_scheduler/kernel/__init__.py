@@ -1,6 +1,6 @@
 """The transactional kernel: the only code that writes occurrence state.
 
-It is five modules, one per concept, gathered here under one name:
+It is a few modules, one per concept, gathered here under one name:
 
 - ``jobs``: job definitions and edits (``create_job``, ``update_job``);
 - ``enqueuing``: entering and withdrawing occurrences (``enqueue``, ``enqueue_many``,
@@ -11,8 +11,9 @@ It is five modules, one per concept, gathered here under one name:
   names (``chains``) when an occurrence ends;
 - ``materialize``: schedule slots becoming occurrences (``materialize_due``);
 - ``claiming``: taking due occurrences fairly (``claim``, ``claim_batch``, ``has_due``);
-- ``leases``: renew, settle, release, and the authority verdicts (``deny``, ``defer``) that
-  end a claim.
+- ``leases``: renew a held lease, record what its handler did, and the expiry sweep;
+- ``settling``: settle, release, and the authority verdicts (``deny``, ``defer``) that end
+  a claim; ``cancelling``: the cancel, of one occurrence or a batch's waiting members.
 
 What each operation may do to an occurrence is a row of ``lifecycle.TRANSITIONS``. Every
 operation is one short transaction that also appends the event recording it. They
@@ -23,14 +24,15 @@ exist exactly when the caller commits.
 from __future__ import annotations
 
 from ..rules.events import history
+from ..rules.outcomes import Outcome, check_result, storable_error, storable_result
 from ..rules.validation import MAX_ATTEMPTS_LIMIT
-from .batches import cancel_batch, close_batch, get_batch, open_batch
+from .batches import close_batch, get_batch, open_batch
 from .batches import complete_due as complete_due_batches
 from .batches import members as batch_members
 from .batches import progress as batch_progress
+from .cancelling import cancel, cancel_batch
 from .claiming import claim, claim_batch, has_due
 from .enqueuing import (
-    cancel,
     enqueue,
     enqueue_batch,
     enqueue_many,
@@ -48,25 +50,14 @@ from .jobs import (
     undeclare_job,
     update_job,
 )
+from .leases import dead_letter_expired, record_execution, renew
 from .materialize import materialize_due, next_due_at
-from .settling import (
-    backoff_delay_ms,
-    check_result,
-    dead_letter_expired,
-    defer,
-    deny,
-    record_execution,
-    release,
-    renew,
-    settle,
-    settle_many,
-    storable_error,
-    storable_result,
-)
+from .settling import backoff_delay_ms, defer, deny, release, settle, settle_many
 
 __all__ = [
     "JOB_PAYLOAD",
     "MAX_ATTEMPTS_LIMIT",
+    "Outcome",
     "backoff_delay_ms",
     "batch_members",
     "batch_progress",

@@ -20,17 +20,16 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Count
 
 from .. import conf
 from ..db.dialect import alias_for, write_transaction
 from ..exceptions import Conflict, InvalidArgument, InvalidState, NotFound
-from ..models import ACTIVE_STATUSES, PENDING_STATUSES, Batch, BatchStatus, Job, Occurrence, OccurrenceStatus
-from ..rules.events import BATCH_CANCELLED, BATCH_CLOSED, BATCH_COMPLETED, BATCH_OPENED, new_event
+from ..models import ACTIVE_STATUSES, Batch, BatchStatus, Job, Occurrence, OccurrenceStatus
+from ..rules.events import BATCH_CLOSED, BATCH_COMPLETED, BATCH_OPENED, new_event
 from ..rules.identity import canonical_json, normalize_json
 from ..rules.validation import normalize_identifier, normalize_int, to_ms
-from .cancelling import cancel_pending, requester
 from .inserting import JOB_PAYLOAD, insert_occurrence
 from .notices import batch_completed
 
@@ -39,18 +38,16 @@ logger = logging.getLogger("django_durable_scheduler")
 CALLBACK_PREFIX = "batch:"
 MAX_BATCH_ID = 200  # so that the callback's trigger key fits
 MAX_DESCRIPTION = 256
-# Waiting members a cancel ends per transaction (its row locks are held that long).
-CANCEL_CHUNK = 1000
-CANCEL_RETRIES = 3
 # Closed batches the workers' sweep looks at per turn.
 SWEEP_LIMIT = 100
 
 
-def _batch_id(value: Any) -> str:
+def checked_batch_id(value: Any) -> str:
     return normalize_identifier(value, "batch_id", max_length=MAX_BATCH_ID)
 
 
-def _locked(batch_id: str, alias: str) -> Batch:
+def locked(batch_id: str, alias: str) -> Batch:
+    """The batch, locked until the caller's transaction ends, or ``NotFound``."""
     batch = Batch.objects.using(alias).select_for_update().filter(pk=batch_id).first()
     if batch is None:
         raise NotFound(f"batch {batch_id!r} does not exist", {"field": "batch", "batch_id": batch_id})
@@ -59,14 +56,14 @@ def _locked(batch_id: str, alias: str) -> Batch:
 
 def get_batch(batch_id: str, *, using: str | None = None) -> Batch:
     """The batch, or ``NotFound``."""
-    batch_id = _batch_id(batch_id)
+    batch_id = checked_batch_id(batch_id)
     batch = Batch.objects.using(alias_for(using)).filter(pk=batch_id).first()
     if batch is None:
         raise NotFound(f"batch {batch_id!r} does not exist", {"field": "batch", "batch_id": batch_id})
     return batch
 
 
-def _event(batch: Batch, event_type: str, now: datetime, **data: Any) -> Any:
+def batch_event(batch: Batch, event_type: str, now: datetime, **data: Any) -> Any:
     """A batch's event, recorded under its callback's job (every event names a job)."""
     return new_event(batch.callback_job_id, event_type, now, data={"batchId": batch.batch_id, **data})
 
@@ -87,7 +84,7 @@ def open_batch(
     it, in its event. Add members with ``enqueue(..., batch=batch.batch_id)``, then
     :func:`close_batch`."""
     callback = normalize_identifier(callback, "callback")
-    batch_id = _batch_id(batch_id) if batch_id is not None else f"batch_{uuid.uuid4().hex}"
+    batch_id = checked_batch_id(batch_id) if batch_id is not None else f"batch_{uuid.uuid4().hex}"
     stored_payload = None if payload is JOB_PAYLOAD else normalize_json(payload, "payload")
     if not isinstance(description, str):
         raise InvalidArgument("description", "must be a string")
@@ -122,7 +119,7 @@ def open_batch(
             created_at=now,
         )
         batch.save(using=alias, force_insert=True)
-        _event(batch, BATCH_OPENED, now, createdBy=created_by, description=description).save(using=alias)
+        batch_event(batch, BATCH_OPENED, now, createdBy=created_by, description=description).save(using=alias)
     return batch
 
 
@@ -135,7 +132,7 @@ def _creator(value: Any) -> str:
 def join(batch_id: Any, alias: str) -> Batch:
     """The open batch new members join, locked until the caller's transaction ends (a close
     waits for the members being added). ``InvalidState`` once it is closed."""
-    batch = _locked(_batch_id(batch_id), alias)
+    batch = locked(checked_batch_id(batch_id), alias)
     if batch.status != BatchStatus.OPEN:
         raise InvalidState(
             f"batch {batch.batch_id!r} is {batch.status}: it takes no more members",
@@ -165,35 +162,24 @@ def not_a_member_elsewhere(occurrence: Occurrence, batch: Batch) -> None:
 def close_batch(batch_id: str, *, using: str | None = None) -> Batch:
     """Close an open batch: it takes no more members, and completes once every member is
     terminal (at once if it has none). Closing a closed or completed batch does nothing."""
-    batch_id = _batch_id(batch_id)
+    batch_id = checked_batch_id(batch_id)
     now = conf.now()
     with write_transaction(using) as alias:
-        batch = _locked(batch_id, alias)
+        batch = locked(batch_id, alias)
         if batch.status != BatchStatus.OPEN:
             return batch
         batch.status, batch.closed_at = BatchStatus.CLOSED, now
         batch.save(using=alias, update_fields=["status", "closed_at"])
-        _event(batch, BATCH_CLOSED, now, size=batch.size).save(using=alias)
+        batch_event(batch, BATCH_CLOSED, now, size=batch.size).save(using=alias)
         look_after_commit([batch_id], alias)
     return batch
 
 
-def cancel_batch(
-    batch_id: str, *, reason: str | None = None, requested_by: str | None = None, using: str | None = None
-) -> Batch:
-    """Cancel a batch: close it and cancel its waiting (queued, retry_wait) members; running
-    ones finish as they will. It then completes like any batch, its callback seeing the
-    cancelled members in its counts and ``cancelled`` true. ``InvalidState`` once it is
-    completed. The members are cancelled a chunk per transaction, so a large batch never
-    holds many row locks at once."""
-    batch_id = _batch_id(batch_id)
-    if reason is not None and not isinstance(reason, str):
-        raise InvalidArgument("reason", "must be a string or None")
-    reason = normalize_json(reason, "reason") if reason is not None else None
-    requested_by = requester(requested_by)
-    now = conf.now()
+def mark_cancelled(batch_id: str, requested_by: str | None, now: datetime, using: str | None) -> Batch:
+    """The batch marked cancelled (closed if it was open), in a transaction of its own;
+    ``InvalidState`` once it is completed. Its waiting members are ``cancelling``'s."""
     with write_transaction(using) as alias:
-        batch = _locked(batch_id, alias)
+        batch = locked(batch_id, alias)
         if batch.status == BatchStatus.COMPLETED:
             raise InvalidState(
                 f"batch {batch_id!r} is completed: there is nothing left to cancel",
@@ -204,52 +190,12 @@ def cancel_batch(
             if batch.status == BatchStatus.OPEN:
                 batch.status, batch.closed_at = BatchStatus.CLOSED, now
             batch.save(using=alias, update_fields=["status", "closed_at", "cancelled_at", "cancelled_by"])
-    cancelled, failures = 0, 0
-    while True:
-        try:
-            with write_transaction(using) as alias:
-                ended = _cancel_waiting(batch_id, reason or "batch cancelled", now, alias)
-                if ended < CANCEL_CHUNK:
-                    _event(
-                        batch,
-                        BATCH_CANCELLED,
-                        now,
-                        reason=reason,
-                        requestedBy=requested_by,
-                        cancelled=cancelled + ended,
-                    ).save(using=alias)
-                    look_after_commit([batch_id], alias)
-        except DatabaseError:
-            # A chunk's locks can meet a claim's (MariaDB's gap locks) and lose as a deadlock:
-            # the chunks before it are committed, so take it again, unless a caller's
-            # transaction holds this one (it is broken now: the caller must see the error).
-            failures += 1
-            if failures > CANCEL_RETRIES or connections[alias_for(using)].in_atomic_block:
-                raise
-            continue
-        cancelled += ended
-        if ended < CANCEL_CHUNK:
-            break
-    batch.refresh_from_db(using=alias_for(using))
     return batch
-
-
-def _cancel_waiting(batch_id: str, reason: str, now: datetime, alias: str) -> int:
-    """Cancel up to a chunk of the batch's waiting members (the ``cancel`` transition)."""
-    rows = list(
-        Occurrence.objects.using(alias)
-        .select_for_update()
-        .filter(batch_id=batch_id, status__in=PENDING_STATUSES)
-        .order_by("pk")
-        .values_list("pk", "job_id", "status")[:CANCEL_CHUNK]
-    )
-    cancel_pending(rows, reason, now, alias, batchId=batch_id)
-    return len(rows)
 
 
 def progress(batch_id: str, *, using: str | None = None) -> dict[str, int]:
     """The batch's members by status (every status, 0 for none), and ``total``."""
-    batch_id = _batch_id(batch_id)
+    batch_id = checked_batch_id(batch_id)
     counts = {status.value: 0 for status in OccurrenceStatus}
     for status, n in (
         Occurrence.objects.using(alias_for(using))
@@ -265,7 +211,7 @@ def progress(batch_id: str, *, using: str | None = None) -> dict[str, int]:
 def members(batch_id: str, *, status: str | None = None, using: str | None = None) -> list[str]:
     """The ids of the batch's members (of ``status``, if given), in id order. Members are
     kept while their batch is not completed; after that, retention may prune them."""
-    batch_id = _batch_id(batch_id)
+    batch_id = checked_batch_id(batch_id)
     rows = Occurrence.objects.using(alias_for(using)).filter(batch_id=batch_id)
     if status is not None:
         if status not in OccurrenceStatus.values:
@@ -353,7 +299,7 @@ def _complete(batch_id: str, alias: str) -> bool:
         batch.status, batch.completed_at = BatchStatus.COMPLETED, now
         batch.counts, batch.callback = counted, callback.pk
         batch.save(using=alias, update_fields=["status", "completed_at", "counts", "callback"])
-        _event(batch, BATCH_COMPLETED, now, counts=counted, callback=callback.pk).save(using=alias)
+        batch_event(batch, BATCH_COMPLETED, now, counts=counted, callback=callback.pk).save(using=alias)
         batch_completed(batch, job, alias)
     logger.info(
         "batch %s completed: %s; callback %s (job %s)",

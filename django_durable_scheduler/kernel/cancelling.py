@@ -1,29 +1,46 @@
-"""Cancelling a running occurrence: the request, and how the attempt it names then ends.
+"""Cancelling: the one writer of the ``cancel`` transition, whatever asked for it (an
+operator, a job's superseded or misfired schedule slots, a batch's cancel), and the request
+that asks a running occurrence to stop.
 
-A running handler may already have acted and Python cannot stop its thread, so a cancel of
-a running occurrence is a request (the ``request_cancel`` transition): it records who asked
-and why, names the running attempt by its fence and makes that attempt the last one. The
-worker holding the lease learns it at its next renewal and tells the handler
-(``ctx.cancel_requested``); the attempt then ends ``cancelled`` when its handler fails
-(``OccurrenceCancelled`` included), times out or is given back (``settle_cancelled``), or
-when its lease expires (``expire_cancelled``). A handler that succeeds anyway keeps its
-result: the work was done. Part of the kernel, the only writer of occurrence state.
-"""
+A waiting (queued, retry_wait) occurrence is cancelled at once by :func:`cancel_pending`,
+which also settles its reservation and tells what follows its end (its batch, through
+``followups.reached_terminal``). A running handler may already have acted and Python
+cannot stop its thread, so a cancel of a running occurrence is a request (the
+``request_cancel`` transition): it records who asked and why, names the running attempt by
+its fence and makes that attempt the last one. The worker holding the lease learns it at
+its next renewal and tells the handler (``ctx.cancel_requested``); the attempt then ends
+``cancelled`` when its handler fails (``OccurrenceCancelled`` included), times out or is
+given back (``settle_cancelled``), or when its lease expires (``expire_cancelled``). A
+handler that succeeds anyway keeps its result: the work was done. Part of the kernel, the
+only writer of occurrence state."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from ..db.dialect import insert_rows
+from django.db import DatabaseError, connections
+
+from .. import conf
+from ..db.dialect import alias_for, insert_rows, write_transaction
 from ..exceptions import InvalidArgument, InvalidState
-from ..models import Occurrence
-from ..rules.events import new_event
+from ..models import PENDING_STATUSES, Batch, Occurrence, OccurrenceStatus
+from ..rules.events import BATCH_CANCELLED, new_event
 from ..rules.identity import normalize_json
-from ..rules.lifecycle import TRANSITION, Action, cancel_requested, check, writes
+from ..rules.lifecycle import Action, applied, cancel_requested, check, event_of, writes
+from ..rules.validation import column_max, normalize_identifier, normalize_int
+from . import batches
 from .budgets import settle_cancelled
+from .followups import TERMINAL_FIELDS, reached_terminal
 
 MAX_REQUESTED_BY = 256
+MAX_CANCEL_REASON = 1024
+# What the cancel reads of each waiting row it ends: its event's and what follows its end.
+CANCEL_FIELDS = ("occurrence_id", "job_id", "status", *TERMINAL_FIELDS)
+# A batch's waiting members a cancel ends per transaction (its row locks are held that long).
+CANCEL_CHUNK = 1000
+CANCEL_RETRIES = 3
 # What the reservation of an attempt cancelled while it ran records as its reason.
 CANCELLED_WHILE_RUNNING = "cancel requested while running"
 
@@ -38,6 +55,17 @@ def requester(requested_by: Any) -> str | None:
     if len(value.encode("utf-8")) > MAX_REQUESTED_BY:
         raise InvalidArgument("requested_by", f"must be at most {MAX_REQUESTED_BY} bytes")
     return value
+
+
+def cancel_reason(reason: str | None) -> str | None:
+    """Why an operator cancelled (or made due) an occurrence, as the event records it."""
+    if reason is not None:
+        if not isinstance(reason, str):
+            raise InvalidArgument("reason", "must be a string or None")
+        reason = normalize_json(reason, "reason")
+        if len(reason.encode("utf-8")) > MAX_CANCEL_REASON:
+            raise InvalidArgument("reason", f"must be at most {MAX_CANCEL_REASON} bytes")
+    return reason
 
 
 def cancelled_error(error: dict[str, Any] | None) -> dict[str, Any]:
@@ -78,13 +106,12 @@ def request_cancel(
         "attempt": current.attempt,
         "maxAttempts": current.max_attempts,
     }
-    Occurrence.objects.using(alias).filter(pk=occurrence_id).update(**writes(Action.REQUEST_CANCEL, now))
-    current.max_attempts = current.attempt
-    current.cancel_requested_at = current.updated_at = now
-    current.cancel_requested_fence = current.fence
+    values = writes(Action.REQUEST_CANCEL, now)
+    Occurrence.objects.using(alias).filter(pk=occurrence_id).update(**values)
+    applied(Action.REQUEST_CANCEL, current, values)
     new_event(
         current.job_id,
-        TRANSITION[Action.REQUEST_CANCEL].event,
+        event_of(Action.REQUEST_CANCEL),
         now,
         occurrence_id=occurrence_id,
         owner_id=current.lease_owner,
@@ -95,29 +122,130 @@ def request_cancel(
 
 
 def cancel_pending(
-    rows: list[tuple[str, str, str]], reason: str, now: datetime, alias: str, **data: Any
+    rows: Sequence[Occurrence], reason: str | None, now: datetime, alias: str, **data: Any
 ) -> None:
-    """The ``cancel`` transition of many waiting occurrences at once, ``rows`` being
-    ``(occurrence_id, job_id, previous status)`` of rows the caller selected pending and
-    locked: one UPDATE, their reservations settled, one event each (with ``data``)."""
+    """The ``cancel`` transition of waiting occurrences: ``rows``, selected pending and locked
+    by the caller with at least :data:`CANCEL_FIELDS`, are cancelled in one UPDATE, their
+    reservations settled, one event each (with ``data``), and what follows their end told
+    (their batches looked at once this transaction commits). The rows in memory are left as
+    the database has them."""
     if not rows:
         return
-    ids = [pk for pk, _, _ in rows]
-    Occurrence.objects.using(alias).filter(pk__in=ids).update(
-        **writes(Action.CANCEL, now, last_error={"code": "SCHEDULER_CANCELLED", "message": reason})
-    )
+    ids = [row.pk for row in rows]
+    values = writes(Action.CANCEL, now, last_error={"code": "SCHEDULER_CANCELLED", "message": reason})
+    Occurrence.objects.using(alias).filter(pk__in=ids).update(**values)
     settle_cancelled(ids, reason, now, alias)
-    event = TRANSITION[Action.CANCEL].event
-    insert_rows(
-        alias,
-        [
+    event = event_of(Action.CANCEL)
+    events = []
+    for row in rows:
+        previous = row.status
+        applied(Action.CANCEL, row, values)
+        events.append(
             new_event(
-                job_id,
+                row.job_id,
                 event,
                 now,
-                occurrence_id=pk,
-                data={"reason": reason, "previousStatus": status, **data},
+                occurrence_id=row.pk,
+                data={"reason": reason, "previousStatus": previous, **data},
             )
-            for pk, job_id, status in rows
-        ],
+        )
+    insert_rows(alias, events)
+    reached_terminal(rows, now, alias)
+
+
+def cancel(
+    occurrence_id: str,
+    *,
+    reason: str | None = None,
+    requested_by: str | None = None,
+    fence: int | None = None,
+    using: str | None = None,
+) -> Occurrence:
+    """Cancel an occurrence. A queued or retry_wait one is cancelled at once. A running one
+    is asked to stop (:func:`request_cancel`): it stays running until the worker holding it
+    ends it ``cancelled``, and this returns it running, with ``cancel_requested_at`` set.
+    ``requested_by`` names who asked, in the event; ``fence`` names the running attempt
+    the request is for (``InvalidState`` if that attempt is over). ``InvalidState`` for a
+    terminal occurrence, ``NotFound`` for an unknown one; nothing is written then."""
+    occurrence_id = normalize_identifier(occurrence_id, "occurrence_id")
+    reason = cancel_reason(reason)
+    requested_by = requester(requested_by)
+    if fence is not None:
+        fence = normalize_int(fence, "fence", minimum=1, maximum=column_max(Occurrence, "fence"))
+    now = conf.now()
+    with write_transaction(using) as alias:
+        occurrence = Occurrence.objects.using(alias).select_for_update().filter(pk=occurrence_id).first()
+        if fence is not None or (occurrence is not None and occurrence.status == OccurrenceStatus.RUNNING):
+            return request_cancel(
+                occurrence_id,
+                occurrence,
+                fence=fence,
+                reason=reason,
+                requested_by=requested_by,
+                now=now,
+                alias=alias,
+            )
+        check(Action.CANCEL, occurrence_id, occurrence)
+        assert occurrence is not None  # check refuses a missing row
+        asked = {} if requested_by is None else {"requestedBy": requested_by}
+        cancel_pending([occurrence], reason, now, alias, **asked)
+    return occurrence
+
+
+def cancel_batch(
+    batch_id: str, *, reason: str | None = None, requested_by: str | None = None, using: str | None = None
+) -> Batch:
+    """Cancel a batch: close it and cancel its waiting (queued, retry_wait) members; running
+    ones finish as they will. It then completes like any batch, its callback seeing the
+    cancelled members in its counts and ``cancelled`` true. ``InvalidState`` once it is
+    completed. The members are cancelled a chunk per transaction, so a large batch never
+    holds many row locks at once."""
+    batch_id = batches.checked_batch_id(batch_id)
+    if reason is not None and not isinstance(reason, str):
+        raise InvalidArgument("reason", "must be a string or None")
+    reason = normalize_json(reason, "reason") if reason is not None else None
+    requested_by = requester(requested_by)
+    now = conf.now()
+    batch = batches.mark_cancelled(batch_id, requested_by, now, using)
+    cancelled, failures = 0, 0
+    while True:
+        try:
+            with write_transaction(using) as alias:
+                ended = _cancel_waiting(batch_id, reason or "batch cancelled", now, alias)
+                if ended < CANCEL_CHUNK:
+                    batches.batch_event(
+                        batch,
+                        BATCH_CANCELLED,
+                        now,
+                        reason=reason,
+                        requestedBy=requested_by,
+                        cancelled=cancelled + ended,
+                    ).save(using=alias)
+                    if not ended:  # else cancel_pending had it looked at
+                        batches.look_after_commit([batch_id], alias)
+        except DatabaseError:
+            # A chunk's locks can meet a claim's (MariaDB's gap locks) and lose as a deadlock:
+            # the chunks before it are committed, so take it again, unless a caller's
+            # transaction holds this one (it is broken now: the caller must see the error).
+            failures += 1
+            if failures > CANCEL_RETRIES or connections[alias_for(using)].in_atomic_block:
+                raise
+            continue
+        cancelled += ended
+        if ended < CANCEL_CHUNK:
+            break
+    batch.refresh_from_db(using=alias_for(using))
+    return batch
+
+
+def _cancel_waiting(batch_id: str, reason: str, now: datetime, alias: str) -> int:
+    """Cancel up to a chunk of the batch's waiting members (the ``cancel`` transition)."""
+    rows = list(
+        Occurrence.objects.using(alias)
+        .select_for_update()
+        .filter(batch_id=batch_id, status__in=PENDING_STATUSES)
+        .order_by("pk")
+        .only(*CANCEL_FIELDS)[:CANCEL_CHUNK]
     )
+    cancel_pending(rows, reason, now, alias, batchId=batch_id)
+    return len(rows)

@@ -21,24 +21,21 @@ from .. import conf
 from ..db import dialect
 from ..db.wakeup import notify_new_work
 from ..exceptions import DataCorrupt, InvalidArgument, InvalidState, JobDisabled, NotFound
-from ..models import Batch, BatchStatus, Job, Occurrence, OccurrenceStatus
+from ..models import Batch, BatchStatus, Job, Occurrence
 from ..rules.chains import EDGES, check_jobs_exist, normalize_specs
 from ..rules.events import new_event
 from ..rules.identity import canonical_json, normalize_json
-from ..rules.lifecycle import TRANSITION, Action, check, writes
-from ..rules.validation import column_max, iso_ms, key_label, normalize_identifier, normalize_int, to_ms
+from ..rules.lifecycle import Action, check, event_of, writes
+from ..rules.validation import iso_ms, key_label, normalize_identifier, normalize_int, to_ms
 from ..telemetry import tracing
 from ..telemetry.metrics import count_enqueued
 from . import batches
-from .budgets import settle_cancelled
-from .cancelling import request_cancel, requester
-from .followups import reached_terminal
+from .cancelling import cancel_reason
 from .inserting import JOB_PAYLOAD, Builder, found, insert_occurrence, payload_mismatch
 from .jobs import get_job
 from .unique import UniqueRequest, find_live, lock_job, unique_request
 from .unique import debounce as debounce_waiting
 
-MAX_CANCEL_REASON = 1024
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 _ITEM_KEYS = frozenset({"scheduled_for", "trigger_key", "available_at", "payload"})
 
@@ -404,7 +401,7 @@ def run_now(occurrence_id: str, *, reason: str | None = None, using: str | None 
     it was later), so that the next claim may take it; a running or settled one raises
     ``InvalidState``. Workers are woken as by an enqueue."""
     occurrence_id = normalize_identifier(occurrence_id, "occurrence_id")
-    reason = _reason(reason)
+    reason = cancel_reason(reason)
     now = conf.now()
     with dialect.write_transaction(using) as alias:
         occurrence = _locked(Action.RUN_NOW, occurrence_id, alias)
@@ -416,7 +413,7 @@ def run_now(occurrence_id: str, *, reason: str | None = None, using: str | None 
             occurrence.save(using=alias, update_fields=list(values))
             new_event(
                 occurrence.job_id,
-                TRANSITION[Action.RUN_NOW].event,
+                event_of(Action.RUN_NOW),
                 now,
                 occurrence_id=occurrence_id,
                 data={"reason": reason, "previousAvailableAt": iso_ms(previous), "status": occurrence.status},
@@ -425,72 +422,12 @@ def run_now(occurrence_id: str, *, reason: str | None = None, using: str | None 
     return occurrence
 
 
-def _reason(reason: str | None) -> str | None:
-    if reason is not None:
-        if not isinstance(reason, str):
-            raise InvalidArgument("reason", "must be a string or None")
-        reason = normalize_json(reason, "reason")
-        if len(reason.encode("utf-8")) > MAX_CANCEL_REASON:
-            raise InvalidArgument("reason", f"must be at most {MAX_CANCEL_REASON} bytes")
-    return reason
-
-
 def _locked(action: Action, occurrence_id: str, alias: str) -> Occurrence:
     """The occurrence, locked, if it may make the ``action`` transition (else ``NotFound`` or
     ``InvalidState``)."""
     occurrence = Occurrence.objects.using(alias).select_for_update().filter(pk=occurrence_id).first()
     check(action, occurrence_id, occurrence)
     assert occurrence is not None  # check refuses a missing row
-    return occurrence
-
-
-def cancel(
-    occurrence_id: str,
-    *,
-    reason: str | None = None,
-    requested_by: str | None = None,
-    fence: int | None = None,
-    using: str | None = None,
-) -> Occurrence:
-    """Cancel an occurrence. A queued or retry_wait one is cancelled at once. A running one
-    is asked to stop (see ``cancelling``): it stays running until the worker holding it
-    ends it ``cancelled``, and this returns it running, with ``cancel_requested_at`` set.
-    ``requested_by`` names who asked, in the event; ``fence`` names the running attempt
-    the request is for (``InvalidState`` if that attempt is over). ``InvalidState`` for a
-    terminal occurrence, ``NotFound`` for an unknown one; nothing is written then."""
-    occurrence_id = normalize_identifier(occurrence_id, "occurrence_id")
-    reason = _reason(reason)
-    requested_by = requester(requested_by)
-    if fence is not None:
-        fence = normalize_int(fence, "fence", minimum=1, maximum=column_max(Occurrence, "fence"))
-    now = conf.now()
-    with dialect.write_transaction(using) as alias:
-        occurrence = Occurrence.objects.using(alias).select_for_update().filter(pk=occurrence_id).first()
-        if fence is not None or (occurrence is not None and occurrence.status == OccurrenceStatus.RUNNING):
-            return request_cancel(
-                occurrence_id,
-                occurrence,
-                fence=fence,
-                reason=reason,
-                requested_by=requested_by,
-                now=now,
-                alias=alias,
-            )
-        check(Action.CANCEL, occurrence_id, occurrence)
-        assert occurrence is not None  # check refuses a missing row
-        previous = occurrence.status
-        values = writes(Action.CANCEL, now, last_error={"code": "SCHEDULER_CANCELLED", "message": reason})
-        for name, value in values.items():
-            setattr(occurrence, name, value)
-        occurrence.save(using=alias, update_fields=list(values))
-        settle_cancelled([occurrence_id], reason, now, alias)
-        reached_terminal([occurrence], now, alias)
-        data: dict[str, Any] = {"reason": reason, "previousStatus": previous}
-        if requested_by is not None:
-            data["requestedBy"] = requested_by
-        new_event(
-            occurrence.job_id, TRANSITION[Action.CANCEL].event, now, occurrence_id=occurrence_id, data=data
-        ).save(using=alias)
     return occurrence
 
 

@@ -27,7 +27,7 @@ from ..rules.identity import (
     identity_digester,
     normalize_json,
 )
-from ..rules.lifecycle import TRANSITION, Action
+from ..rules.lifecycle import Action, event_of
 from ..rules.validation import from_ms, to_ms
 from ..telemetry.metrics import count_enqueued
 from .concurrency import key_spec_of, render_key
@@ -112,7 +112,7 @@ class Builder:
             data["followUps"] = occurrence.follow_ups
         return new_event(
             occurrence.job_id,
-            TRANSITION[Action.ENQUEUE].event,
+            event_of(Action.ENQUEUE),
             occurrence.created_at,
             occurrence_id=occurrence.occurrence_id,
             data=data,

@@ -36,7 +36,7 @@ from ..rules.validation import (
     retry_max_delay_ms,
     timeout_ms,
 )
-from .cancelling import cancel_pending
+from .cancelling import CANCEL_FIELDS, cancel_pending
 from .policies import bind_to_current_policy, get_policy, grant_default
 
 logger = logging.getLogger("django_durable_scheduler")
@@ -310,21 +310,20 @@ def _record_expired_one_off(job: Job, after: datetime, now: datetime, alias: str
         new_event(job.job_id, SLOT_SKIPPED, now, data=skipped.event_data()).save(using=alias)
 
 
-def _pending_schedule(job: Job, alias: str) -> list[tuple[str, str, datetime]]:
-    """The job's pending occurrences that its schedule materialized: (id, status, slot),
-    oldest slot first, locked."""
+def _pending_schedule(job: Job, alias: str) -> list[Occurrence]:
+    """The job's pending occurrences that its schedule materialized, oldest slot first,
+    locked (what a cancel of them reads)."""
     return list(
         Occurrence.objects.using(alias)
         .select_for_update()
         .filter(job=job, status__in=PENDING_STATUSES, trigger_key__startswith="schedule:")
         .order_by("scheduled_for", "pk")
-        .values_list("pk", "status", "scheduled_for")
+        .only(*CANCEL_FIELDS)
     )
 
 
 def _supersede_schedule(job: Job, now: datetime, alias: str) -> list[str]:
-    pending = [(pk, status) for pk, status, _ in _pending_schedule(job, alias)]
-    return _cancel_schedule(job, pending, SUPERSEDED, now, alias)
+    return _cancel_schedule(_pending_schedule(job, alias), SUPERSEDED, now, alias)
 
 
 def _misfired_while_disabled(job: Job, now: datetime, alias: str) -> list[str]:
@@ -337,22 +336,20 @@ def _misfired_while_disabled(job: Job, now: datetime, alias: str) -> list[str]:
     pending = _pending_schedule(job, alias)
     misfire = job.trigger.get("misfire", "run_latest")
     window = catchup_window(job.trigger)
-    late = [row for row in pending if now - row[2] > MISFIRE_GRACE]
+    late = [row for row in pending if now - row.scheduled_for > MISFIRE_GRACE]
     if misfire == "run_all":
-        late = [row for row in late if now - row[2] > window]
+        late = [row for row in late if now - row.scheduled_for > window]
     elif misfire == "run_latest" and late and late[-1] == pending[-1]:
         newer_due = job.next_fire_at is not None and job.next_fire_at <= now
-        if not newer_due and now - late[-1][2] <= window:
+        if not newer_due and now - late[-1].scheduled_for <= window:
             late = late[:-1]
-    return _cancel_schedule(job, [(pk, status) for pk, status, _ in late], MISFIRED, now, alias)
+    return _cancel_schedule(late, MISFIRED, now, alias)
 
 
-def _cancel_schedule(
-    job: Job, pending: list[tuple[str, str]], reason: str, now: datetime, alias: str
-) -> list[str]:
+def _cancel_schedule(pending: list[Occurrence], reason: str, now: datetime, alias: str) -> list[str]:
     # The rows were selected (and locked) pending: the cancel transition's source.
-    cancel_pending([(pk, job.job_id, status) for pk, status in pending], reason, now, alias)
-    return [pk for pk, _ in pending]
+    cancel_pending(pending, reason, now, alias)
+    return [row.pk for row in pending]
 
 
 def set_declared_in(job_id: str, app: str | None, *, using: str | None = None) -> None:

@@ -1,37 +1,34 @@
-"""Leases: renew, settle and release claimed occurrences (claiming is ``claiming``'s), and the
-authority verdicts that end a claim without running it (deny, defer). Part of the kernel, the
-only writer of occurrence state: each operation is one short transaction that appends the
-event recording it.
+"""Settling: recording the outcome of a held occurrence (settle, settle_many), giving a
+held lease back (release), and the authority verdicts that end a claim without running it
+(deny, defer). Claiming is ``claiming``'s; renewing and the expiry sweep are ``leases``'s.
+Part of the kernel, the only writer of occurrence state: each operation is one short
+transaction that appends the event recording it.
 
-A lease is held by (owner, fence) until it expires at ``lease_expires_at <= now``; every
-operation on a held occurrence checks all three, so a worker that lost its lease can never
-overwrite the newer owner's outcome.
+Every operation here is made by the lease's holder: the fence rule (owner, fence,
+unexpired; ``lifecycle.refusal``) is checked under the row lock, so a worker that lost its
+lease can never overwrite the newer owner's outcome.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from django.db.models import F, QuerySet
-from django.db.models.functions import Greatest
-
 from .. import conf
-from ..db.dialect import alias_for, insert_rows, lock_rows, write_transaction
-from ..exceptions import InvalidArgument, LeaseLost, SchedulerError
+from ..db.dialect import insert_rows, write_transaction
+from ..exceptions import InvalidArgument, LeaseLost
 from ..models import TERMINAL_STATUSES, Job, Occurrence, OccurrenceStatus
-from ..rules.events import OCCURRENCE_RENEWED, new_event
+from ..rules.events import new_event
 from ..rules.identity import normalize_json
-from ..rules.lifecycle import TRANSITION, Action, cancel_requested, refusal, writes
+from ..rules.lifecycle import Action, applied, cancel_requested, event_of, refusal, writes
 
-# The fence rule, also used by the authority checks as leases.holds_lease and leases.lease_lost.
+# The fence rule, also used by the authority checks as settling.holds_lease and settling.lease_lost.
 from ..rules.lifecycle import holds_lease as holds_lease
 from ..rules.lifecycle import lease_lost as lease_lost
+from ..rules.outcomes import FAILED, MAX_RESULT_BYTES, SUCCEEDED, Outcome, check_result, normalize_error
 from ..rules.validation import (
     column_max,
     from_ms,
@@ -40,31 +37,13 @@ from ..rules.validation import (
     normalize_bool,
     normalize_identifier,
     normalize_int,
-    to_duration_ms,
     to_ms,
 )
-from .budgets import settle_cancelled, settle_reservations
+from .budgets import settle_reservations
 from .cancelling import CANCELLED_WHILE_RUNNING, cancelled_error
 from .followups import TERMINAL_FIELDS, reached_terminal
 
-MAX_LEASE_MS = conf.MAX_LEASE_MS
-MAX_RESULT_BYTES = 64 * 1024
-MAX_ERROR_MESSAGE = 4096
 MAX_FENCE = column_max(Occurrence, "fence")
-MAX_TRACEBACK = 4 * MAX_ERROR_MESSAGE
-MAX_ERROR_DEPTH = 8
-_UNSET: Any = object()
-# What the expiry sweep reads of each row it ends.
-EXPIRY_FIELDS = (
-    "pk",
-    "job_id",
-    "lease_owner",
-    "fence",
-    "attempt",
-    "max_attempts",
-    "cancel_requested_fence",
-    *TERMINAL_FIELDS,
-)
 # What settling reads of each held row under the lock: its state, lease, attempts and job
 # (the returned occurrences load the rest on first access).
 LEASE_FIELDS = (
@@ -81,10 +60,6 @@ LEASE_FIELDS = (
 )
 
 
-def _lease_ms(lease: Any) -> int:
-    return to_duration_ms(lease, "lease", minimum_ms=1, maximum_ms=MAX_LEASE_MS)
-
-
 def _owner(owner: Any) -> str:
     return normalize_identifier(owner, "owner")
 
@@ -92,82 +67,7 @@ def _owner(owner: Any) -> str:
 # --------------------------------------------------------------------------- expired leases
 
 
-def _dead_letter_rows(rows: Sequence[Occurrence], now: datetime, alias: str, *, reason: str) -> None:
-    """End expired final attempts: dead-lettered (``expire``), or cancelled where a cancel
-    was requested for the attempt (``expire_cancelled``)."""
-    cancelled = [row for row in rows if cancel_requested(row)]
-    expired = [row for row in rows if not cancel_requested(row)]
-    error = {"code": "SCHEDULER_LEASE_EXPIRED", "message": "lease expired on the final attempt"}
-    events = []
-    for action, group, stored in (
-        (Action.EXPIRE, expired, error),
-        (Action.EXPIRE_CANCELLED, cancelled, cancelled_error(error)),
-    ):
-        if not group:
-            continue
-        ids = [row.pk for row in group]
-        values = writes(action, now, last_error=stored)
-        Occurrence.objects.using(alias).filter(pk__in=ids).update(**values)
-        for row in group:
-            row.status, row.last_error = values["status"], stored
-        if action is Action.EXPIRE:
-            outcome = {"status": "dead_letter", "error": error}
-            settle_reservations(ids, OccurrenceStatus.DEAD_LETTER, outcome, now, alias)
-        else:
-            settle_cancelled(ids, CANCELLED_WHILE_RUNNING, now, alias)
-        events += [
-            new_event(
-                row.job_id,
-                TRANSITION[action].event,
-                now,
-                occurrence_id=row.pk,
-                owner_id=row.lease_owner,
-                fence=row.fence,
-                data={"reason": reason, "attempt": row.attempt, "maxAttempts": row.max_attempts},
-            )
-            for row in group
-        ]
-    insert_rows(alias, events)
-    reached_terminal(rows, now, alias)
-
-
-def dead_letter_expired(*, limit: int = 500, using: str | None = None) -> int:
-    """Dead-letter running occurrences whose lease expired on their final attempt (the
-    ``expire`` transition), or cancel them where a cancel was requested for that attempt
-    (``expire_cancelled``: the request made it the final one)."""
-    limit = normalize_int(limit, "limit", minimum=1, maximum=conf.settings.MAX_CLAIM_BATCH)
-    now = conf.now()
-    expired = Occurrence.objects.using(alias_for(using)).filter(
-        status=OccurrenceStatus.RUNNING, lease_expires_at__lte=now, attempt__gte=F("max_attempts")
-    )
-    # Usually there is nothing to do: find out without taking a write lock.
-    if not expired.exists():
-        return 0
-    with write_transaction(using) as alias:
-        rows = list(
-            lock_rows(
-                expired.using(alias).order_by("lease_expires_at", "pk").only(*EXPIRY_FIELDS),
-                alias,
-            )[:limit]
-        )
-        if rows:
-            _dead_letter_rows(rows, now, alias, reason="lease_expired")
-    return len(rows)
-
-
 # --------------------------------------------------------------------------- renew / settle
-
-
-def _held(alias: str, occurrence_id: str, owner: str, fence: int, now: datetime) -> QuerySet[Occurrence]:
-    """The occurrence, if ``owner`` holds its lease at ``fence`` (the row-level form of
-    :func:`holds_lease`, for an update that must not touch a lease it lost)."""
-    return Occurrence.objects.using(alias).filter(
-        pk=occurrence_id,
-        status=OccurrenceStatus.RUNNING,
-        lease_owner=owner,
-        fence=fence,
-        lease_expires_at__gt=now,
-    )
 
 
 def lease_args(occurrence_id: Any, owner: Any, fence: Any) -> tuple[str, str, int]:
@@ -178,144 +78,12 @@ def lease_args(occurrence_id: Any, owner: Any, fence: Any) -> tuple[str, str, in
     )
 
 
-def renew(
-    occurrence_id: str, *, owner: str, fence: int, lease: float | timedelta, using: str | None = None
-) -> Occurrence:
-    """Extend a held lease to at least now + ``lease`` (never shortens it)."""
-    occurrence_id, owner, fence = lease_args(occurrence_id, owner, fence)
-    lease_ms = _lease_ms(lease)
-    now = conf.now()
-    wanted = now + timedelta(milliseconds=lease_ms)
-    with write_transaction(using) as alias:
-        updated = _held(alias, occurrence_id, owner, fence, now).update(
-            lease_expires_at=Greatest(F("lease_expires_at"), wanted), updated_at=now
-        )
-        current = Occurrence.objects.using(alias).filter(pk=occurrence_id).first()
-        if not updated or current is None:
-            raise lease_lost(occurrence_id, current, owner, fence, now)
-        new_event(
-            current.job_id,
-            OCCURRENCE_RENEWED,
-            now,
-            occurrence_id=occurrence_id,
-            owner_id=owner,
-            fence=fence,
-            data={"leaseExpiresAt": iso_ms(current.lease_expires_at or wanted)},
-        ).save(using=alias)
-    return current
-
-
-TRUNCATED = " [truncated]"
-
-
-def storable_text(text: str, limit: int, *, keep_end: bool = False) -> tuple[str, bool]:
-    """``text`` as any database stores it: NUL (which PostgreSQL refuses) replaced by U+FFFD
-    and lone surrogates (not Unicode) by ``?``, and cut to ``limit`` UTF-8 bytes with a
-    visible marker (keeping its end when ``keep_end``, as a traceback's last lines say what
-    failed); and whether it was cut."""
-    encoded = text.replace("\x00", "\ufffd").encode("utf-8", "replace")
-    text = encoded.decode("utf-8")
-    if len(encoded) <= limit:
-        return text, False
-    room = limit - len(TRUNCATED)
-    if keep_end:
-        return TRUNCATED.lstrip() + " " + encoded[-room:].decode("utf-8", "ignore"), True
-    return encoded[:room].decode("utf-8", "ignore") + TRUNCATED, True
-
-
-def _error_text(error: dict[str, Any]) -> dict[str, Any]:
-    """Exception text can hold anything: keep the message and traceback storable (and
-    marked ``message_truncated``/``traceback_truncated`` when cut) rather than fail the
-    settle."""
-    error = dict(error)
-    for key, limit in (("message", MAX_ERROR_MESSAGE), ("traceback", MAX_TRACEBACK)):
-        value = error.get(key)
-        if isinstance(value, str):
-            error[key], cut = storable_text(value, limit, keep_end=key == "traceback")
-            if cut:
-                error[f"{key}_truncated"] = True
-    return error
-
-
-def _exception_error(error: BaseException) -> dict[str, Any]:
-    try:
-        message = str(error)
-    except Exception:  # a broken __str__ must not lose the failure it describes
-        message = f"<unprintable {type(error).__name__}>"
-    return {"type": type(error).__name__, "message": message}
-
-
-def _normalize_error(error: Any, field: str = "error") -> dict[str, Any] | None:
-    if error is None:
-        return None
-    if isinstance(error, BaseException):
-        error = _exception_error(error)
-    elif isinstance(error, str):
-        error = {"message": error}
-    elif not isinstance(error, dict):
-        raise InvalidArgument(field, "must be a string, a dict or an exception")
-    return normalize_json(_error_text(error), field, max_bytes=MAX_RESULT_BYTES)  # type: ignore[no-any-return]
-
-
-def _storable_value(value: Any, depth: int) -> Any:
-    """A JSON value that any database stores, made from anything (text for what is not JSON)."""
-    if isinstance(value, str):
-        return storable_text(value, MAX_ERROR_MESSAGE)[0]
-    if value is None or isinstance(value, bool) or (isinstance(value, int) and abs(value) <= 2**53):
-        return value
-    if isinstance(value, float) and math.isfinite(value):
-        return value
-    if depth < MAX_ERROR_DEPTH and isinstance(value, dict):
-        return {_storable_key(k): _storable_value(v, depth + 1) for k, v in value.items()}
-    if depth < MAX_ERROR_DEPTH and isinstance(value, list | tuple):
-        return [_storable_value(v, depth + 1) for v in value]
-    try:
-        text = repr(value)
-    except Exception:
-        text = f"<unprintable {type(value).__name__}>"
-    return storable_text(text, MAX_ERROR_MESSAGE)[0]
-
-
-def _storable_key(key: Any) -> str:
-    return _storable_value(key if isinstance(key, str) else repr(key), 0)  # type: ignore[no-any-return]
-
-
-def storable_error(error: Any) -> dict[str, Any]:
-    """A handler's failure (an exception, a string or a dict) as an error that settle always
-    stores: text made storable and bounded, anything that is not JSON written as text, and
-    only its type and message kept when the whole is over the result limit. Never raises:
-    the worker must record every failure, whatever the handler raised."""
-    if isinstance(error, BaseException):
-        error = _exception_error(error)
-    elif not isinstance(error, dict):
-        error = {"message": error if isinstance(error, str) else _storable_value(error, MAX_ERROR_DEPTH)}
-    stored = {_storable_key(key): _storable_value(value, 1) for key, value in _error_text(error).items()}
-    try:
-        return normalize_json(stored, "error", max_bytes=MAX_RESULT_BYTES)  # type: ignore[no-any-return]
-    except SchedulerError:
-        kept: dict[str, Any] = {key: stored[key] for key in ("type", "message") if key in stored}
-        return {**kept, "error_truncated": True}
-
-
 def backoff_delay_ms(attempt: int, base_ms: int, max_ms: int, jitter: float | None = None) -> int:
     """Exponential backoff with jitter: base * 2**(attempt-1), capped, +/- jitter."""
     jitter = conf.settings.RETRY_JITTER if jitter is None else jitter
     raw = min(max_ms, base_ms * (2 ** max(0, min(attempt - 1, 40))))
     spread = raw * jitter
     return max(1, min(max_ms, int(raw + random.uniform(-spread, spread))))
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    """One validated settle request."""
-
-    occurrence_id: str
-    fence: int
-    outcome: str
-    result: Any
-    error: dict[str, Any] | None
-    retryable: bool
-    retry_ms: int | None
 
 
 SETTLE_ITEM_KEYS = frozenset(
@@ -332,43 +100,55 @@ def _settle_args(
     retryable: Any,
     retry_at: Any,
     prefix: str = "",
-) -> _Outcome:
+) -> Outcome:
+    """A settle request checked, as the :class:`Outcome` settling writes (``retry_at`` a
+    datetime, to the millisecond, as it is stored)."""
     occurrence_id = normalize_identifier(occurrence_id, f"{prefix}occurrence_id")
     fence = normalize_int(fence, f"{prefix}fence", minimum=1, maximum=MAX_FENCE)
-    if outcome not in ("succeeded", "failed"):
+    if outcome not in (SUCCEEDED, FAILED):
         raise InvalidArgument(f"{prefix}outcome", "must be 'succeeded' or 'failed'")
     result_value = check_result(result, f"{prefix}result")
-    return _Outcome(
-        occurrence_id=occurrence_id,
-        fence=fence,
-        outcome=outcome,
-        result=result_value,
-        error=_normalize_error(error, f"{prefix}error"),
-        retryable=normalize_bool(retryable, f"{prefix}retryable"),
-        retry_ms=None if retry_at is None else to_ms(retry_at, f"{prefix}retry_at"),
+    return Outcome(
+        occurrence_id,
+        fence,
+        outcome,
+        result_value,
+        normalize_error(error, f"{prefix}error"),
+        normalize_bool(retryable, f"{prefix}retryable"),
+        None if retry_at is None else from_ms(to_ms(retry_at, f"{prefix}retry_at")),
     )
 
 
-def check_result(result: Any, field: str = "result") -> Any:
-    """A handler result as it will be stored (JSON, at most 64 KiB), or ``InvalidArgument``."""
-    return normalize_json(result, field, max_bytes=MAX_RESULT_BYTES)
-
-
-def storable_result(result: Any, field: str = "result") -> Any:
-    """:func:`check_result`, and ``InvalidArgument`` for text that some database cannot store
-    (NUL), so that the worker fails such a result alone instead of its whole batch."""
-    value = check_result(result, field)
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item)
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, str) and "\x00" in item:
-            raise InvalidArgument(field, "holds a NUL character (U+0000), which the database cannot store")
-    return value
+def _settle_item(index: int, item: Any) -> Outcome:
+    """Item ``index`` of :func:`settle_many`, an :class:`Outcome` or a dict of
+    :func:`settle`'s arguments, checked."""
+    prefix = f"items[{index}]."
+    if isinstance(item, Outcome):
+        return _settle_args(
+            item.occurrence_id,
+            item.fence,
+            item.status,
+            item.result,
+            item.error,
+            item.retryable,
+            item.retry_at,
+            prefix,
+        )
+    if not isinstance(item, dict):
+        raise InvalidArgument(f"items[{index}]", "must be a dict")
+    unknown = sorted(key_label(key) for key in item if key not in SETTLE_ITEM_KEYS)
+    if unknown:
+        raise InvalidArgument(f"{prefix}{unknown[0]}", "is not a settle argument")
+    return _settle_args(
+        item.get("occurrence_id"),
+        item.get("fence"),
+        item.get("outcome"),
+        item.get("result"),
+        item.get("error"),
+        item.get("retryable", True),
+        item.get("retry_at"),
+        prefix,
+    )
 
 
 def settle(
@@ -402,38 +182,19 @@ def settle(
 
 
 def settle_many(
-    items: Iterable[dict[str, Any]], *, owner: str, using: str | None = None
+    items: Iterable[Outcome | dict[str, Any]], *, owner: str, using: str | None = None
 ) -> list[Occurrence | LeaseLost]:
     """Settle many held occurrences in one transaction (what the worker does with the
-    outcomes of a batch). Each item is a dict of :func:`settle`'s arguments
-    (``occurrence_id``, ``fence``, ``outcome`` and optionally ``result``, ``error``,
-    ``retryable``, ``retry_at``). Bad input raises ``InvalidArgument`` naming the item and
+    outcomes of a batch). Each item is an :class:`Outcome` or a dict of :func:`settle`'s
+    arguments (``occurrence_id``, ``fence``, ``outcome`` and optionally ``result``,
+    ``error``, ``retryable``, ``retry_at``). Bad input raises ``InvalidArgument`` naming the item and
     writes nothing. Returns, per item in order, the settled occurrence, or the
     ``LeaseLost`` error of an item whose lease is no longer held (the others settle).
     """
     owner = _owner(owner)
-    if isinstance(items, dict | str) or not isinstance(items, Iterable):
+    if isinstance(items, dict | str | Outcome) or not isinstance(items, Iterable):
         raise InvalidArgument("items", "must be a list of dicts")
-    specs: list[_Outcome] = []
-    for index, item in enumerate(items):
-        prefix = f"items[{index}]."
-        if not isinstance(item, dict):
-            raise InvalidArgument(f"items[{index}]", "must be a dict")
-        unknown = sorted(key_label(key) for key in item if key not in SETTLE_ITEM_KEYS)
-        if unknown:
-            raise InvalidArgument(f"{prefix}{unknown[0]}", "is not a settle argument")
-        specs.append(
-            _settle_args(
-                item.get("occurrence_id"),
-                item.get("fence"),
-                item.get("outcome"),
-                item.get("result"),
-                item.get("error"),
-                item.get("retryable", True),
-                item.get("retry_at"),
-                prefix,
-            )
-        )
+    specs = [_settle_item(index, item) for index, item in enumerate(items)]
     seen: set[str] = set()
     for index, spec in enumerate(specs):
         if spec.occurrence_id in seen:
@@ -453,7 +214,7 @@ def _group_key(values: dict[str, Any]) -> str:
     return json.dumps(values, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def _lock_settled(specs: Sequence[_Outcome], alias: str) -> dict[str, Occurrence]:
+def _lock_settled(specs: Sequence[Outcome], alias: str) -> dict[str, Occurrence]:
     return {
         row.pk: row
         for row in Occurrence.objects.using(alias)
@@ -465,16 +226,13 @@ def _lock_settled(specs: Sequence[_Outcome], alias: str) -> dict[str, Occurrence
 
 
 def _backoff_delays(
-    specs: Sequence[_Outcome], locked: dict[str, Occurrence], alias: str
+    specs: Sequence[Outcome], locked: dict[str, Occurrence], alias: str
 ) -> dict[str, tuple[int, int]]:
     """(base, max) retry delay of the jobs whose failed occurrences retry at their backoff."""
     needs_backoff = {
         locked[spec.occurrence_id].job_id
         for spec in specs
-        if spec.occurrence_id in locked
-        and spec.outcome == "failed"
-        and spec.retryable
-        and spec.retry_ms is None
+        if spec.occurrence_id in locked and spec.status == FAILED and spec.retryable and spec.retry_at is None
     }
     # Read, not locked: locking the job row would serialize every settle of a job.
     return {
@@ -485,8 +243,8 @@ def _backoff_delays(
     }
 
 
-def _settle_action(spec: _Outcome, current: Occurrence | None) -> Action:
-    if spec.outcome == "succeeded":
+def _settle_action(spec: Outcome, current: Occurrence | None) -> Action:
+    if spec.status == SUCCEEDED:
         return Action.SETTLE_SUCCEEDED
     if current is not None and cancel_requested(current) and current.fence == spec.fence:
         return Action.SETTLE_CANCELLED  # any failure after a cancel request: no retry
@@ -496,31 +254,32 @@ def _settle_action(spec: _Outcome, current: Occurrence | None) -> Action:
 
 
 def _settle_values(
-    action: Action, spec: _Outcome, current: Occurrence, delays: dict[str, tuple[int, int]], now: datetime
+    action: Action, spec: Outcome, current: Occurrence, delays: dict[str, tuple[int, int]], now: datetime
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The columns ``action`` writes on ``current``, and its event's data."""
+    """The values the writer gives ``action``'s UPDATE on ``current`` (``lifecycle.writes``
+    adds the table's), and its event's data."""
     data: dict[str, Any] = {"attempt": current.attempt, "maxAttempts": current.max_attempts}
     if action is Action.SETTLE_SUCCEEDED:
         if cancel_requested(current):
             data["cancelRequested"] = True  # it finished before it saw the request: kept
-        return writes(action, now, result=spec.result), data
+        return {"result": spec.result}, data
     if action is Action.SETTLE_CANCELLED:
         data["reason"] = "cancel_requested"
-        return writes(action, now, last_error=cancelled_error(spec.error)), data
+        return {"last_error": cancelled_error(spec.error)}, data
     if action is Action.SETTLE_RETRY:
-        if spec.retry_ms is None:
+        if spec.retry_at is None:
             base_ms, max_ms = delays[current.job_id]
             available = now + timedelta(milliseconds=backoff_delay_ms(current.attempt, base_ms, max_ms))
         else:
-            available = max(now, from_ms(spec.retry_ms))
+            available = max(now, cast(datetime, spec.retry_at))
         data["retryAt"] = iso_ms(available)
-        return writes(action, now, available_at=available, last_error=spec.error), data
+        return {"available_at": available, "last_error": spec.error}, data
     data["reason"] = "max_attempts" if spec.retryable else "not_retryable"
-    return writes(action, now, last_error=spec.error), data
+    return {"last_error": spec.error}, data
 
 
 def _settle_held(
-    specs: Sequence[_Outcome], owner: str, now: datetime, alias: str
+    specs: Sequence[Outcome], owner: str, now: datetime, alias: str
 ) -> list[Occurrence | LeaseLost]:
     """The body of settle/settle_many, inside the transaction: lock the rows, refuse those
     whose lease is not held, then one UPDATE per group of rows that get the same values,
@@ -528,7 +287,7 @@ def _settle_held(
     locked = _lock_settled(specs, alias)
     delays = _backoff_delays(specs, locked, alias)
     out: list[Occurrence | LeaseLost] = []
-    updates: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    updates: dict[str, tuple[Action, dict[str, Any], list[str]]] = {}
     terminal: dict[str, tuple[str, dict[str, Any], list[str]]] = {}
     pending_events: list[tuple[Occurrence, str, dict[str, Any], int]] = []
     for spec in specs:
@@ -538,10 +297,10 @@ def _settle_held(
         if refused is not None or current is None:
             out.append(cast(LeaseLost, refused))  # a fenced transition's only refusal
             continue
-        values, data = _settle_values(action, spec, current, delays, now)
-        for name, value in values.items():
-            setattr(current, name, value)
-        updates.setdefault(_group_key(values), (values, []))[1].append(current.pk)
+        given, data = _settle_values(action, spec, current, delays, now)
+        applied(action, current, writes(action, now, **given))
+        group = _group_key({"action": action, **given})
+        updates.setdefault(group, (action, given, []))[2].append(current.pk)
         if current.status in TERMINAL_STATUSES:
             outcome_data: dict[str, Any] = {"status": current.status}
             if current.status == OccurrenceStatus.SUCCEEDED:
@@ -552,10 +311,10 @@ def _settle_held(
                 outcome_data["error"] = spec.error
             key = _group_key(outcome_data)
             terminal.setdefault(key, (current.status, outcome_data, []))[2].append(current.pk)
-        pending_events.append((current, TRANSITION[action].event, data, spec.fence))
+        pending_events.append((current, event_of(action), data, spec.fence))
         out.append(current)
-    for values, ids in updates.values():
-        Occurrence.objects.using(alias).filter(pk__in=ids).update(**values)
+    for action, given, ids in updates.values():
+        Occurrence.objects.using(alias).filter(pk__in=ids).update(**writes(action, now, **given))
     reserved: dict[str, dict[str, Any]] = {}
     for status, outcome_data, ids in terminal.values():
         reserved.update(settle_reservations(ids, status, outcome_data, now, alias))
@@ -596,7 +355,7 @@ def _requeue_unattempted(
     )
     new_event(
         current.job_id,
-        TRANSITION[action].event,
+        event_of(action),
         now,
         occurrence_id=current.pk,
         owner_id=owner,
@@ -615,41 +374,13 @@ def release(occurrence_id: str, *, owner: str, fence: int, using: str | None = N
         current = _take_held(Action.RELEASE, occurrence_id, owner, fence, now, alias)
         if cancel_requested(current):  # asked to stop: it ends here instead of running again
             (settled,) = _settle_held(
-                [_Outcome(occurrence_id, fence, "failed", None, None, False, None)], owner, now, alias
+                [Outcome(occurrence_id, fence, FAILED, retryable=False)], owner, now, alias
             )
             return cast(Occurrence, settled)
         _requeue_unattempted(
             Action.RELEASE, current, owner=owner, fence=fence, available=now, now=now, alias=alias
         )
         current.refresh_from_db(using=alias)
-    return current
-
-
-def record_execution(
-    occurrence_id: str,
-    *,
-    owner: str,
-    fence: int,
-    metadata: Any = _UNSET,
-    receipt: Any = _UNSET,
-    using: str | None = None,
-) -> Occurrence:
-    """Persist a running handler's metadata and/or execution receipt (64 KiB each) at once.
-    ``SCHEDULER_LEASE_LOST`` unless the caller still holds the lease."""
-    occurrence_id, owner, fence = lease_args(occurrence_id, owner, fence)
-    values: dict[str, Any] = {}
-    if metadata is not _UNSET:
-        values["metadata"] = normalize_json(metadata, "metadata", max_bytes=MAX_RESULT_BYTES)
-    if receipt is not _UNSET:
-        values["receipt"] = normalize_json(receipt, "receipt", max_bytes=MAX_RESULT_BYTES)
-    if not values:
-        raise InvalidArgument("metadata", "give metadata or receipt")
-    now = conf.now()
-    with write_transaction(using) as alias:
-        updated = _held(alias, occurrence_id, owner, fence, now).update(updated_at=now, **values)
-        current = Occurrence.objects.using(alias).filter(pk=occurrence_id).first()
-        if not updated or current is None:
-            raise lease_lost(occurrence_id, current, owner, fence, now)
     return current
 
 
@@ -693,7 +424,7 @@ def deny(
     if message is not None and not isinstance(message, str):
         raise InvalidArgument("message", "must be a string or None")
     # The stored message is bounded like a handler's error message (a long list of capabilities).
-    summary = _normalize_error(f"authority denied: {reason}" + (f": {message}" if message else ""), "message")
+    summary = normalize_error(f"authority denied: {reason}" + (f": {message}" if message else ""), "message")
     now = conf.now()
     with write_transaction(using) as alias:
         current = _take_held(Action.DENY, occurrence_id, owner, fence, now, alias)
@@ -704,8 +435,7 @@ def deny(
             **(summary or {}),
         }
         values = writes(Action.DENY, now, last_error=error)
-        for name, value in values.items():
-            setattr(current, name, value)
+        applied(Action.DENY, current, values)
         current.save(using=alias, update_fields=list(values))
         settled = settle_reservations(
             [occurrence_id],
@@ -724,7 +454,7 @@ def deny(
         data.update(settled.get(occurrence_id, {}))
         new_event(
             current.job_id,
-            TRANSITION[Action.DENY].event,
+            event_of(Action.DENY),
             now,
             occurrence_id=occurrence_id,
             owner_id=owner,

@@ -20,7 +20,7 @@ from django.db.models import Case, Value, When
 from ..exceptions import InvalidArgument
 from ..models import ACTIVE_STATUSES, PENDING_STATUSES, UNIQUE_LIVE, Occurrence, OccurrenceStatus, UniqueLock
 from ..rules.events import new_event
-from ..rules.lifecycle import TRANSITION, Action, writes
+from ..rules.lifecycle import Action, event_of, writes
 from ..rules.validation import iso_ms, normalize_identifier, to_duration_ms
 
 # What each ``unique_while`` counts as the occurrence that stands for the key.
@@ -123,7 +123,7 @@ def debounce(
     occurrence.save(using=alias, update_fields=list(values))
     new_event(
         occurrence.job_id,
-        TRANSITION[Action.DEBOUNCE].event,
+        event_of(Action.DEBOUNCE),
         now,
         occurrence_id=occurrence.occurrence_id,
         data={

@@ -11,12 +11,13 @@ which finds its row by its unique key (``debounce``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from django.db.models import Case, F, PositiveSmallIntegerField, When
+from django.db.models import Case, F, PositiveSmallIntegerField, Q, When
 
 from ..exceptions import InvalidState, LeaseLost, NotFound, SchedulerError
 from ..models import Occurrence, OccurrenceStatus
@@ -32,6 +33,7 @@ from .events import (
     OCCURRENCE_MADE_DUE,
     OCCURRENCE_RECLAIMED,
     OCCURRENCE_RELEASED,
+    OCCURRENCE_RENEWED,
     OCCURRENCE_RETRY_SCHEDULED,
     OCCURRENCE_SUCCEEDED,
 )
@@ -62,6 +64,8 @@ class Action(StrEnum):
     REQUEST_CANCEL = "request_cancel"
     SETTLE_CANCELLED = "settle_cancelled"
     EXPIRE_CANCELLED = "expire_cancelled"
+    RENEW = "renew"
+    RECORD_EXECUTION = "record_execution"
 
 
 class Fence(StrEnum):
@@ -99,6 +103,9 @@ MADE_DUE = ("available_at", "updated_at")
 CANCEL_REQUESTED = ("max_attempts", "cancel_requested_at", "cancel_requested_fence", "updated_at")
 CANCELLED_RUNNING = DEAD_LETTERED
 DEBOUNCED = ("available_at", "payload", "updated_at")
+RENEWED = ("lease_expires_at", "updated_at")  # the new expiry is never before the old one
+# What a running handler records of its execution (ctx.record): a column not given is kept.
+EXECUTION_RECORDED = ("metadata", "receipt", "updated_at")
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,7 @@ class Transition:
     """One row of the table. ``source``: the statuses it leaves (none: the row is new);
     ``when``: the rest of its condition, in words; ``target``: None keeps the status;
     ``sets``: the columns its UPDATE writes, exactly (none when it inserts a row);
+    ``event``: what it appends to the log (None: nothing);
     ``new_row``: the target is a new occurrence, the source row stays as history;
     ``otherwise``: what a request gets when the row is not in ``source``."""
 
@@ -114,7 +122,7 @@ class Transition:
     when: str
     target: OccurrenceStatus | None
     sets: tuple[str, ...]
-    event: str
+    event: str | None
     fence: Fence
     attempt: Attempt
     otherwise: str
@@ -160,11 +168,45 @@ TRANSITIONS: tuple[Transition, ...] = (
       CANCELLED_RUNNING, OCCURRENCE_CANCELLED, Fence.CHECKS, Attempt.NONE, LEASE_LOST),
     T(A.EXPIRE_CANCELLED, (RUNNING,), "cancel requested, lease expired", CANCELLED,
       CANCELLED_RUNNING, OCCURRENCE_CANCELLED, Fence.NONE, Attempt.NONE, NOT_SELECTED),
+    T(A.RENEW, (RUNNING,), "the lease is extended (never shortened)", None,
+      RENEWED, OCCURRENCE_RENEWED, Fence.CHECKS, Attempt.NONE, LEASE_LOST),
+    T(A.RECORD_EXECUTION, (RUNNING,), "the handler records its metadata or receipt", None,
+      EXECUTION_RECORDED, None, Fence.CHECKS, Attempt.NONE, LEASE_LOST),
 )
 # fmt: on
 del T, A
 
 TRANSITION: dict[Action, Transition] = {t.action: t for t in TRANSITIONS}
+_EVENTS = {t.action: t.event for t in TRANSITIONS if t.event is not None}
+
+
+def event_of(action: Action) -> str:
+    """The type of the event ``action`` appends (``KeyError`` for one that appends none)."""
+    return _EVENTS[action]
+
+
+# The conditions the claim and the expiry sweep select their rows by (the ``when`` of claim,
+# reclaim and expire), each written once. As SQL over the models' columns for the claim's
+# statements: ``{o.<field>}`` and the status literals (``{queued}``) are filled in from
+# ``_meta`` by the claim, ``{now}`` with its time parameter.
+CLAIMABLE_SQL = "{o.status} IN ({queued}, {retry_wait}) AND {o.available_at} <= {now}"
+RECLAIMABLE_SQL = (
+    "{o.status} = {running} AND {o.lease_expires_at} <= {now} AND {o.attempt} < {o.max_attempts}"
+)
+
+
+def expired(now: datetime) -> Q:
+    """The expiry sweep's rows (``expire``, ``expire_cancelled``): running, the lease expired
+    on the final attempt (the complement of :data:`RECLAIMABLE_SQL` among expired leases)."""
+    return Q(status=RUNNING, lease_expires_at__lte=now, attempt__gte=F("max_attempts"))
+
+
+def held(owner: str, fence: int, now: datetime) -> Q:
+    """The fence rule (:func:`holds_lease`) as a condition: ``owner`` holds the running
+    occurrence's lease at ``fence``, unexpired. For a write that must not touch a lease it
+    lost, made as one UPDATE instead of a read under a lock."""
+    return Q(status=RUNNING, lease_owner=owner, fence=fence, lease_expires_at__gt=now)
+
 
 # How a refusal with ``INVALID_STATE`` names the action in its message.
 _VERBS = {
@@ -184,40 +226,56 @@ _ATTEMPT = {
 }
 
 
+# How the database works out each expression the table writes, for the row in memory.
+_DERIVED: dict[Attempt | Fence | str, Callable[[Occurrence], Any]] = {
+    Attempt.USES: lambda row: row.attempt + 1,
+    Attempt.GIVES_BACK: lambda row: row.attempt - 1 if row.attempt > 0 else row.attempt,
+    Fence.ADVANCES: lambda row: row.fence + 1,
+    "cancel_requested_fence": lambda row: row.fence,
+    "max_attempts": lambda row: row.attempt,
+}
+
+
 @dataclass(frozen=True)
 class _Writes:
     """What a transition's UPDATE writes, worked out once from its row: ``fixed`` values,
     the ``timed`` columns that take the time of the write, the ``needed`` ones its writer
-    gives."""
+    gives, and the ``derived`` ones the database computes from the row (see :func:`applied`)."""
 
     fixed: dict[str, Any]
     timed: tuple[str, ...]
     needed: frozenset[str]
     sets: frozenset[str]
+    derived: tuple[tuple[str, Callable[[Occurrence], Any]], ...]
 
 
 def _writes_of(transition: Transition) -> _Writes:
     fixed: dict[str, Any] = {}
     timed: list[str] = []
     needed: set[str] = set()
+    derived: list[tuple[str, Callable[[Occurrence], Any]]] = []
     for column in transition.sets:
         if column == "status" and transition.target is not None:
             fixed[column] = transition.target
         elif column in ("updated_at", "settled_at", "cancel_requested_at"):
             timed.append(column)
-        elif column in LEASE_FREED and transition.target != RUNNING:
+        elif column in LEASE_FREED and transition.target not in (None, RUNNING):
             fixed[column] = None
         elif column == "attempt" and transition.attempt is not Attempt.NONE:
             fixed[column] = _ATTEMPT[transition.attempt]
+            derived.append((column, _DERIVED[transition.attempt]))
         elif column == "fence" and transition.fence is Fence.ADVANCES:
             fixed[column] = F("fence") + 1
+            derived.append((column, _DERIVED[Fence.ADVANCES]))
         elif column == "cancel_requested_fence":
             fixed[column] = F("fence")
+            derived.append((column, _DERIVED[column]))
         elif column == "max_attempts" and transition.action is Action.REQUEST_CANCEL:
             fixed[column] = F("attempt")
+            derived.append((column, _DERIVED[column]))
         else:
             needed.add(column)
-    return _Writes(fixed, tuple(timed), frozenset(needed), frozenset(transition.sets))
+    return _Writes(fixed, tuple(timed), frozenset(needed), frozenset(transition.sets), tuple(derived))
 
 
 _WRITES = {transition.action: _writes_of(transition) for transition in TRANSITIONS}
@@ -240,6 +298,18 @@ def writes(action: Action, now: datetime, **given: Any) -> dict[str, Any]:
     for column in plan.timed:
         values[column] = now
     return values
+
+
+def applied(action: Action, row: Occurrence, values: dict[str, Any]) -> None:
+    """Make ``row`` in memory what the ``action``'s UPDATE with ``values`` (from
+    :func:`writes`, the writer's own values plain ones) made of it in the database: the
+    table's expressions (attempt, fence, the cancel request's) worked out from ``row`` as
+    the database does, the rest as written."""
+    derived = [(column, compute(row)) for column, compute in _WRITES[action].derived]
+    for column, value in values.items():
+        setattr(row, column, value)
+    for column, value in derived:
+        setattr(row, column, value)
 
 
 def holds_lease(occurrence: Occurrence, owner: str, fence: int, now: datetime) -> bool:

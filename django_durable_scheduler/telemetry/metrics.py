@@ -32,9 +32,9 @@ from typing import Any
 
 from .. import __version__
 from ..rules.authority import Principal
+from ..rules.outcomes import SUCCEEDED, Outcome
 
 NAME = "django_durable_scheduler"
-Outcome = dict[str, Any]  # the worker's outcome of a handler run
 # Histogram buckets (seconds) from a fast handler to an hour: the SDK's default buckets are
 # for milliseconds.
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
@@ -81,10 +81,10 @@ class Instruments:
         self,
         attributes: dict[str, Any],
         name: str,
-        call: Callable[[], dict[str, Any]],
+        call: Callable[[], Outcome],
         parent: Any = None,
-    ) -> dict[str, Any]:
-        """``call()`` (a handler run returning the worker's outcome dict) inside its span: a
+    ) -> Outcome:
+        """``call()`` (a handler run returning its outcome) inside its span: a
         child of ``parent`` (the enqueuer's context, ``tracing.parent_of``) if given."""
         with self.tracer.start_as_current_span(
             name,
@@ -95,11 +95,11 @@ class Instruments:
             set_status_on_exception=False,
         ) as span:
             outcome = call()
-            if outcome.get("status") != "succeeded":
-                exception = outcome.get("exception")
+            if outcome.status != SUCCEEDED:
+                exception = outcome.exception
                 if isinstance(exception, BaseException):
                     span.record_exception(exception)
-                error = outcome.get("error")
+                error = outcome.error
                 message = error.get("message") if isinstance(error, dict) else str(error)
                 span.set_status(self._status(self._error, str(message or "")[:500]))
             return outcome

@@ -7,9 +7,10 @@ transaction, which also authorizes what it claims), and hand the runnable ones t
 everything held (every lease/3) until it is settled. Handlers for kinds this process has
 not registered are never claimed.
 
-The parts, each with its own module: the runs held (:mod:`.runs`), the handler threads with
-their deadlines and timeouts (:mod:`.pool`), the lease renewal (:mod:`.heartbeat`), the
-settle and what is logged, measured and signalled about each outcome (:mod:`.outcomes`),
+The parts, each with its own module: the claim and what it holds (:mod:`.claims`), the runs
+held (:mod:`.runs`), the handler threads with their deadlines and timeouts (:mod:`.pool`),
+the lease renewal (:mod:`.heartbeat`), the settle and what is logged, measured and
+signalled about each outcome (:mod:`.outcomes`),
 and how much to claim and how long to wait (:mod:`.pacing`). This module is the loop.
 
 Between turns the loop sleeps until the next due slot, a finished handler, a wake-up or the
@@ -41,14 +42,14 @@ from .. import conf, kernel, registry
 from ..db import wakeup
 from ..db.dialect import alias_for
 from ..housekeeping.retention.thread import RetentionThread
-from ..kernel import claiming, reservations
 from ..models import Occurrence
 from ..telemetry import metrics
+from .claims import Claimer
 from .heartbeat import Heartbeat
 from .outcomes import OutcomeReporter
 from .pacing import ClaimPacer, claim_ahead
 from .pool import EXIT_STUCK, HandlerPool, tidy_connections
-from .runs import Held, Run, log_fields
+from .runs import Held, log_fields
 
 __all__ = ["EXIT_STUCK", "Waker", "Worker", "claim_ahead", "default_worker_id", "log_fields"]
 
@@ -60,12 +61,6 @@ GATHER = 0.01
 
 def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _handler_units(occurrence: Occurrence) -> reservations.Units:
-    """The units of the occurrence's handler registration (1 without a handler)."""
-    handler = registry.get_handler(occurrence.claimed_kind or "")
-    return handler.units if handler is not None else 1
 
 
 def _listen(
@@ -125,6 +120,23 @@ class Waker:
         self.event.clear()
         if not (busy() or (self.announced and can_claim())):
             self.event.wait(limit(timeout))
+
+    def gather(self, held: Held, capacity: int, stopping: threading.Event) -> None:
+        """Once a handler has finished, wait up to GATHER seconds for others still running,
+        until half of ``capacity`` has finished: then one settle (and the claim after it)
+        serves them all, instead of one loop turn per finished handler. A wake-up ends the
+        wait: new work is not kept waiting for a settle."""
+        deadline = time.monotonic() + GATHER
+        while True:
+            self.event.clear()
+            holding, finished = held.counts()
+            executing = holding - finished
+            if not finished or executing <= 0 or 2 * finished >= capacity:
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or stopping.is_set() or self.announced:
+                return
+            self.event.wait(remaining)
 
 
 class StopOnSignal:
@@ -242,6 +254,14 @@ class Worker:
         self.reporter = OutcomeReporter(
             held=self.held, worker_id=self.worker_id, sender=Worker, using=using, instruments=self.instruments
         )
+        self.claimer = Claimer(
+            worker_id=self.worker_id,
+            lease=lease,
+            using=using,
+            held=self.held,
+            pool=self.pool,
+            reporter=self.reporter,
+        )
         self.heartbeat = Heartbeat(
             worker_id=self.worker_id, held=self.held, lease=lease, concurrency=concurrency, using=using
         )
@@ -250,7 +270,6 @@ class Worker:
         self.retention = RetentionThread(self.worker_id, using) if retention else None
         self._stopping = threading.Event()
         self._signals = StopOnSignal(self.stop, grace)
-        self._principal_cursor: str | None = None
         self._kinds: list[str] = []
         self._listener: tuple[wakeup.Listener | wakeup.SocketListener, threading.Thread] | None = None
         self._exit_code = 0
@@ -308,7 +327,7 @@ class Worker:
                 continue
             idle = self.pacer.idle_wait(time.monotonic(), lambda: kernel.next_due_at(using=self.using))
             self._sleep(self.pacer.wait(idle, held_elsewhere=turn.held_elsewhere))
-            self._gather()
+            self.waker.gather(self.held, self._capacity(), self._stopping)
         self._shutdown()
         return self._exit_code
 
@@ -366,7 +385,7 @@ class Worker:
         """Whether the worker stops after ``turn``: --once, --max-occurrences reached (both
         finish what they hold first), or --burst with nothing left to do."""
         if self.once or self.pacer.done(held=len(self.held), processed=self.processed):
-            self._drain(None)
+            drain(self, None)
             return True
         return self.burst and turn.empty and turn.drained
 
@@ -403,52 +422,9 @@ class Worker:
         )
         self.pool.awake()
 
-    def _gather(self) -> None:
-        """Once a handler has finished, wait up to GATHER seconds for others still running,
-        until half of what is held has finished: then one settle (and the claim after it)
-        serves them all, instead of one loop turn per finished handler. A wake-up ends the
-        wait: new work is not kept waiting for a settle."""
-        deadline = time.monotonic() + GATHER
-        while True:
-            self.waker.event.clear()
-            held, finished = self.held.counts()
-            executing = held - finished
-            if not finished or executing <= 0 or 2 * finished >= self._capacity():
-                return
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._stopping.is_set() or self.waker.announced:
-                return
-            self.waker.event.wait(remaining)
-
-    def _drain(self, timeout: float | None) -> None:
-        """Settle what is pending until nothing is held (or ``timeout``)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            self.waker.event.clear()  # before the state is read, as in Waker.sleep
-            self.pool.expire()
-            if self.pool.all_stuck() and self._exit_code != EXIT_STUCK:
-                self._give_up()  # what is left to run never will: settle, give up the rest
-                deadline = time.monotonic()
-            try:
-                self.reporter.flush()
-            except DatabaseError:
-                logger.exception("database error while finishing the running occurrences; retrying")
-                connections.close_all()
-                time.sleep(0.5)
-            if not self.held:
-                return
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                return
-            wait = 0.5 if remaining is None else min(0.5, remaining)
-            due = self.pool.next_deadline()
-            if due is not None:
-                wait = max(0.0, min(wait, due - time.monotonic()))
-            self.waker.event.wait(wait)
-
     def _shutdown(self) -> None:
         # Stuck: no thread is left to finish anything; settle what has finished, no more.
-        self._drain(0 if self._exit_code == EXIT_STUCK else self.grace)
+        drain(self, 0 if self._exit_code == EXIT_STUCK else self.grace)
         self.pool.drop_queued()
         self.reporter.give_back(self.held.runs(), "after the grace period")
         self.pool.stop()
@@ -464,42 +440,34 @@ class Worker:
     # ------------------------------------------------------------------ claiming
 
     def claim(self, limit: int, kinds: list[str]) -> list[Occurrence]:
-        """Claim and authorize up to ``limit`` occurrences of ``kinds`` in one transaction
-        (one commit before the handlers start), then hand the runnable ones to the handler
-        threads. Denied ones are dead-lettered, deferred ones wait for their window (both
-        written in that transaction); a failing units function is the occurrence's durable
-        failure. Returns everything claimed, in claim order."""
-        batch = claiming.claim_authorized(
-            owner=self.worker_id,
-            lease=self.lease,
-            limit=limit,
-            kinds=kinds,
-            units_of=_handler_units,
-            after_principal=self._principal_cursor,
-            sweep_expired=False,
-            using=self.using,
-        )
-        if batch.claimed:
-            # Round-robin: the next claim starts after the last principal served.
-            self._principal_cursor = batch.claimed[-1].principal_key
-        for occurrence, result in batch.refused:
-            self.reporter.refused(occurrence, result)
-        self.held.count_refused(len(batch.refused))
-        unpriced = self._hold([occurrence for occurrence, _ in batch.unpriced])
-        for run, (_, exc) in zip(unpriced, batch.unpriced, strict=True):
-            error = {"type": "InvalidUnits", "message": str(exc)}
-            self.held.finish(run, {"status": "failed", "error": error, "retryable": False, "exception": exc})
-        runnable = self._hold(batch.runnable)
-        self.reporter.claimed(runnable)
-        self.pool.submit(runnable)
-        return batch.claimed
+        """Claim and authorize up to ``limit`` occurrences of ``kinds`` and hand the runnable
+        ones to the handler threads (:meth:`.claims.Claimer.claim`)."""
+        return self.claimer.claim(limit, kinds)
 
-    def _hold(self, claimed: list[Occurrence]) -> list[Run]:
-        """Register claimed occurrences as held (the heartbeat renews their leases)."""
-        default_timeout = conf.settings.HANDLER_TIMEOUT if claimed else None
-        runs = [
-            Run.of(occurrence, owner=self.worker_id, using=self.using, default_timeout=default_timeout)
-            for occurrence in claimed
-        ]
-        self.held.add(runs)
-        return runs
+
+def drain(worker: Worker, timeout: float | None) -> None:
+    """Settle what ``worker`` has pending until it holds nothing (or ``timeout``): how it
+    finishes, for --once, --max-occurrences and a stop's grace period."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        worker.waker.event.clear()  # before the state is read, as in Waker.sleep
+        worker.pool.expire()
+        if worker.pool.all_stuck() and worker._exit_code != EXIT_STUCK:
+            worker._give_up()  # what is left to run never will: settle, give up the rest
+            deadline = time.monotonic()
+        try:
+            worker.reporter.flush()
+        except DatabaseError:
+            logger.exception("database error while finishing the running occurrences; retrying")
+            connections.close_all()
+            time.sleep(0.5)
+        if not worker.held:
+            return
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return
+        wait = 0.5 if remaining is None else min(0.5, remaining)
+        due = worker.pool.next_deadline()
+        if due is not None:
+            wait = max(0.0, min(wait, due - time.monotonic()))
+        worker.waker.event.wait(wait)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from django.db import DatabaseError, connections
@@ -22,6 +23,7 @@ from ..exceptions import InvalidArgument, LeaseLost, SchedulerError
 from ..kernel import reservations
 from ..models import Occurrence, OccurrenceStatus
 from ..rules.authority import Principal
+from ..rules.outcomes import FAILED, SUCCEEDED, Outcome
 from ..rules.validation import to_ms
 from ..telemetry import metrics
 from .runs import Held, Run, log_fields
@@ -50,38 +52,32 @@ def database_answers(using: str | None) -> bool:
         return False
 
 
-def settle_item(run: Run) -> dict[str, Any]:
-    """The settle arguments of a handler's outcome, made storable: a result the database
-    could not store is the occurrence's failure, dead-lettered at once (the handler would
-    return the same again), and error text is repaired and cut to its limits."""
+def settle_item(run: Run) -> Outcome:
+    """The handler's outcome as settle stores it: a result the database could not store is
+    the occurrence's failure, dead-lettered at once (the handler would return the same
+    again), and error text is repaired and cut to its limits."""
     outcome = run.outcome
-    item: dict[str, Any] = {"occurrence_id": run.occurrence.pk, "fence": run.occurrence.fence}
-    if outcome["status"] == "succeeded":
+    assert outcome is not None  # only finished runs are settled
+    if outcome.status == SUCCEEDED:
         try:
-            return {**item, "outcome": "succeeded", "result": kernel.storable_result(outcome["result"])}
+            return replace(outcome, result=kernel.storable_result(outcome.result))
         except SchedulerError as exc:
             reason = f"the handler's result could not be stored: {exc}"
-            return _failure(item, "InvalidResult", reason)
-    retry_at = outcome.get("retry_at")
-    if retry_at is not None:
+            return _failure(outcome, "InvalidResult", reason)
+    if outcome.retry_at is not None:
         try:
-            to_ms(retry_at, "Retry.at")
+            to_ms(outcome.retry_at, "Retry.at")
         except SchedulerError as exc:
-            return _failure(item, "InvalidRetry", f"the handler's Retry could not be scheduled: {exc}")
-    return {
-        **item,
-        "outcome": "failed",
-        "error": kernel.storable_error(outcome["error"]),
-        "retryable": outcome.get("retryable", True) is not False,
-        "retry_at": retry_at,
-    }
+            return _failure(outcome, "InvalidRetry", f"the handler's Retry could not be scheduled: {exc}")
+    return replace(
+        outcome, error=kernel.storable_error(outcome.error), retryable=outcome.retryable is not False
+    )
 
 
-def _failure(item: dict[str, Any], kind: str, reason: str) -> dict[str, Any]:
-    """``item``'s occurrence failed for good with ``reason``, whatever outcome it held."""
+def _failure(outcome: Outcome, kind: str, reason: str) -> Outcome:
+    """``outcome``'s occurrence failed for good with ``reason``, whatever it held."""
     error = kernel.storable_error({"type": kind, "message": reason})
-    held = {key: item[key] for key in ("occurrence_id", "fence")}
-    return {**held, "outcome": "failed", "error": error, "retryable": False}
+    return Outcome(outcome.occurrence_id, outcome.fence, FAILED, error=error, retryable=False)
 
 
 def _log_outcome(run: Run, status: str) -> None:
@@ -114,7 +110,7 @@ def _log_outcome(run: Run, status: str) -> None:
         return
     kind = error.get("type") or "Error"
     fields["scheduler_error_type"] = kind
-    exception = run.outcome.get("exception")
+    exception = run.outcome.exception if run.outcome is not None else None
     logger.log(
         level,
         "%s %s job=%s kind=%s attempt=%d/%d in %.0f ms: %s: %s",
@@ -171,7 +167,7 @@ class OutcomeReporter:
             return
         items = [settle_item(run) for run in finished]
         for run, item in zip(finished, items, strict=True):
-            run.error = item.get("error")
+            run.error = item.error
         results: list[Occurrence | LeaseLost | None] = []
         try:
             results.extend(kernel.settle_many(items, owner=self.worker_id, using=self.using))
@@ -192,7 +188,7 @@ class OutcomeReporter:
                 raise
         self._report(finished, results)
 
-    def _settle_alone(self, run: Run, item: dict[str, Any]) -> Occurrence | LeaseLost | None:
+    def _settle_alone(self, run: Run, item: Outcome) -> Occurrence | LeaseLost | None:
         """Settle one outcome on its own, after its batch failed. One the kernel refuses, or
         that the database refuses twice while it answers otherwise, is recorded as the
         occurrence's failure instead (dead-lettered: it would be refused again). If even
@@ -202,9 +198,7 @@ class OutcomeReporter:
         problem: Exception | None = None
         for _ in range(2):  # twice: a deadlock or a lost connection rarely repeats
             try:
-                return kernel.settle(owner=self.worker_id, using=self.using, **item)
-            except LeaseLost as exc:
-                return exc
+                return self._settle_one(item)
             except InvalidArgument as exc:
                 problem = exc
                 break
@@ -215,9 +209,7 @@ class OutcomeReporter:
         reason = f"the handler's outcome could not be stored: {one_line(problem)}"
         failure = _failure(item, "UnstorableOutcome", reason)
         try:
-            return kernel.settle(owner=self.worker_id, using=self.using, **failure)
-        except LeaseLost as exc:
-            return exc
+            return self._settle_one(failure)
         except (SchedulerError, DatabaseError) as exc:
             if isinstance(exc, DatabaseError) and not database_answers(self.using):
                 raise
@@ -229,6 +221,11 @@ class OutcomeReporter:
                 one_line(exc),
             )
             return None
+
+    def _settle_one(self, item: Outcome) -> Occurrence | LeaseLost:
+        """Settle ``item`` alone: the occurrence, or the ``LeaseLost`` refusing it."""
+        (settled,) = kernel.settle_many([item], owner=self.worker_id, using=self.using)
+        return settled
 
     def give_back(self, runs: list[Run], why: str) -> None:
         """Release the leases of ``runs`` unsettled (another worker may run them now), and
@@ -263,14 +260,16 @@ class OutcomeReporter:
         if not (finished or dead):
             return
         occurrence, kind = run.occurrence, run.context.kind
-        exception = run.outcome.get("exception")
+        outcome = run.outcome
+        exception = outcome.exception if outcome is not None else None
+        succeeded = outcome is not None and status == OccurrenceStatus.SUCCEEDED
         if finished:
             self._send(
                 signals.occurrence_finished,
                 occurrence,
                 kind,
                 outcome=str(status),
-                result=run.outcome.get("result") if status == OccurrenceStatus.SUCCEEDED else None,
+                result=outcome.result if succeeded and outcome is not None else None,
                 error=run.error,
                 exception=exception,
                 duration=time.monotonic() - run.started,

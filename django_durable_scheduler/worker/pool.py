@@ -28,6 +28,7 @@ from django.db import connections
 
 from .. import conf, kernel, registry, signals
 from ..exceptions import HandlerTimeout, OccurrenceCancelled, PermanentFailure, Retry
+from ..rules.outcomes import FAILED, SUCCEEDED, Outcome
 from ..rules.validation import to_duration_ms
 from ..telemetry import metrics, tracing
 from .context import ExecutionContext
@@ -41,15 +42,12 @@ MAX_TRACEBACK = 16 * 1024
 EXIT_STUCK = 3
 
 
-def call_handler(ctx: ExecutionContext) -> dict[str, Any]:
+def call_handler(ctx: ExecutionContext) -> Outcome:
     """Run the handler of ``ctx.kind``; its return value or what it raised, as an outcome."""
+    at = (ctx.occurrence_id, ctx.fence)
     handler = registry.get_handler(ctx.kind)
     if handler is None:  # unregistered after the claim
-        return {
-            "status": "failed",
-            "error": {"message": f"no handler for kind {ctx.kind!r}"},
-            "retryable": True,
-        }
+        return Outcome(*at, FAILED, error={"message": f"no handler for kind {ctx.kind!r}"})
     try:
         result = handler.func(ctx)
         if inspect.iscoroutine(result):  # an async handler
@@ -57,25 +55,21 @@ def call_handler(ctx: ExecutionContext) -> dict[str, Any]:
     except OccurrenceCancelled as exc:
         # Asked to stop: a failure without retry, which settles as cancelled.
         error = {**kernel.storable_error(exc), "type": "OccurrenceCancelled", "code": exc.code}
-        return {"status": "failed", "error": error, "retryable": False, "exception": exc}
+        return Outcome(*at, FAILED, error=error, retryable=False, exception=exc)
     except Retry as exc:
         retry_at = exc.at
         if exc.delay is not None:
             delay_ms = to_duration_ms(exc.delay, "Retry.delay", minimum_ms=0)
             retry_at = conf.now() + timedelta(milliseconds=delay_ms)
-        return {
-            "status": "failed",
-            "error": {**kernel.storable_error(exc), "type": "Retry"},
-            "retry_at": retry_at,
-            "exception": exc,
-        }
+        error = {**kernel.storable_error(exc), "type": "Retry"}
+        return Outcome(*at, FAILED, error=error, retry_at=retry_at, exception=exc)
     except PermanentFailure as exc:
         error = {**kernel.storable_error(exc), "type": "PermanentFailure", "code": exc.code}
-        return {"status": "failed", "error": error, "retryable": False, "exception": exc}
+        return Outcome(*at, FAILED, error=error, retryable=False, exception=exc)
     except Exception as exc:
         error = {**kernel.storable_error(exc), "traceback": traceback.format_exc()[-MAX_TRACEBACK:]}
-        return {"status": "failed", "error": error, "exception": exc}
-    return {"status": "succeeded", "result": result}
+        return Outcome(*at, FAILED, error=error, exception=exc)
+    return Outcome(*at, SUCCEEDED, result=result)
 
 
 def tidy_connections() -> None:
@@ -246,7 +240,7 @@ class HandlerPool:
                 )
         except Exception as exc:  # call_handler catches the handler's; this is ours
             logger.exception("unexpected error running %s", run.occurrence.pk)
-            outcome = {"status": "failed", "error": exc, "exception": exc}
+            outcome = Outcome(run.context.occurrence_id, run.context.fence, FAILED, error=exc, exception=exc)
         with self._lock:
             late = run.timed_out
             run.returned = True
@@ -258,7 +252,7 @@ class HandlerPool:
                 "%s: the handler returned %.1f s after its timeout; its outcome (%s) is dropped",
                 run.occurrence.pk,
                 time.monotonic() - started - (run.timeout or 0.0),
-                outcome["status"],
+                outcome.status,
                 extra=log_fields(run.occurrence, run.context.kind),
             )
             self._wake()  # a thread is free again
@@ -287,7 +281,7 @@ class HandlerPool:
             extra=log_fields(run.occurrence, ctx.kind, timeout=timeout),
         )
         exception = HandlerTimeout(message, timeout=timeout)
-        self.held.finish(run, {"status": "failed", "error": error, "exception": exception})
+        self.held.finish(run, Outcome(ctx.occurrence_id, ctx.fence, FAILED, error=error, exception=exception))
 
     def _send(self, signal: Any, run: Run, **kwargs: Any) -> None:
         """Send one of :mod:`..signals` (the caller checked that it has receivers)."""

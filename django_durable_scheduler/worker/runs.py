@@ -14,6 +14,7 @@ from typing import Any
 from .. import registry
 from ..models import Occurrence
 from ..rules.authority import Principal
+from ..rules.outcomes import Outcome
 from .context import ExecutionContext
 
 
@@ -48,7 +49,7 @@ class Run:
         self.occurrence = occurrence
         self.context = context
         self.started = time.monotonic()
-        self.outcome: dict[str, Any] = {}
+        self.outcome: Outcome | None = None  # set once, by Held.finish
         self.error: dict[str, Any] | None = None  # the error settled, for the log
         self.done = threading.Event()
         self.timeout = timeout
@@ -140,7 +141,7 @@ class Held:
         with self._lock:
             self._processed += n
 
-    def finish(self, run: Run, outcome: dict[str, Any]) -> None:
+    def finish(self, run: Run, outcome: Outcome) -> None:
         """Hand an outcome to the loop thread, which settles it with the others."""
         run.outcome = outcome
         with self._lock:
