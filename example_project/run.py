@@ -12,27 +12,41 @@ first free one from 8000) and ``manage.py runscheduler`` with the given argument
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
 import signal
 import socket
 import subprocess
 import sys
+import venv
 from pathlib import Path
-from types import ModuleType
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+VENV = ROOT / ".venv-example"
+# What the example needs: the package with its [tasks] extra (the demo's Django tasks: the
+# django-tasks backport on Django 5.2), Django 5.2, django-environ (its settings read
+# DATABASE_URL), and the one database driver DATABASE_URL needs.
+REQUIREMENTS = ("django>=5.2,<6", "django-environ>=0.11", "tzdata")
 
 
-def _load_devenv() -> ModuleType:
-    path = HERE.parent / "tests" / "devenv.py"
-    spec = importlib.util.spec_from_file_location("durable_scheduler_devenv", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+def ensure_venv(database_url: str) -> str:
+    """``.venv-example``'s Python, the venv made or brought up to date (quiet unless pip fails)."""
+    scheme = database_url.split(":", 1)[0].lower()
+    driver = ["postgres"] if scheme.startswith("postgres") else ["mysql"] if scheme == "mysql" else []
+    target = f"{ROOT}[{','.join(['tasks', *driver])}]"
+    stamp, python = VENV / "installed.txt", VENV / "bin" / "python"
+    wanted = " ".join([target, *REQUIREMENTS, (ROOT / "pyproject.toml").read_text()])
+    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return str(python)
+    if not python.exists():
+        venv.create(VENV, with_pip=True)
+    print(f"installing the package and {', '.join(REQUIREMENTS)} into {VENV.name} (once)", flush=True)
+    cmd = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-e", target]
+    if subprocess.call([*cmd, *REQUIREMENTS]) != 0:
+        raise SystemExit(f"example_project/run.py: pip install into {VENV.name} failed")
+    stamp.write_text(wanted)
+    return str(python)
 
 
 def run_child(cmd: list[str]) -> int:
@@ -72,14 +86,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    devenv = _load_devenv()
-    python = os.environ.get("EXAMPLE_PYTHON")
-    if not python:
-        try:
-            python = str(devenv.ensure_example_venv(os.environ.get("DATABASE_URL") or "sqlite://"))
-        except devenv.SetupError as exc:
-            print(f"example_project/run.py: {exc}", file=sys.stderr)
-            return 1
+    python = os.environ.get("EXAMPLE_PYTHON") or ensure_venv(os.environ.get("DATABASE_URL") or "sqlite://")
     manage = [python, str(HERE / "manage.py")]
     password = secrets.token_urlsafe(9)
     for step in (["migrate", "--no-input"], ["demo_seed"], ["demo_admin", "--password", password]):
