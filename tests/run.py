@@ -1,15 +1,13 @@
 #!/usr/bin/env python3
 """Run the whole test matrix: ``python3 tests/run.py [--require-all] [--install-system-deps] [nox
-arguments]``, e.g. ``python3 tests/run.py -s sqlite -- -k kernel``.
+arguments]``, e.g. ``python3 tests/run.py -s sqlite -- -k kernel`` (``-l`` lists the sessions).
 
-Standard library only, so that it runs on a machine with nothing but Python 3.11+: it creates
-``.venv-nox`` with the pinned nox and uv, then runs nox on ``noxfile.py`` (the legs and checks
-are there: ``-l`` lists them) with the other arguments. ``--require-all``: a leg that cannot run
-(no server, no Python 3.12+) fails instead of being skipped. ``--install-system-deps``: the legs
-apt-get install what they miss (libmariadb-dev and pkg-config, pgbouncer; root only).
-
-The last line printed is ``N passed, M failed``, summed over the legs' JUnit reports. The exit
-code is nox's, and 1 when a whole run (no nox arguments) ran no test.
+Standard library only: it makes ``.venv-nox`` with the pinned nox and uv, then runs nox on
+``noxfile.py``. With no nox arguments it runs every session, those tagged ``postgresql`` beside
+the others (one nox run leaves a two-core machine half idle at times). ``--require-all``: a leg
+that cannot run fails instead of being skipped; ``--install-system-deps``: the legs apt-get
+install what they miss (root only). The last line is ``N passed, M failed, K skipped`` over the
+legs' JUnit reports; the exit code is nox's, and 1 when a whole run ran no test.
 """
 
 from __future__ import annotations
@@ -58,18 +56,34 @@ def counts() -> dict[str, int]:
     return found
 
 
+def side_by_side(nox: list[str], env: dict[str, str]) -> int:
+    """The sessions tagged ``postgresql`` beside the others (two nox runs, each printed whole
+    when it ends); the first non-zero exit code of the two, else 0."""
+    lanes = {}
+    for tag in ("postgresql", "other"):
+        log = (REPORTS / f"nox-{tag}.log").open("w+")
+        print(f"[run.py] $ nox -t {tag}  (printed when it ends)", flush=True)
+        lanes[tag] = (subprocess.Popen([*nox, "-t", tag], cwd=ROOT, env=env, stdout=log, stderr=log), log)
+    codes = []
+    for tag, (proc, log) in lanes.items():
+        codes.append(proc.wait())
+        log.seek(0)
+        print(f"\n[run.py] ===== nox -t {tag}: exit {codes[-1]} =====\n{log.read()}", flush=True)
+    return next((code for code in codes if code), 0)
+
+
 def main(argv: list[str]) -> int:
     cut = argv.index("--") if "--" in argv else len(argv)
-    env = dict(os.environ)
-    for flag, name in FLAGS.items():
-        if flag in argv[:cut]:
-            env[name] = "1"
+    env = {**os.environ, **{name: "1" for flag, name in FLAGS.items() if flag in argv[:cut]}}
     args = [arg for arg in argv[:cut] if arg not in FLAGS] + argv[cut:]
-    python = tools_python()
+    nox = [str(tools_python()), "-m", "nox", "-f", str(ROOT / "noxfile.py")]
     shutil.rmtree(REPORTS, ignore_errors=True)
-    cmd = [str(python), "-m", "nox", "-f", str(ROOT / "noxfile.py"), *args]
-    print("[run.py] $ nox " + " ".join(cmd[4:]), flush=True)
-    code = subprocess.call(cmd, cwd=ROOT, env=env)
+    REPORTS.mkdir()
+    if args:
+        print("[run.py] $ nox " + " ".join(args), flush=True)
+        code = subprocess.call([*nox, *args], cwd=ROOT, env=env)
+    else:
+        code = side_by_side(nox, env)
     found = counts()
     if code == 0 and not args and not found["passed"] + found["failed"]:
         print("[run.py] no test ran: that is a failure")
