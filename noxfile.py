@@ -144,8 +144,9 @@ def apt_install(session: nox.Session, *packages: str) -> None:
     """apt-get install ``packages`` when allowed (``tests/run.py --install-system-deps``, root)."""
     if INSTALL_SYSTEM_DEPS and os.geteuid() == 0 and shutil.which("apt-get"):
         env = {"DEBIAN_FRONTEND": "noninteractive"}
-        session.run("apt-get", "update", "-q", external=True, env=env, silent=True)
-        session.run("apt-get", "install", "-y", "-q", *packages, external=True, env=env, silent=True)
+        apt = ("apt-get", "-q", "-o", "DPkg::Lock::Timeout=300")  # the other lane may be in apt too
+        session.run(*apt, "update", external=True, env=env, silent=True)
+        session.run(*apt, "install", "-y", *packages, external=True, env=env, silent=True)
 
 
 PROBES = {
