@@ -62,7 +62,7 @@ def side_by_side(nox: list[str], env: dict[str, str]) -> int:
     lanes = {}
     for tag in ("postgresql", "other"):
         log = (REPORTS / f"nox-{tag}.log").open("w+")
-        print(f"[run.py] $ nox -t {tag}  (printed when it ends)", flush=True)
+        print(f"[run.py] $ nox -t {tag} > {log.name}  (printed when it ends)", flush=True)
         lanes[tag] = (subprocess.Popen([*nox, "-t", tag], cwd=ROOT, env=env, stdout=log, stderr=log), log)
     codes = []
     for tag, (proc, log) in lanes.items():
