@@ -74,14 +74,15 @@ DJ6_SQLITE_MODULES = (
     "tasks_backend",
 )
 # Django 6 on PostgreSQL, with server-side binding and prepared statements (DSCH_PG_PREPARED=1,
-# what the README suggests without a pooler): where Django's version and PostgreSQL meet.
-# Migrations and schema changes (the schema editor's SQL), the partitioned events table, the
-# dialect's own SQL (claim plans and their EXPLAIN, constraints, enqueue's INSERT ... ON
-# CONFLICT, budget rows locked FOR UPDATE) under prepared statements, LISTEN/NOTIFY and the
-# wake-ups, the worker and runscheduler as processes (crash, concurrency), the checks that
-# read the connection's settings, and django.tasks (built into Django 6). The API's validation,
-# the admin and the triggers do not depend on that meeting: the sqlite, postgres and
-# dj6-sqlite legs cover them.
+# what the README suggests without a pooler): where Django's version and PostgreSQL meet, not the
+# whole suite again. Migrations and schema changes (the schema editor's SQL on each Django), the
+# partitioned events table, the dialect's own SQL under prepared statements (claim plans and
+# their EXPLAIN, claiming and authorizing in one transaction, the check constraints, the enqueue
+# fast path's guarded insert, the budget usage rows), the system checks that read the
+# connection's settings, LISTEN/NOTIFY and the wake-ups, the worker and runscheduler as
+# processes (crash recovery with the server restart, concurrency), and django.tasks, built into
+# Django 6. The API's validation, the admin, the triggers and the policies do not depend on that
+# meeting: the postgres leg (Django 5.2) and the dj6-sqlite leg cover them.
 DJ6_POSTGRES_MODULES = (
     "migrations",
     "schema_change",
