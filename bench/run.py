@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import math
+import os
 import shutil
 import statistics
 import subprocess
@@ -22,21 +22,8 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from types import ModuleType
 
-
-def _load_devenv() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "tests" / "devenv.py"
-    spec = importlib.util.spec_from_file_location("durable_scheduler_devenv", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-devenv = _load_devenv()
-ROOT: Path = devenv.ROOT
+ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 VENV = ROOT / ".venv-bench"
 REQUIREMENTS = BENCH / "requirements.txt"
@@ -48,39 +35,41 @@ def say(message: str) -> None:
     print(f"[run.py] {message}", flush=True)
 
 
+def python_311() -> Path:
+    """This Python if it is 3.11, else pyenv's (a pyenv shim on PATH fails unless 3.11 is active)."""
+    if sys.version_info[:2] == (3, 11):
+        return Path(sys.executable)
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    if found := sorted(pyenv.glob("3.11.*/bin/python3")):
+        return found[-1]
+    raise SystemExit("bench/run.py needs Python 3.11 (run it with one, or install one with pyenv)")
+
+
 def ensure_bench_venv() -> Path:
-    base = devenv.find_python(((3, 11),))
-    if base is None and sys.version_info[:2] == (3, 11):
-        base = Path(sys.executable)
-    if base is None:
-        raise SystemExit("bench/run.py needs Python 3.11 (on PATH or in pyenv)")
-    python = devenv.venv_python(VENV)
+    """``.venv-bench``'s Python, made or brought up to date (pip quiet unless it fails)."""
+    base = python_311()
+    python = VENV / "bin" / "python"
     digest = hashlib.sha256()
-    for part in (REQUIREMENTS, devenv.PYPROJECT):
+    for part in (REQUIREMENTS, ROOT / "pyproject.toml"):
         digest.update(part.read_bytes())
-    digest.update(f"{DJANGO}|{ROOT}".encode())
-    digest.update((devenv.output([str(base), "-c", "import sys; print(sys.version)"]) or "").encode())
+    digest.update(f"{DJANGO}|{ROOT}|{base}".encode())
     key = digest.hexdigest()
-    stamp = VENV / devenv.STAMP_NAME
+    stamp = VENV / ".durable-scheduler-stamp.json"
     try:
         current = json.loads(stamp.read_text()).get("key")
     except (OSError, ValueError):
         current = None
-    if current == key and devenv.interpreter_version(python) == (3, 11):
+    if current == key and python.exists():
         say(".venv-bench is up to date")
         return python
-    if python.exists() and devenv.interpreter_version(python) != (3, 11):
-        shutil.rmtree(VENV)
-    if not python.exists():
-        say(f"creating .venv-bench with {base}")
-        if devenv.run([str(base), "-m", "venv", str(VENV)]) != 0:
-            raise SystemExit("could not create .venv-bench")
-    stamp.unlink(missing_ok=True)
-    devenv.run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"], quiet=True)
+    shutil.rmtree(VENV, ignore_errors=True)
+    say(f"creating .venv-bench with {base}")
+    if subprocess.call([str(base), "-m", "venv", str(VENV)]) != 0:
+        raise SystemExit("could not create .venv-bench")
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"], capture_output=True)
     say(f"pip install -e .[postgres] {DJANGO!r} -r bench/requirements.txt into .venv-bench")
     cmd = [str(python), "-m", "pip", "install", "-q", "-e", f"{ROOT}[postgres]", DJANGO]
-    cmd += ["-r", str(REQUIREMENTS)]
-    if devenv.run(cmd, quiet=True) != 0:
+    if subprocess.call([*cmd, "-r", str(REQUIREMENTS)]) != 0:
         raise SystemExit("pip install into .venv-bench failed (output above)")
     stamp.write_text(json.dumps({"key": key}))
     return python

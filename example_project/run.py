@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import importlib.util
 import os
 import secrets
 import signal
@@ -43,9 +42,10 @@ import socket
 import subprocess
 import sys
 import time
+import venv
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType, ModuleType
+from types import FrameType
 
 HERE = Path(__file__).resolve().parent
 NAME = "example_project/run.py"
@@ -53,16 +53,31 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOP_MARGIN = 10.0  # seconds runscheduler may take after its grace to record outcomes and exit
 POLL = 0.1  # seconds between looks at the children: how soon a signal or a child's end is acted on
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+ROOT = HERE.parent
+VENV = ROOT / ".venv-example"
+# What the example needs: the package with its [tasks] extra (the demo's Django tasks: the
+# django-tasks backport on Django 5.2), Django 5.2, django-environ (its settings read
+# DATABASE_URL), and the one database driver DATABASE_URL needs.
+REQUIREMENTS = ("django>=5.2,<6", "django-environ>=0.11", "tzdata")
 
 
-def _load_devenv() -> ModuleType:
-    path = HERE.parent / "tests" / "devenv.py"
-    spec = importlib.util.spec_from_file_location("durable_scheduler_devenv", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+def ensure_venv(database_url: str) -> str:
+    """``.venv-example``'s Python, the venv made or brought up to date (quiet unless pip fails)."""
+    scheme = database_url.split(":", 1)[0].lower()
+    driver = ["postgres"] if scheme.startswith("postgres") else ["mysql"] if scheme == "mysql" else []
+    target = f"{ROOT}[{','.join(['tasks', *driver])}]"
+    stamp, python = VENV / "installed.txt", VENV / "bin" / "python"
+    wanted = " ".join([target, *REQUIREMENTS, (ROOT / "pyproject.toml").read_text()])
+    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return str(python)
+    if not python.exists():
+        venv.create(VENV, with_pip=True)
+    print(f"installing the package and {', '.join(REQUIREMENTS)} into {VENV.name} (once)", flush=True)
+    cmd = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-e", target]
+    if subprocess.call([*cmd, *REQUIREMENTS]) != 0:
+        raise SystemExit(f"{NAME}: pip install into {VENV.name} failed")
+    stamp.write_text(wanted)
+    return str(python)
 
 
 def _die_with_parent() -> Callable[[], None] | None:
@@ -237,14 +252,7 @@ def stop_timeout(scheduler_args: list[str]) -> float:
 
 
 def main(argv: list[str]) -> int:
-    devenv = _load_devenv()
-    python = os.environ.get("EXAMPLE_PYTHON")
-    if not python:
-        try:
-            python = str(devenv.ensure_example_venv(os.environ.get("DATABASE_URL") or "sqlite://"))
-        except devenv.SetupError as exc:
-            _say(str(exc))
-            return 1
+    python = os.environ.get("EXAMPLE_PYTHON") or ensure_venv(os.environ.get("DATABASE_URL") or "sqlite://")
     scheduler_args = argv or ["--verbosity", "1"]
     launcher = Launcher([python, str(HERE / "manage.py")], stop_timeout(scheduler_args))
     launcher.install()

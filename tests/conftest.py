@@ -122,43 +122,6 @@ def snapshot() -> dict:
     return {model.__name__: list(model.objects.order_by("pk").values()) for model in models}
 
 
-# The first of tests/run.py's two shares of a leg (DSCH_TEST_SHARD=1): the modules of long
-# tests (subprocesses, browsers, large data), about half a leg's time; the rest is share 2.
-FIRST_SHARE = frozenset(
-    {
-        "test_migrations",
-        "test_concurrency",
-        "test_triggers_property",
-        "test_admin_browser",
-        "test_scale",
-        "test_crash",
-        "test_chains_crash",
-    }
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    """tests/run.py runs a leg in parts, selected here from the environment (unset: all):
-    DSCH_TEST_SHARD=1 keeps the modules of FIRST_SHARE, =2 the others; and
-    DSCH_SERVER_RESTART_TESTS=skip leaves out the tests that stop the database server, =only
-    keeps only those (run.py runs them with the server to themselves)."""
-    shard = os.environ.get("DSCH_TEST_SHARD", "")
-    restart = os.environ.get("DSCH_SERVER_RESTART_TESTS", "")
-
-    def wanted(item) -> bool:
-        if shard in ("1", "2") and (item.path.stem in FIRST_SHARE) != (shard == "1"):
-            return False
-        restarts = item.get_closest_marker("restarts_database_server") is not None
-        return restart not in ("skip", "only") or restarts == (restart == "only")
-
-    keep, drop = [], []
-    for item in items:
-        (keep if wanted(item) else drop).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
-
-
 # ``test_bad_input``'s world of jobs, occurrences and policies in every state, shared by the
 # modules that throw bad input at the API (test_bad_input, test_input_contract, test_api_property).
 

@@ -1,164 +1,94 @@
 #!/usr/bin/env python3
-"""Run the whole test matrix: ``python3 tests/run.py [options] [-- pytest arguments]``.
+"""Run the whole test matrix: ``python3 tests/run.py [--require-all] [--install-system-deps] [nox
+arguments]``, e.g. ``python3 tests/run.py -s sqlite -- -k kernel`` (``-l`` lists the sessions).
 
-Standard library only. Builds ``.venv`` (this Python, Django 5.2) and ``.venv-dj6`` (Python 3.13 or
-3.12, Django 6), runs the migration check and the linters, then pytest on each leg. On a machine
-with two cores or more two pytest processes run side by side (``--jobs``), each leg in parts: two
-shares of its test modules and, on PostgreSQL, the tests marked ``restarts_database_server``
-apart, with the server to themselves (``tests/runner/legs.py``, ``tests/runner/lanes.py``). The legs:
-
-    sqlite        Python 3.11 + Django 5.2 + SQLite file
-    postgres      Python 3.11 + Django 5.2 + PostgreSQL  postgres://postgres@127.0.0.1:5432/dsch
-    mariadb       Python 3.11 + Django 5.2 + MariaDB     mysql://root@127.0.0.1:3306/dsch
-    dj6-sqlite    Python 3.13 + Django 6   + SQLite file (the modules where SQLite and the
-                  Django or Python version meet)
-    dj6-postgres  Python 3.13 + Django 6   + PostgreSQL  postgres://postgres@127.0.0.1:5432/dsch6
-                  (with server-side binding and prepared statements: DSCH_PG_PREPARED=1)
-    pgbouncer     Python 3.11 + Django 5.2 + PostgreSQL through PgBouncer (transaction mode),
-                  started here: the pooler and crash tests
-
-The Django 6 legs test the package as users get it: the sdist and wheel are built
-(``python -m build``) and checked (``twine check``, and that the wheel holds every file of the
-package), the wheel replaces ``.venv-dj6``'s editable install, and pytest runs from a copy of
-``tests/`` in ``.wheel-tests/``, where no source of the package can shadow it.
-
-A leg whose database server does not answer is skipped (a failure with ``--require-all``).
-The last line printed is ``N passed, M failed`` summed over the legs; the exit code is 1 when a
-check or a leg failed or no leg ran a test.
+Standard library only: it makes ``.venv-nox`` with the pinned nox and uv, then runs nox on
+``noxfile.py``. With no nox arguments it runs every session, those tagged ``postgresql`` beside
+the others (one nox run leaves a two-core machine half idle at times). ``--require-all``: a leg
+that cannot run fails instead of being skipped; ``--install-system-deps``: the legs apt-get
+install what they miss (root only). The last line is ``N passed, M failed, K skipped`` over the
+legs' JUnit reports; the exit code is nox's, and 1 when a whole run ran no test.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import os
+import shutil
+import subprocess
 import sys
-import threading
-import time
+import venv
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the runner, as tests.runner
-
-from tests import devenv
-from tests.runner import lanes, legs, prepare, process, results
-
-LEG_TIMEOUT_MIN = 25
-# A leg keeps about one core busy (pytest, the database server and the tests' worker processes
-# together, mostly waiting on each other), so two legs side by side fit a two-core machine.
-JOBS = max(1, min(2, os.cpu_count() or 1))
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ROOT / ".venv-nox"
+PINS = ("nox==2026.10.20", "uv==0.13.9")
+REPORTS = ROOT / ".nox-reports"  # noxfile.REPORTS
+FLAGS = {"--require-all": "DSCH_REQUIRE_ALL", "--install-system-deps": "DSCH_INSTALL_SYSTEM_DEPS"}
 
 
-def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    pytest_args: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, pytest_args = argv[:cut], argv[cut + 1 :]
-    every = ",".join(leg.name for leg in legs.LEGS)
-    parser = argparse.ArgumentParser(
-        prog="python3 tests/run.py",
-        description="Build the venvs, lint, and run pytest on every database and Django version.",
-        epilog="Arguments after -- go to pytest, e.g.: python3 tests/run.py --legs sqlite -- -k identity",
-    )
-    parser.add_argument("--legs", default=every, help=f"comma-separated legs to run (default: all): {every}")
-    parser.add_argument(
-        "--require-all", action="store_true", help="a leg that cannot run (no server, no Python) fails"
-    )
-    parser.add_argument(
-        "--install-system-deps",
-        action="store_true",
-        help="apt-get install libmariadb-dev pkg-config (and pgbouncer) when missing (root only)",
-    )
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=JOBS,
-        help="legs run side by side (default %(default)s; 1 runs them one after another, output live)",
-    )
-    parser.add_argument("--no-lint", action="store_true", help="skip ruff and mypy")
-    parser.add_argument(
-        "--leg-timeout", type=float, default=LEG_TIMEOUT_MIN, help="minutes per leg (default %(default)s)"
-    )
-    args = parser.parse_args(argv)
+def tools_python() -> Path:
+    """``.venv-nox``'s Python, with PINS installed (once; again when they change)."""
+    python, stamp = TOOLS / "bin" / "python", TOOLS / "pins.txt"
+    if python.exists() and stamp.exists() and stamp.read_text() == "\n".join(PINS):
+        return python
+    print(f"[run.py] creating {TOOLS.name} with {' '.join(PINS)}", flush=True)
+    shutil.rmtree(TOOLS, ignore_errors=True)
     try:
-        args.legs = legs.select(args.legs)
-    except ValueError as exc:
-        parser.error(str(exc))
-    return args, pytest_args
+        venv.create(TOOLS, with_pip=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        sys.exit(f"[run.py] cannot create {TOOLS}: {exc} (on Debian: apt-get install python3-venv)")
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *PINS]
+    if subprocess.call(pip) != 0:
+        sys.exit(f"[run.py] pip install {' '.join(PINS)} failed")
+    stamp.write_text("\n".join(PINS))
+    return python
 
 
-class PartRunner:
-    """Runs one part of a leg and records it in the leg's result; with parts side by side, each
-    part's output is printed whole when it ends."""
-
-    def __init__(self, args: argparse.Namespace, pytest_args: list[str], jobs: int, started: float) -> None:
-        self.args, self.pytest_args, self.jobs, self.started = args, pytest_args, jobs, started
-        self.print_lock = threading.Lock()
-
-    def __call__(self, leg: legs.Leg, part: legs.Part, item: tuple[results.Result, devenv.Venv]) -> None:
-        result, venv = item
-        title = f"leg {leg.name}{part.title}: Python {venv.python_version}"
-        title += f", Django {venv.django_version}, {leg.database}"
-        if self.jobs == 1:
-            prepare.banner(title)
-        else:
-            with self.print_lock:
-                prepare.say(f"{time.monotonic() - self.started:6.1f} s: leg {leg.name}{part.title} starts")
-        start = time.monotonic()
-        code, closing, output = process.run_pytest(
-            venv.python,
-            {**prepare.leg_env(leg.url), **dict(leg.env), **dict(part.env)},
-            [*self.pytest_args, *leg.tests],
-            self.args.leg_timeout * 60,
-            echo=self.jobs == 1,
-            cwd=devenv.WHEEL_STAGE if leg.wheel else devenv.ROOT,
-        )
-        seconds = time.monotonic() - start
-        with self.print_lock:
-            passed = results.record(result, part, code, closing, seconds, self.args.leg_timeout)
-            if self.jobs > 1:
-                prepare.banner(f"{title} ({'passed' if passed else 'failed'}, {seconds:.1f} s)")
-                sys.stdout.buffer.write(b"".join(output))
-                sys.stdout.flush()
+def counts() -> dict[str, int]:
+    """passed, failed (errors too) and skipped tests over the JUnit reports in REPORTS."""
+    found = {"passed": 0, "failed": 0, "skipped": 0}
+    for report in sorted(REPORTS.glob("*.xml")):
+        for case in ET.parse(report).iter("testcase"):
+            tags = {child.tag for child in case}
+            failed, skipped = bool(tags & {"failure", "error"}), "skipped" in tags
+            found["failed" if failed else "skipped" if skipped else "passed"] += 1
+    return found
 
 
-def run_legs(
-    args: argparse.Namespace,
-    ready: list[tuple[legs.Leg, results.Result, devenv.Venv]],
-    pytest_args: list[str],
-    started: float,
-) -> None:
-    """Run the legs' parts, ``args.jobs`` at a time."""
-    jobs = max(1, min(args.jobs, len(ready)))
-    parts = [(leg, part, (result, venv)) for leg, result, venv in ready for part in legs.leg_parts(leg, jobs)]
-    if jobs > 1:
-        prepare.say(f"{len(ready)} legs in {len(parts)} parts, {jobs} at a time;")
-        prepare.say("each part's output follows when it ends")
-    for _, part, (result, _), exc in lanes.run_in_lanes(
-        parts, jobs, PartRunner(args, pytest_args, jobs, started)
-    ):
-        result.status = "failed"
-        result.add_why(f"{part.title.strip(' ()') or 'leg'}: the runner failed: {exc!r}")
+def side_by_side(nox: list[str], env: dict[str, str]) -> int:
+    """The sessions tagged ``postgresql`` beside the others (two nox runs, each printed whole
+    when it ends); the first non-zero exit code of the two, else 0."""
+    lanes = {}
+    for tag in ("postgresql", "other"):
+        log = (REPORTS / f"nox-{tag}.log").open("w+")
+        print(f"[run.py] $ nox -t {tag} > {log.name}  (printed when it ends)", flush=True)
+        lanes[tag] = (subprocess.Popen([*nox, "-t", tag], cwd=ROOT, env=env, stdout=log, stderr=log), log)
+    codes = []
+    for tag, (proc, log) in lanes.items():
+        codes.append(proc.wait())
+        log.seek(0)
+        print(f"\n[run.py] ===== nox -t {tag}: exit {codes[-1]} =====\n{log.read()}", flush=True)
+    return next((code for code in codes if code), 0)
 
 
 def main(argv: list[str]) -> int:
-    args, pytest_args = parse_args(argv)
-    started = time.monotonic()
-    prepare.banner("virtualenvs")
-    venvs, unavailable = prepare.build_venvs(args.legs, args.install_system_deps)
-    checks = prepare.checks(venvs, lint=not args.no_lint)
-    wheel_failed = ""
-    if "default" in venvs and any(leg.wheel for leg in args.legs):
-        check = prepare.package_check(venvs["default"], venvs.get("dj6"))
-        checks.append(check)
-        wheel_failed = check.why if check.status == "failed" else ""
-    leg_results, ready = prepare.runnable(args.legs, venvs, unavailable, wheel_failed)
-    with contextlib.ExitStack() as stack:
-        prepare.pooler(ready, args.install_system_deps, stack)
-        run_legs(args, ready, pytest_args, started)
-    results.settle(leg_results, require_all=args.require_all)
-    prepare.banner("summary")
-    text, code = results.summary(checks, leg_results, time.monotonic() - started)
-    print(f"\n{text}", flush=True)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    env = {**os.environ, **{name: "1" for flag, name in FLAGS.items() if flag in argv[:cut]}}
+    args = [arg for arg in argv[:cut] if arg not in FLAGS] + argv[cut:]
+    nox = [str(tools_python()), "-m", "nox", "-f", str(ROOT / "noxfile.py")]
+    shutil.rmtree(REPORTS, ignore_errors=True)
+    REPORTS.mkdir()
+    if args:
+        print("[run.py] $ nox " + " ".join(args), flush=True)
+        code = subprocess.call([*nox, *args], cwd=ROOT, env=env)
+    else:
+        code = side_by_side(nox, env)
+    found = counts()
+    if code == 0 and not args and not found["passed"] + found["failed"]:
+        print("[run.py] no test ran: that is a failure")
+        code = 1
+    print(f"\n{found['passed']} passed, {found['failed']} failed, {found['skipped']} skipped", flush=True)
     return code
 
 
@@ -166,5 +96,4 @@ if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv[1:]))
     except KeyboardInterrupt:
-        print("\n[run.py] interrupted", file=sys.stderr)
         sys.exit(130)
