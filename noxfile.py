@@ -184,7 +184,7 @@ def test_env(url: str | None, **extra: str) -> dict[str, str | None]:
 def pytest(session: nox.Session, env: dict[str, str | None], *args: str, parallel: bool = True) -> None:
     """pytest on ``args`` (the tests, or none for all), its JUnit report in REPORTS. ``parallel``:
     with pytest-xdist; on PostgreSQL, whose server the tests marked restarts_database_server
-    stop (tests/test_crash.py), those run after the rest, alone with the server."""
+    stop (tests/worker/test_crash.py), those run after the rest, alone with the server."""
     report = REPORTS / session.name.replace("/", "-")
     run = ["python", "-m", "pytest", "-p", "no:cacheprovider", "--durations=10", *args, *session.posargs]
     if not parallel:

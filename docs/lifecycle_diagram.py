@@ -1,7 +1,7 @@
 """Write the occurrence lifecycle of ``django_durable_scheduler/rules/lifecycle.py`` into
 ``docs/design.md``, between its ``lifecycle:begin`` and ``lifecycle:end`` markers: a Mermaid
 state diagram and a table, both generated from ``TRANSITIONS``, so the picture cannot drift
-from the code (``tests/test_lifecycle.py`` fails when the block is out of date).
+from the code (``tests/rules/test_lifecycle.py`` fails when the block is out of date).
 
     python docs/lifecycle_diagram.py           # rewrite the block
     python docs/lifecycle_diagram.py --check   # exit 1 if the block differs

@@ -134,7 +134,7 @@ def module_world(django_db_setup, django_db_blocker):
     from django.db import transaction
     from django.test.utils import override_settings
 
-    from .test_bad_input import build_world
+    from .kernel.test_bad_input import build_world
 
     with django_db_blocker.unblock():
         build_clock = Clock(CLOCK_START)

@@ -104,7 +104,7 @@ LOGGING = {
 }
 
 # The django.tasks backend, where a task framework is installed (Django 6, or the django-tasks
-# backport that the dev dependency group brings to Django 5.2); tests/test_tasks_backend.py
+# backport that the dev dependency group brings to Django 5.2); tests/tasks/test_tasks_backend.py
 # skips without one.
 if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_tasks"):
     TASKS = {

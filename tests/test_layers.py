@@ -137,3 +137,13 @@ def test_no_module_or_class_past_its_size():
 
 def test_every_allowed_long_one_is_still_long():
     assert not ALLOWED_LONG.keys() - too_long().keys()
+
+
+def test_the_tests_are_laid_out_like_the_package():
+    """A test module sits in the folder of the part it tests (tests/kernel/ for the kernel...);
+    the ones at the top test the project as a whole or a top-level module."""
+    folders = {path.name for path in (ROOT / "tests").iterdir() if (path / "__init__.py").is_file()}
+    helpers = {"procs", "testapp"}
+    assert folders - helpers <= RANKS.keys(), "a test folder that is no part of the package"
+    for layer in ("db", "rules", "kernel", "housekeeping", "worker", "admin"):
+        assert list((ROOT / "tests" / layer).glob("test_*.py")), f"no tests under tests/{layer}/"

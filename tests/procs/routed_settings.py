@@ -1,4 +1,4 @@
-"""Settings of tests/test_routers.py's subprocesses: this app's tables in a database of their
+"""Settings of tests/db/test_routers.py's subprocesses: this app's tables in a database of their
 own ("scheduler", DATABASE_URL), everything else in "default" (DSCH_OTHER_URL), as a router
 decides; neither holds the other's tables, so a query sent to the wrong one fails."""
 

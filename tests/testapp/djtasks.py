@@ -1,4 +1,4 @@
-"""Tasks for tests/test_tasks_backend.py (module level, so a worker process imports them)."""
+"""Tasks for tests/tasks/test_tasks_backend.py (module level, so a worker process imports them)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ async def async_add(a, b):
 
 @task
 async def async_wait(seconds):
-    """Awaits ``seconds``: a cancel request stops it there (tests/test_tasks_backend.py)."""
+    """Awaits ``seconds``: a cancel request stops it there (tests/tasks/test_tasks_backend.py)."""
     await asyncio.sleep(seconds)
     return "waited"
 

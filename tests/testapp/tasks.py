@@ -50,7 +50,7 @@ def receipt(ctx):
     return "charged"
 
 
-# --- crash and scale tests (tests/test_crash.py, tests/test_scale.py)
+# --- crash and scale tests (tests/worker/test_crash.py, tests/worker/test_scale.py)
 
 
 @scheduler.handler("test.crash-once")
@@ -70,7 +70,7 @@ def echo(ctx):
     return {"occurrence": ctx.occurrence_id, "attempt": ctx.attempt}
 
 
-# --- outcomes the database cannot store as they are (tests/test_poison.py)
+# --- outcomes the database cannot store as they are (tests/worker/test_poison.py)
 
 
 @scheduler.handler("test.poison")
@@ -99,7 +99,7 @@ def poison(ctx):
     return {"mode": mode, "occurrence": ctx.occurrence_id}
 
 
-# --- wake-ups (tests/test_wakeups.py)
+# --- wake-ups (tests/db/test_wakeups.py)
 
 
 @scheduler.handler("test.stamp")
@@ -118,7 +118,7 @@ def hang(ctx):
     return "late"
 
 
-# --- cancelling a running occurrence (tests/test_cancel.py)
+# --- cancelling a running occurrence (tests/kernel/test_cancel.py)
 
 
 @scheduler.handler("test.cancel-poll")
@@ -150,7 +150,7 @@ async def cancel_async(ctx):
     return "finished"
 
 
-# --- concurrency limits (tests/test_concurrency_limits.py)
+# --- concurrency limits (tests/kernel/test_concurrency_limits.py)
 
 
 def _record_run(ctx, event: str) -> None:
@@ -191,7 +191,7 @@ def keyed_by_function(ctx):
     return "done"
 
 
-# --- chains and batches under SIGKILL (tests/test_chains_crash.py)
+# --- chains and batches under SIGKILL (tests/worker/test_chains_crash.py)
 
 
 @scheduler.handler("test.step")

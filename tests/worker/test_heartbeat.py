@@ -1,0 +1,86 @@
+"""The heartbeat renews the leases of what a worker holds, on its own thread, and keeps the
+worker's row fresh; a lease it finds lost is marked on the handler's context."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+
+import django_durable_scheduler as scheduler
+from django_durable_scheduler import kernel
+from django_durable_scheduler.models import Occurrence, WorkerHeartbeat
+from django_durable_scheduler.worker.heartbeat import Heartbeat
+from django_durable_scheduler.worker.runs import Held, Run
+
+from ..conftest import AUTHORITY
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def held_runs(owner: str, n: int, lease: float) -> Held:
+    """``n`` occurrences claimed by ``owner`` for ``lease`` seconds, held as a worker holds them."""
+    scheduler.ensure_policy(AUTHORITY)
+    scheduler.create_job("beat", "test.ok", authority=AUTHORITY)
+    for i in range(n):
+        scheduler.enqueue("beat", scheduled_for=1_700_000_000_000 + i, trigger_key=f"t{i}")
+    held = Held(lambda: None)
+    claimed = kernel.claim_batch(owner=owner, lease=lease, limit=n)
+    held.add([Run.of(row, owner=owner, using=None, default_timeout=None) for row in claimed])
+    return held
+
+
+def expiry(run: Run):
+    return Occurrence.objects.get(pk=run.occurrence.pk).lease_expires_at
+
+
+def test_renew_all_extends_every_lease_held(clock):
+    held = held_runs("w-beat", 2, lease=30)
+    heartbeat = Heartbeat(worker_id="w-beat", held=held, lease=30, concurrency=2)
+    assert [expiry(run) for run in held.runs()] == [clock() + timedelta(seconds=30)] * 2
+    clock.advance(20)
+    heartbeat.renew_all()
+    assert [expiry(run) for run in held.runs()] == [clock() + timedelta(seconds=30)] * 2
+    assert not any(run.context.lease_lost for run in held.runs())
+
+
+def test_a_lease_found_lost_is_marked_on_the_handlers_context(clock):
+    held = held_runs("w-beat", 1, lease=10)
+    (run,) = held.runs()
+    clock.advance(11)  # expired: another worker takes it
+    assert kernel.claim(owner="other", lease=10) is not None
+    Heartbeat(worker_id="w-beat", held=held, lease=10, concurrency=1).renew_all()
+    assert run.context.lease_lost
+    assert Occurrence.objects.get(pk=run.occurrence.pk).lease_owner == "other"
+
+
+def test_a_run_settled_meanwhile_is_not_marked(clock):
+    held = held_runs("w-beat", 1, lease=10)
+    (run,) = held.runs()
+    kernel.settle(run.occurrence.pk, owner="w-beat", fence=run.occurrence.fence, outcome="succeeded")
+    held.forget(run)  # what the reporter does after the settle
+    Heartbeat(worker_id="w-beat", held=held, lease=10, concurrency=1).renew_all()
+    assert not run.context.lease_lost
+
+
+def test_the_thread_renews_every_third_of_the_lease_and_beats_the_worker_row(clock):
+    held = held_runs("w-beat", 1, lease=0.3)
+    (run,) = held.runs()
+    heartbeat = Heartbeat(worker_id="w-beat", held=held, lease=0.3, concurrency=4)
+    heartbeat.start(["test.ok"])
+    try:
+        row = WorkerHeartbeat.objects.get(pk="w-beat")
+        assert (row.concurrency, row.kinds, row.stopped_at) == (4, ["test.ok"], None)
+        clock.advance(0.2)  # within the lease, which the thread then extends
+        wanted = clock() + timedelta(seconds=0.3)
+        deadline = time.monotonic() + 30
+        while expiry(run) != wanted:
+            assert time.monotonic() < deadline, "the heartbeat did not renew the lease"
+            time.sleep(0.05)
+        while WorkerHeartbeat.objects.get(pk="w-beat").last_seen_at != clock():
+            assert time.monotonic() < deadline, "the heartbeat did not beat the worker row"
+            time.sleep(0.05)
+    finally:
+        heartbeat.stop()
+    assert WorkerHeartbeat.objects.get(pk="w-beat").stopped_at == clock()
