@@ -10,12 +10,17 @@ It is a few modules, one per concept, gathered here under one name:
   ``close_batch``, ``cancel_batch``, ``enqueue_batch``); ``followups`` enqueues what a chain
   names (``chains``) when an occurrence ends;
 - ``materialize``: schedule slots becoming occurrences (``materialize_due``);
-- ``claiming``: taking due occurrences fairly (``claim``, ``claim_batch``, ``has_due``);
+- ``claiming``: taking due occurrences fairly (``claim``, ``claim_batch``, ``has_due``), from
+  the pool ``candidates`` reads, with the statements of ``claim_sql``; ``concurrency`` and
+  ``reservations`` gate what it takes (limits, authority and budgets: ``budgets``,
+  ``policies``, ``binding``);
 - ``leases``: renew a held lease, record what its handler did, and the expiry sweep;
 - ``settling``: settle, release, and the authority verdicts (``deny``, ``defer``) that end
   a claim; ``cancelling``: the cancel, of one occurrence or a batch's waiting members.
 
-What each operation may do to an occurrence is a row of ``lifecycle.TRANSITIONS``. Every
+``inserting`` writes a new occurrence for every path that makes one, ``unique`` the unique
+and debounced enqueues, and ``notices`` what is told after a commit. What each operation may
+do to an occurrence is a row of ``rules.lifecycle.TRANSITIONS``. Every
 operation is one short transaction that also appends the event recording it. They
 may run inside a caller's ``transaction.atomic()``: then they join it, and their effects
 exist exactly when the caller commits.
