@@ -610,6 +610,34 @@ class UniqueLock(models.Model):
         return self.job_id
 
 
+class UniqueCall(models.Model):
+    """One unique or debounced enqueue, as it was called: its identity (the idempotency key an
+    occurrence of its slot has), the occurrence it resolved to (added, returned or debounced)
+    and a digest of its payload. The same call again is answered from this row, whatever that
+    occurrence has become since, so a retried call never debounces twice nor adds the work again
+    (docs/design.md, "Unique keys and debounce"). Plain enqueues write none; retention deletes
+    the rows with their occurrence."""
+
+    call_key = models.CharField(max_length=77, primary_key=True)
+    # No index of its own: the one below, which serves retention's delete by occurrence.
+    occurrence = models.ForeignKey(
+        Occurrence,
+        on_delete=models.PROTECT,
+        related_name="unique_calls",
+        db_column="occurrence_id",
+        db_index=False,
+    )
+    payload_digest = models.CharField(max_length=64)  # sha256 of the payload's canonical JSON
+    created_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "durable_scheduler_unique_calls"
+        indexes = [models.Index(fields=["occurrence"], name="dsch_unique_calls_occurrence")]
+
+    def __str__(self) -> str:
+        return self.call_key
+
+
 # The jobs behind the schedules of django.tasks tasks (tasks.schedule, the admin).
 TASK_SCHEDULE_PREFIX = "task-schedule:"
 

@@ -107,6 +107,7 @@ def snapshot() -> dict:
         Event,
         Job,
         Occurrence,
+        UniqueCall,
     )
 
     models = (
@@ -118,6 +119,7 @@ def snapshot() -> dict:
         AuthorityPolicyRevision,
         AuthorityUsage,
         AuthorityReservation,
+        UniqueCall,
     )
     return {model.__name__: list(model.objects.order_by("pk").values()) for model in models}
 

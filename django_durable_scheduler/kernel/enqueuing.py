@@ -33,7 +33,7 @@ from . import batches
 from .cancelling import cancel_reason
 from .inserting import JOB_PAYLOAD, Builder, found, insert_occurrence, payload_mismatch
 from .jobs import get_job
-from .unique import UniqueRequest, find_live, lock_job, unique_request
+from .unique import UniqueRequest, answered, find_live, lock_job, payload_digest, record, unique_request
 from .unique import debounce as debounce_waiting
 
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
@@ -116,7 +116,9 @@ def enqueue(
     or retry_wait; with ``unique_while="active"`` also running), return it instead of adding
     one. With ``debounce`` (seconds or timedelta, >= 0) give the waiting one this payload
     and move its start to ``debounce`` from now (never earlier), or add one due then. The
-    identity still comes first: an identity already stored is returned as without a key.
+    call's identity still comes first: the same call again (same slot, trigger key and
+    payload) returns the occurrence it returned the first time, untouched, whatever its status
+    now; with another payload it raises ``SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH``.
 
     ``then`` / ``on_dead_letter``: the follow-ups enqueued when it succeeds / is
     dead-lettered, after its job's own (a job id, a dict ``{"job_id", "payload"?, "then"?,
@@ -198,12 +200,14 @@ def _enqueue_linked(
 
 def _enqueue_unique(job_id: str, unique: UniqueRequest, args: dict[str, Any]) -> tuple[Occurrence, bool]:
     """``enqueue`` with a unique key, under the job's unique lock: every unique or debounced
-    enqueue of the job waits for the one before it to commit, so the one that looks for a
-    live occurrence of its key sees every other's (the only writers of keyed rows)."""
+    enqueue of the job waits for the one before it to commit, so the one that looks for its own
+    record or a live occurrence of its key sees every other's (the only writers of both)."""
     alias, now = args["alias"], args["now"]
     with dialect.write_transaction(alias):
+        # Locked before the first read: MySQL/MariaDB under repeatable read fix a transaction's
+        # snapshot at its first read, which then sees what the lock's last holder committed.
+        lock_job(job_id, now, alias)
         job = get_job(job_id, using=alias)
-        lock_job(job.job_id, now, alias)
         if not job.enabled:
             raise JobDisabled(f"job {job_id!r} is disabled", {"job_id": job_id})
         if unique.debounce_ms is not None:
@@ -212,18 +216,26 @@ def _enqueue_unique(job_id: str, unique: UniqueRequest, args: dict[str, Any]) ->
         if payload is not JOB_PAYLOAD:
             args["payload"] = payload = normalize_json(payload, "payload")
         build = Builder(job)
-        # The slot's identity first, as without a key: the same call again finds its row.
         wanted = build.occurrence(
             args["scheduled_ms"], args["trigger_key"], args["available_ms"], payload, now
         )
+        # The same call again is answered as it was, whatever its occurrence became since.
+        digest = payload_digest(wanted.payload)
+        earlier = answered(job, wanted, digest, alias)
+        if earlier is not None:
+            return earlier, True
+        # Then the slot's identity, as without a key: a slot a plain enqueue stored.
         if Occurrence.objects.using(alias).filter(idempotency_key=wanted.idempotency_key).exists():
             return found(job, wanted, alias)
         live = find_live(job.job_id, unique, alias)
         if live is None:
-            return insert_occurrence(job, builder=build, unique_key=unique.key, **args)
-        if unique.debounce_ms is not None:
-            debounce_waiting(live, unique, wanted.payload, wanted.trigger_key, now, alias)
-        return live, True
+            occurrence, deduplicated = insert_occurrence(job, builder=build, unique_key=unique.key, **args)
+        else:
+            if unique.debounce_ms is not None:
+                debounce_waiting(live, unique, wanted.payload, wanted.trigger_key, now, alias)
+            occurrence, deduplicated = live, True
+        record(wanted, occurrence, digest, now, alias)
+        return occurrence, deduplicated
 
 
 def enqueue_many(

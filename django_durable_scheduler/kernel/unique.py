@@ -3,13 +3,17 @@ only if none of the same job and key is waiting (or, with ``unique_while="active
 or running); with ``debounce`` it moves the waiting one's start later and gives it the newest
 payload instead (the ``debounce`` row of ``lifecycle.TRANSITIONS``).
 
-Exactness under racing enqueuers rests on the job's ``UniqueLock`` row, locked before looking
-(see docs/design.md, "Unique keys and debounce"); this module validates the arguments, takes
-that lock, finds the live occurrence of a key and writes the debounce.
+Each such call is recorded (``UniqueCall``: its identity, the occurrence it resolved to, its
+payload's digest), and the same call again is answered from that record, so a retried call
+never debounces twice. Exactness under racing enqueuers rests on the job's ``UniqueLock`` row,
+locked before looking (see docs/design.md, "Unique keys and debounce"); this module validates
+the arguments, takes that lock, answers a recorded call, finds the live occurrence of a key
+and writes the debounce and the record.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,10 +22,21 @@ from django.db import connections
 from django.db.models import Case, Value, When
 
 from ..exceptions import InvalidArgument
-from ..models import ACTIVE_STATUSES, PENDING_STATUSES, UNIQUE_LIVE, Occurrence, OccurrenceStatus, UniqueLock
+from ..models import (
+    ACTIVE_STATUSES,
+    PENDING_STATUSES,
+    UNIQUE_LIVE,
+    Job,
+    Occurrence,
+    OccurrenceStatus,
+    UniqueCall,
+    UniqueLock,
+)
 from ..rules.events import new_event
+from ..rules.identity import canonical_json
 from ..rules.lifecycle import Action, event_of, writes
 from ..rules.validation import iso_ms, normalize_identifier, to_duration_ms
+from .inserting import payload_mismatch
 
 # What each ``unique_while`` counts as the occurrence that stands for the key.
 UNIQUE_WHILE: dict[str, tuple[OccurrenceStatus, ...]] = {
@@ -90,6 +105,37 @@ def lock_job(job_id: str, now: datetime, alias: str) -> None:
         unique_fields=target,
         update_fields=["locked_at"],
     )
+
+
+def payload_digest(payload: Any) -> str:
+    """What a call's record keeps of its payload: the sha256 of its canonical JSON, so that
+    another payload is told apart without storing the payload twice."""
+    return hashlib.sha256(canonical_json(payload, "payload").encode("utf-8")).hexdigest()
+
+
+def answered(job: Job, wanted: Occurrence, digest: str, alias: str) -> Occurrence | None:
+    """The occurrence a call with ``wanted``'s identity resolved to, if that call was recorded,
+    whatever its status now; another payload for it is ``IdempotencyPayloadMismatch``. None:
+    no such call yet. The caller holds the job's lock, which every writer of the job's records
+    holds, so the read sees each one that committed before."""
+    calls = UniqueCall.objects.using(alias).select_related("occurrence")
+    call = calls.filter(pk=wanted.idempotency_key).first()
+    if call is None:
+        return None
+    if call.payload_digest != digest:
+        raise payload_mismatch(job, wanted.trigger_key)
+    return call.occurrence
+
+
+def record(wanted: Occurrence, occurrence: Occurrence, digest: str, now: datetime, alias: str) -> None:
+    """Record the call with ``wanted``'s identity as resolved to ``occurrence``. Under the job's
+    lock no other call of the job writes it meanwhile; a duplicate key here can only be a call
+    recorded after a repeatable-read snapshot taken before the lock (MySQL/MariaDB inside a
+    caller's transaction that read first), and fails the call rather than answer it twice."""
+    row = UniqueCall(
+        call_key=wanted.idempotency_key, occurrence_id=occurrence.pk, payload_digest=digest, created_at=now
+    )
+    row.save(using=alias, force_insert=True)
 
 
 def find_live(job_id: str, request: UniqueRequest, alias: str) -> Occurrence | None:

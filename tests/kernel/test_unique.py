@@ -17,7 +17,8 @@ from django.test.utils import CaptureQueriesContext
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel
-from django_durable_scheduler.models import Event, Occurrence, OccurrenceStatus, UniqueLock
+from django_durable_scheduler.housekeeping.retention.plan import prune
+from django_durable_scheduler.models import Event, Occurrence, OccurrenceStatus, UniqueCall, UniqueLock
 
 from ..conftest import AUTHORITY, ROOT, snapshot, subprocess_env
 
@@ -231,6 +232,135 @@ def test_debounce_writes_exactly_the_lifecycle_columns(job, clock):
     }
 
 
+# --------------------------------------------------------------------------- the same call again
+
+
+def call(clock_at, trigger_key: str, payload: dict, **options):
+    """One keyed call, as a client would send it again: the same slot, trigger key, payload."""
+    return scheduler.enqueue(
+        JOB, scheduled_for=clock_at, trigger_key=trigger_key, payload=payload, unique_key="k", **options
+    )
+
+
+@pytest.mark.django_db
+def test_retrying_the_call_that_added_a_debounced_occurrence_returns_it_untouched(job, clock):
+    """(a) A added O, B debounced it: A again is A's own answer, compared with A's payload, not
+    with the payload B gave O since; nothing is written."""
+    at = clock()
+    first, deduplicated = call(at, "a", {"n": 1}, debounce=30)
+    assert not deduplicated
+    clock.advance(10)
+    moved, deduplicated = call(at, "b", {"n": 2}, debounce=30)
+    assert deduplicated and moved.pk == first.pk
+    clock.advance(10)
+    before = snapshot()
+    again, deduplicated = call(at, "a", {"n": 1}, debounce=30)
+    assert deduplicated and again.pk == first.pk
+    assert snapshot() == before
+    stored = Occurrence.objects.get(pk=first.pk)
+    assert stored.payload == {"n": 2} and stored.available_at == at + timedelta(seconds=40)
+    # Plain unique calls too: the creator's own retry, and one that returned it.
+    returned, _ = call(at, "c", {"n": 3})
+    assert returned.pk == first.pk
+    assert call(at, "c", {"n": 3}) == (stored, True) and snapshot() != before
+    assert Occurrence.objects.get(pk=first.pk).payload == {"n": 2}
+
+
+@pytest.mark.django_db
+def test_retrying_the_debouncing_call_never_moves_the_start_twice(job, clock):
+    """(b) B debounced O; B again returns O as it is: no second move, no second event."""
+    at = clock()
+    first, _ = call(at, "a", {"n": 1}, debounce=30)
+    clock.advance(10)
+    call(at, "b", {"n": 2}, debounce=30)
+    debounced = Event.objects.filter(occurrence_id=first.pk, event_type="occurrence_debounced")
+    assert debounced.count() == 1
+    clock.advance(10)
+    before = snapshot()
+    for _ in range(3):
+        again, deduplicated = call(at, "b", {"n": 2}, debounce=30)
+        assert deduplicated and again.pk == first.pk
+        assert again.available_at == at + timedelta(seconds=40)
+    assert snapshot() == before and debounced.count() == 1
+    # Another debounce value in the retry changes nothing: the call was answered.
+    assert call(at, "b", {"n": 2}, debounce=600)[0].available_at == at + timedelta(seconds=40)
+    assert snapshot() == before
+
+
+@pytest.mark.django_db
+def test_retrying_after_the_occurrence_ran_does_not_enqueue_the_work_again(job, clock):
+    at = clock()
+    first, _ = call(at, "a", {"n": 1}, debounce=0)
+    call(at, "b", {"n": 2}, debounce=0)
+    call(at, "c", {"n": 3})  # unique without debounce: returned the waiting one
+    row = claim()
+    scheduler.settle(row.pk, owner="w", fence=row.fence, outcome="succeeded")
+    clock.advance(60)
+    before = snapshot()
+    for trigger_key, payload, options in (
+        ("a", {"n": 1}, {"debounce": 0}),
+        ("b", {"n": 2}, {"debounce": 0}),
+        ("c", {"n": 3}, {}),
+        ("c", {"n": 3}, {"unique_while": "active"}),
+    ):
+        again, deduplicated = call(at, trigger_key, payload, **options)
+        assert deduplicated and again.pk == first.pk and again.status == OccurrenceStatus.SUCCEEDED
+    assert snapshot() == before
+    # A new call (its own trigger key) adds the next one, as before.
+    fresh, deduplicated = call(at, "d", {"n": 4}, debounce=0)
+    assert not deduplicated and fresh.pk != first.pk
+
+
+@pytest.mark.django_db
+def test_a_retry_with_another_payload_is_refused_and_writes_nothing(job, clock):
+    at = clock()
+    call(at, "a", {"n": 1}, debounce=30)
+    call(at, "b", {"n": 2}, debounce=30)
+    call(at, "c", {"n": 3})
+    before = snapshot()
+    for trigger_key, payload in (("a", {"n": 2}), ("b", {"n": 1}), ("b", {"n": 3}), ("c", {"n": 2})):
+        with pytest.raises(scheduler.IdempotencyPayloadMismatch) as caught:
+            call(at, trigger_key, payload, debounce=30)
+        assert caught.value.code == "SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH"
+        assert caught.value.details["trigger_key"] == trigger_key
+    assert snapshot() == before
+
+
+@pytest.mark.django_db
+def test_each_keyed_call_is_recorded_once_and_plain_enqueues_record_none(job, clock):
+    at = clock()
+    first, _ = call(at, "a", {"n": 1}, debounce=30)
+    call(at, "b", {"n": 2}, debounce=30)
+    call(at, "b", {"n": 2}, debounce=30)
+    call(at, "c", {"n": 3})
+    scheduler.enqueue(JOB, scheduled_for=at, trigger_key="plain", payload={"n": 4})
+    scheduler.enqueue_many(JOB, [{"scheduled_for": at, "trigger_key": "many"}])
+    recorded = {row.call_key: row.occurrence_id for row in UniqueCall.objects.all()}
+    keys = {o.trigger_key: o.idempotency_key for o in Occurrence.objects.all()}
+    assert recorded[keys["a"]] == first.pk and len(recorded) == 3
+    assert keys["plain"] not in recorded and keys["many"] not in recorded
+
+
+@pytest.mark.django_db
+def test_retention_deletes_the_records_with_their_occurrence(job, clock):
+    at = clock()
+    first, _ = call(at, "a", {"n": 1}, debounce=0)
+    call(at, "b", {"n": 2}, debounce=0)
+    row = claim()
+    scheduler.settle(row.pk, owner="w", fence=row.fence, outcome="succeeded")
+    waiting_one, _ = call(at, "c", {"n": 3}, debounce=60)  # a new one, still waiting
+    clock.advance(days=2)
+    dry = prune(timedelta(days=1), dry_run=True)
+    assert (dry.occurrences, dry.unique_calls) == (1, 2) and UniqueCall.objects.count() == 3
+    result = prune(timedelta(days=1), batch_size=1)
+    assert (result.occurrences, result.unique_calls) == (1, 2)
+    assert not Occurrence.objects.filter(pk=first.pk).exists()
+    assert list(UniqueCall.objects.values_list("occurrence_id", flat=True)) == [waiting_one.pk]
+    # Gone with its occurrence, a call is new again, as a pruned slot is for any enqueue.
+    again, deduplicated = call(at, "b", {"n": 2}, debounce=0)
+    assert again.pk == waiting_one.pk and deduplicated
+
+
 # --------------------------------------------------------------------------- racing enqueuers
 
 PROCESSES = 4
@@ -303,6 +433,27 @@ def test_racing_debouncers_leave_one_occurrence_per_key_with_a_racers_last_paylo
         # leaves the later start in place.
         latest = max(Event.objects.filter(occurrence=row).values_list("occurred_at", flat=True))
         assert row.available_at == latest + timedelta(seconds=60)
+    never_two_waiting()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_retries_of_the_same_calls_debounce_once_per_call():
+    """Every racer sends the same calls at once: each call adds or debounces once, whichever
+    racer's copy comes first, and every copy gets that call's answer."""
+    rounds = 10
+    lines = race("retry", rounds=rounds, keys=3)
+    for key in ("k0", "k1", "k2"):
+        (row,) = Occurrence.objects.filter(job_id="race", unique_key=key)
+        got = [(pk, flag) for k, pk, flag in lines if k == key]
+        assert {pk for pk, _ in got} == {row.pk}
+        assert [flag for _, flag in got].count("0") == 1  # one copy of the first call added it
+        assert row.payload == {"by": "", "round": rounds - 1}
+        debounced = Event.objects.filter(occurrence=row, event_type="occurrence_debounced")
+        assert debounced.count() == rounds - 1  # once per later call, not per copy
+        assert sorted(e.data["triggerKey"] for e in debounced) == sorted(
+            f"-{r}-{key[1:]}" for r in range(1, rounds)
+        )
+    assert UniqueCall.objects.count() == 3 * rounds
     never_two_waiting()
 
 

@@ -1,8 +1,9 @@
 """An enqueuer process for the unique-key race tests: enqueues ROUNDS rounds of one occurrence
 per key, each under its own trigger key, with the keys ``k0``..``k<KEYS-1>`` as unique keys
 (``unique``, ``active``) or debounced (``debounce``), and with ``claim`` also claims and settles
-what is due between rounds. Prints one ``<unique key> <occurrence id> <deduplicated>`` line per
-enqueue.
+what is due between rounds. ``retry`` debounces too, but every process sends the same calls
+(trigger key and payload without its name), as clients retrying each call at once. Prints one
+``<unique key> <occurrence id> <deduplicated>`` line per enqueue.
 
 usage: python -m tests.procs.unique_racer MODE NAME ROUNDS KEYS
 """
@@ -28,7 +29,9 @@ def main() -> None:
         "active": {"unique_while": "active"},
         "claim": {},
         "debounce": {"debounce": 60},
+        "retry": {"debounce": 60},
     }[mode]
+    sender = "" if mode == "retry" else name
     start_at = float(os.environ.get("START_AT", "0"))
     while time.time() < start_at:
         time.sleep(0.005)
@@ -38,8 +41,8 @@ def main() -> None:
             occurrence, deduplicated = kernel.enqueue(
                 "race",
                 scheduled_for=BASE_MS,
-                trigger_key=f"{name}-{round_}-{k}",
-                payload={"by": name, "round": round_},
+                trigger_key=f"{sender}-{round_}-{k}",
+                payload={"by": sender, "round": round_},
                 unique_key=f"k{k}",
                 **options,  # type: ignore[arg-type]
             )

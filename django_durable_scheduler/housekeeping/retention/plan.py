@@ -20,7 +20,15 @@ from django.db.models import Exists, Model, OuterRef, Q
 
 from ... import conf
 from ...db import dialect
-from ...models import TERMINAL_STATUSES, AuthorityReservation, Batch, BatchStatus, Event, Occurrence
+from ...models import (
+    TERMINAL_STATUSES,
+    AuthorityReservation,
+    Batch,
+    BatchStatus,
+    Event,
+    Occurrence,
+    UniqueCall,
+)
 from ...rules.validation import iso_ms
 from .. import archive, partitions
 from .rules import (
@@ -50,6 +58,7 @@ class PruneResult:
     events: int = 0
     reservations: int = 0
     job_events: int = 0
+    unique_calls: int = 0  # the records of the keyed enqueues of the occurrences deleted
     # Old enough, but kept: their reservation's budget window is still open.
     kept: int = 0
     # Old enough, but kept: their row still dedupes an enqueue (workers' retention only).
@@ -120,6 +129,7 @@ class PruneResult:
             "events": self.events,
             "reservations": self.reservations,
             "job_events": self.job_events,
+            "unique_calls": self.unique_calls,
             "kept_open_window": self.kept,
             "kept_for_keys": self.kept_for_keys,
             "kept_for_batches": self.kept_for_batches,
@@ -254,6 +264,7 @@ def _count(doomed: list[str], status: str, alias: str, result: PruneResult) -> N
         result.reservations += (
             AuthorityReservation.objects.using(alias).filter(occurrence_id__in=part).count()
         )
+        result.unique_calls += UniqueCall.objects.using(alias).filter(occurrence_id__in=part).count()
     result.occurrences += len(doomed)
     result.by_status[status] = result.by_status.get(status, 0) + len(doomed)
 
@@ -274,7 +285,9 @@ def _archive(
     sink: archive.Sink, day: tuple[datetime, datetime], doomed: list[str], alias: str, result: PruneResult
 ) -> int:
     """Write ``doomed`` with their reservations and events to the archive (each file verified);
-    returns the highest event id written: events added later keep their occurrence for now."""
+    returns the highest event id written: events added later keep their occurrence for now.
+    Their keyed enqueues' records are not history (each debounce is an event, with its call's
+    trigger key): they go unarchived."""
     result.archived.append(sink.write(Occurrence, day, _rows(Occurrence, "pk", doomed, alias)))
     if _any(AuthorityReservation, doomed, alias):
         result.archived.append(
@@ -330,6 +343,7 @@ def _delete_batch(
         # Children first (they PROTECT their occurrence); nothing else points at these rows.
         result.events += dialect.delete_rows(alias, Event, "occurrence", ids)
         result.reservations += dialect.delete_rows(alias, AuthorityReservation, "occurrence", ids)
+        result.unique_calls += dialect.delete_rows(alias, UniqueCall, "occurrence", ids)
         deleted = dialect.delete_rows(alias, Occurrence, "occurrence_id", ids)
     result.occurrences += deleted
     result.by_status[status] = result.by_status.get(status, 0) + deleted
