@@ -16,15 +16,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from functools import cache
+from functools import cache, lru_cache
+from operator import attrgetter
 from typing import Any
 
 from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field, Model, QuerySet
+from django.db.models import DateField, Field, Model, QuerySet
 
 from ..exceptions import InvalidArgument
 from ..models import Occurrence
@@ -166,19 +167,60 @@ def _with_db_default(model: type[Model]) -> tuple[Field[Any, Any], ...]:
     return tuple(field for field in insert_fields(model) if field.has_db_default())
 
 
+@cache
+def _nullable(model: type[Model]) -> tuple[tuple[Field[Any, Any], ...], Callable[[Model], Any]]:
+    """The columns an insert may leave out when no row has a value for them: nullable, with
+    no database default, and written as the attribute holds them (no ``auto_now``); with
+    the getter of their values (a tuple)."""
+    fields = tuple(
+        field
+        for field in insert_fields(model)
+        if field.null
+        and not field.primary_key
+        and not field.has_db_default()
+        and not getattr(field, "auto_now", False)
+        and not getattr(field, "auto_now_add", False)
+        and (type(field).pre_save is Field.pre_save or isinstance(field, DateField))
+    )
+    getter = attrgetter(*(field.attname for field in fields)) if len(fields) > 1 else None
+    return fields, getter or (lambda obj: ())
+
+
+def _unset(model: type[Model], objs: Sequence[Model]) -> tuple[Field[Any, Any], ...]:
+    """The nullable columns (:func:`_nullable`) that are None in every row: left out of the
+    insert, the database writes NULL there anyway. A plain occurrence leaves out every
+    column of the features it does not use (chains, batches, limits, unique keys, traces)."""
+    fields, get = _nullable(model)
+    if not fields:
+        return ()
+    unset = [i for i, value in enumerate(get(objs[0])) if value is None]
+    for obj in objs[1:]:
+        if not unset:
+            break
+        values = get(obj)
+        unset = [i for i in unset if values[i] is None]
+    return tuple(fields[i] for i in unset)
+
+
+@lru_cache(maxsize=256)  # one entry per shape of row written
+def _written(model: type[Model], left: tuple[Field[Any, Any], ...]) -> tuple[Field[Any, Any], ...]:
+    fields = insert_fields(model)
+    return fields if not left else tuple(field for field in fields if field not in left)
+
+
 def _columns(objs: Sequence[Model]) -> tuple[Field[Any, Any], ...]:
     """The columns to write for ``objs``: :func:`insert_fields`, less those whose value is
-    left to the database (a field with ``db_default`` that no row sets)."""
+    left to the database (a field with ``db_default`` that no row sets, a nullable one that
+    every row leaves None: :func:`_unset`)."""
     model = type(objs[0])
-    left: list[Field[Any, Any]] = []
+    left: list[Field[Any, Any]] = list(_unset(model, objs))
     for field in _with_db_default(model):
         unset = [hasattr(getattr(obj, field.attname), "resolve_expression") for obj in objs]
         if all(unset):
             left.append(field)
         elif any(unset):
             raise ValueError(f"{field.name} is set on some rows and left to its db_default on others")
-    fields = insert_fields(model)
-    return fields if not left else tuple(field for field in fields if field not in left)
+    return _written(model, tuple(left))
 
 
 def can_skip_conflicts(alias: str) -> bool:

@@ -290,11 +290,17 @@ def _gate(
     max_running_of: Callable[[list[str]], dict[str, int]] | None,
 ) -> concurrency.Gate | None:
     """The pool's concurrency limits, their slots locked; None (nothing sent) when no
-    candidate has one."""
+    candidate has one. Whether one has is known from what the claim holds already (the
+    job's limit read with each candidate, the handlers' registry, the principals' caps):
+    a pool without limits costs one look at each, no statement and no slot."""
     if max_running_of is None:
         capped = concurrency.max_running_of(principal_keys, alias)
     else:
         capped = max_running_of(principal_keys)
+    if not capped:
+        kinds = concurrency.limited_kinds()
+        if not any(row.concurrency is not None or row.kind in kinds for row in pool):
+            return None
     keys = _keys_at_claim(alias, pool)
     limits = {}
     for row in pool:

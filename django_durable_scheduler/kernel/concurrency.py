@@ -65,15 +65,32 @@ def render_key(spec: KeySpec | None, payload: Any) -> str | None:
 _by_kind: dict[str, tuple[int | None, KeySpec | None]] = {}
 
 
+# The kinds with a limit: a claim none of whose candidates is of one of them (and whose
+# jobs and principals have none) skips the gate.
+_limited_kinds: frozenset[str] = frozenset()
+
+
 def register_kind(kind: str, limit: int | None, key: KeySpec | None) -> None:
     if limit is None and key is None:
         _by_kind.pop(kind, None)
     else:
         _by_kind[kind] = (limit, key)
+    _limits_changed()
 
 
 def forget_kind(kind: str) -> None:
     _by_kind.pop(kind, None)
+    _limits_changed()
+
+
+def _limits_changed() -> None:
+    global _limited_kinds
+    _limited_kinds = frozenset(kind for kind, (limit, _) in _by_kind.items() if limit is not None)
+
+
+def limited_kinds() -> frozenset[str]:
+    """The kinds whose handler registered here has a limit."""
+    return _limited_kinds
 
 
 def kind_limit(kind: str) -> int | None:

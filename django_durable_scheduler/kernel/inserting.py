@@ -199,12 +199,12 @@ def insert_occurrence(
         try:
             # A savepoint, so that losing an insert race leaves the transaction usable.
             with transaction.atomic(using=alias):
-                occurrence.save(using=alias, force_insert=True)
+                dialect.insert_rows(alias, [occurrence])
             created = True
         except IntegrityError:
             created = False
         if created:
-            event.save(using=alias)
+            dialect.insert_rows(alias, [event])
             notify_new_work(alias)
     if not created:
         return found(job, occurrence, alias)

@@ -35,7 +35,9 @@ class ExecutionContext:
     # Why the occurrence exists when a chain or a batch made it (``Occurrence.cause``).
     cause: dict[str, Any] | None = None
     _lease_lost: threading.Event = field(default_factory=threading.Event, repr=False)
-    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    # Set once, under _async_lock; read without it (a flag, not an Event: nobody waits on it,
+    # and a run that is never cancelled should not pay for one).
+    _cancelled: bool = field(default=False, repr=False)
     # The event loop and task of an async handler while it runs, for a cancel to reach it.
     _async: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = field(default=None, repr=False)
     _async_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -59,12 +61,12 @@ class ExecutionContext:
     def cancel_requested(self) -> bool:
         """True once a cancel was requested for this attempt (the worker learns it at its
         next lease renewal): stop, and let :meth:`raise_if_cancelled` end the run."""
-        return self._cancel.is_set()
+        return self._cancelled
 
     def raise_if_cancelled(self) -> None:
         """Raise ``OccurrenceCancelled`` if a cancel was requested; the worker then records
         the occurrence ``cancelled``, without a retry."""
-        if self._cancel.is_set():
+        if self._cancelled:
             raise OccurrenceCancelled(
                 f"occurrence {self.occurrence_id!r} was asked to stop",
                 {"occurrence_id": self.occurrence_id, "fence": self.fence},
@@ -74,7 +76,7 @@ class ExecutionContext:
         """Record that a cancel was requested; an async handler is cancelled at its next
         ``await`` (its task is cancelled on its own loop, from whatever thread calls this)."""
         with self._async_lock:
-            self._cancel.set()
+            self._cancelled = True
             running = self._async
         if running is not None:
             loop, task = running
@@ -89,7 +91,7 @@ class ExecutionContext:
             task = loop.create_task(coroutine)
             with self._async_lock:
                 self._async = (loop, task)
-                requested = self._cancel.is_set()
+                requested = self._cancelled
             if requested:
                 task.cancel()
             try:

@@ -555,8 +555,9 @@ def test_every_occurrence_write_takes_its_columns_from_the_table():
     problems, seen = check_occurrence_writers(_package_sources())
     assert not problems, "occurrence writes outside the lifecycle table:\n" + "\n".join(problems)
     # claim, settle (grouped), release/defer, deny, the sweep, renew, record_execution, cancel,
-    # request_cancel, run_now, debounce and the enqueue's insert: found, so judged.
-    assert seen >= 12, f"the check looked at only {seen} occurrence writes"
+    # request_cancel, run_now and debounce: found, so judged (new rows are inserted by
+    # dialect.insert_rows, not by a save the check would see).
+    assert seen >= 11, f"the check looked at only {seen} occurrence writes"
 
 
 def test_the_writer_check_names_what_it_refuses():
