@@ -208,6 +208,8 @@ def workers(tmp_path):
 
 
 def stop(workers_list) -> None:
+    for worker in workers_list:  # one still starting up would die of the signal, not stop
+        assert wait_for(lambda w=worker: w.in_loop() or not w.alive(), 90), worker.output()
     for worker in workers_list:
         worker.proc.send_signal(signal.SIGTERM)
     for worker in workers_list:

@@ -48,6 +48,13 @@ class Worker:
         self._handle.flush()
         return self.log.read_text(errors="replace")[-tail:]
 
+    def in_loop(self) -> bool:
+        """Whether the worker has logged its start (``worker ID: concurrency ...``, at the
+        default verbosity): a SIGTERM before its command runs would end Python's start-up by
+        the signal's default action, not stop the worker."""
+        self._handle.flush()
+        return ": concurrency " in self.log.read_text(errors="replace")
+
     def close(self) -> None:
         """Close the log file the process writes to."""
         self._handle.close()

@@ -228,10 +228,50 @@ def test_the_warning_comes_again_only_now_and_then(monkeypatch, caplog):
     monkeypatch.setattr(runscheduler, "connections", {"db": SilentThenAnswering(failures=40)})
     with caplog.at_level(logging.WARNING, logger="django_durable_scheduler"):
         started = time.monotonic()
-        assert runscheduler.wait_for_database("db") is True
+        assert runscheduler.wait_for_database("db", []) is True
     took = time.monotonic() - started
     lines = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     # 40 failures over ``took`` seconds: one line at the first, then one per 0.3 s at most.
     assert 1 <= len(lines) <= 1 + took / 0.3
     assert len(lines) < 40
     assert all("\n" not in line and line.endswith("connection refused (39 more)") for line in lines[:1])
+
+
+@pytest.mark.parametrize("step", ["sync_declared_jobs", "install_signal_handlers"])
+def test_a_stop_signal_while_starting_up_ends_the_command_cleanly(monkeypatch, caplog, step):
+    """SIGTERM between the command's start and the worker's loop is recorded, not fatal: the
+    command returns (exit 0), whichever step it came in; before the worker exists it claims
+    nothing."""
+    from django.core.management import call_command
+
+    from django_durable_scheduler import declared
+    from django_durable_scheduler.models import Occurrence
+    from django_durable_scheduler.worker import Worker
+
+    def signalled(original):
+        def step_then_signal(*args, **kwargs):
+            result = original(*args, **kwargs)
+            signal.raise_signal(signal.SIGTERM)
+            return result
+
+        return step_then_signal
+
+    if step == "sync_declared_jobs":
+        monkeypatch.setattr(declared, step, signalled(declared.sync_declared_jobs))
+    else:
+        monkeypatch.setattr(Worker, step, signalled(Worker.install_signal_handlers))
+    scheduler.create_job("waiting", "test.noop", authority=AUTHORITY)
+    scheduler.enqueue("waiting", scheduled_for=0, trigger_key="t")
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with caplog.at_level(logging.INFO, logger="django_durable_scheduler"):
+            call_command("runscheduler", "--burst", "--worker-id", "early", "--lease", "5")
+        if step == "sync_declared_jobs":
+            assert "stopped by a signal before it started" in caplog.text
+            assert Occurrence.objects.get().status == "queued"
+            assert signal.getsignal(signal.SIGTERM) is previous[signal.SIGTERM]
+        else:
+            assert "signal SIGTERM: stopping" in caplog.text
+    finally:
+        for signum, handler in previous.items():  # the worker's handlers stay after it ran
+            signal.signal(signum, handler)

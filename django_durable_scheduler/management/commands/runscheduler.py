@@ -104,17 +104,37 @@ class Command(BaseCommand):
         if options["once"] and options["burst"]:
             self.stderr.write("runscheduler: --once and --burst cannot be combined")
             raise SystemExit(2)
+        # A stop asked for while starting up (before the worker's own handlers) is recorded,
+        # and the command then returns without running: no exit by the signal's default action.
+        stopped: list[int] = []
+        with _on_signals(stopped.append):
+            worker = self.prepare(options, stopped)
+            if worker is None:
+                logger.info("runscheduler: stopped by a signal before it started")
+                return
+            worker.install_signal_handlers()  # from here on, the worker's (the block keeps them)
+            if stopped:  # came between the last look and the worker's handlers
+                worker.stop()
+        code = worker.run()
+        if code:
+            raise SystemExit(code)
+
+    def prepare(self, options: dict[str, Any], stopped: list[int]) -> Worker | None:
+        """The worker to run, after the database answers, the schema is migrated and the jobs
+        declared in code are synced; None when a stop signal came first."""
         registry.autodiscover()
         kinds = self.selected_kinds(options["kinds"], options["queues"])
         using = alias_for(options["database"])
-        if not wait_for_database(using):
-            return  # stopped by a signal before the database answered
+        if not wait_for_database(using, stopped):
+            return None
         self.check_migrated(using)
         try:
             declared.sync_declared_jobs(using=using)  # create/update the jobs declared in code
         except (SchedulerError, DatabaseError) as exc:
             raise CommandError(f"runscheduler: could not sync declared jobs: {exc}") from exc
-        worker = Worker(
+        if stopped:
+            return None
+        return Worker(
             worker_id=options["worker_id"] or default_worker_id(),
             concurrency=options["concurrency"],
             lease=options["lease"],
@@ -126,10 +146,6 @@ class Command(BaseCommand):
             grace=options["grace"],
             using=using,
         )
-        worker.install_signal_handlers()
-        code = worker.run()
-        if code:
-            raise SystemExit(code)
 
     def selected_kinds(self, kinds: list[str] | None, queues: list[str] | None) -> list[str] | None:
         """The kinds to claim: ``--kinds``, plus the task kinds of ``--queues`` (each one a
@@ -168,49 +184,52 @@ class Command(BaseCommand):
             )
 
 
-def wait_for_database(using: str) -> bool:
+def wait_for_database(using: str, stopped: list[int]) -> bool:
     """Wait until a connection to ``using`` opens: a worker may boot before its database (as
     in a compose file). Says so in one WARNING line at the first failure and every
-    ``WARN_EVERY_SECONDS``; returns False when SIGTERM or SIGINT comes first."""
+    ``WARN_EVERY_SECONDS``; returns False when a stop signal (recorded in ``stopped`` by the
+    caller's handlers) comes first."""
     connection = connections[using]
-    stopped: list[int] = []
-    with _on_signals(stopped.append):
-        started = time.monotonic()
-        warned_at: float | None = None
-        while not stopped:
-            try:
-                connection.ensure_connection()
-                return True
-            except DatabaseError as exc:
-                now = time.monotonic()
-                if warned_at is None or now - warned_at >= WARN_EVERY_SECONDS:
-                    warned_at = now
-                    logger.warning(
-                        "runscheduler: waiting for database '%s' to answer (%.0f s so far, retrying every "
-                        "%g s): %s",
-                        using,
-                        now - started,
-                        RETRY_SECONDS,
-                        " ".join(str(exc).split()),
-                    )
-            # Short sleeps: a signal handler only records the signal (it may run while this
-            # thread holds any lock, so it takes none), and the loop looks at it this often.
-            retry_at = time.monotonic() + RETRY_SECONDS
-            while not stopped and time.monotonic() < retry_at:
-                time.sleep(0.05)
+    started = time.monotonic()
+    warned_at: float | None = None
+    while not stopped:
+        try:
+            connection.ensure_connection()
+            return True
+        except DatabaseError as exc:
+            now = time.monotonic()
+            if warned_at is None or now - warned_at >= WARN_EVERY_SECONDS:
+                warned_at = now
+                logger.warning(
+                    "runscheduler: waiting for database '%s' to answer (%.0f s so far, retrying every "
+                    "%g s): %s",
+                    using,
+                    now - started,
+                    RETRY_SECONDS,
+                    " ".join(str(exc).split()),
+                )
+        # Short sleeps: a signal handler only records the signal (it may run while this
+        # thread holds any lock, so it takes none), and the loop looks at it this often.
+        retry_at = time.monotonic() + RETRY_SECONDS
+        while not stopped and time.monotonic() < retry_at:
+            time.sleep(0.05)
     return False
 
 
 @contextmanager
 def _on_signals(record: Callable[[int], None]) -> Iterator[None]:
     """SIGTERM and SIGINT are passed to ``record`` within the block (in the main thread only:
-    elsewhere signals cannot be caught); the previous handlers come back after it."""
+    elsewhere signals cannot be caught). After it the previous handlers come back, unless the
+    block installed others (the worker's), which stay."""
     previous: dict[int, Any] = {}
+    ours: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for stop in (signal.SIGTERM, signal.SIGINT):
-            previous[stop] = signal.signal(stop, lambda signum, _frame: record(signum))
+            ours[stop] = lambda signum, _frame: record(signum)
+            previous[stop] = signal.signal(stop, ours[stop])
     try:
         yield
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
+            if signal.getsignal(signum) is ours[signum]:
+                signal.signal(signum, handler)
