@@ -20,11 +20,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, Model, QuerySet
+from django.db.models.sql import UpdateQuery
 
 from ..exceptions import InvalidArgument
 from ..models import Occurrence
@@ -385,7 +386,7 @@ def update_returning(
     returning`` (fields by name), the rows it changed. None where ``UPDATE`` cannot return
     rows (MySQL/MariaDB): the caller locks, reads and updates instead."""
     connection = connections[alias]
-    if connection.vendor not in ("postgresql", "sqlite"):
+    if not can_update_returning(alias):
         return None
     meta = model._meta
     quote = connection.ops.quote_name
@@ -415,3 +416,59 @@ def update_returning(
             params,
         )
         return [tuple(row) for row in cursor.fetchall()]
+
+
+def can_update_returning(alias: str) -> bool:
+    """Whether ``UPDATE ... RETURNING`` runs here: PostgreSQL, and SQLite 3.35+ (the version
+    Django's ``can_return_columns_from_insert`` stands for). MariaDB returns rows only from
+    ``INSERT`` and ``DELETE``."""
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        return True
+    return connection.vendor == "sqlite" and bool(connection.features.can_return_columns_from_insert)
+
+
+M = TypeVar("M", bound=Model)
+
+
+def update_returning_rows(
+    queryset: QuerySet[M], values: dict[str, Any], fields: Sequence[str]
+) -> list[M] | None:
+    """``queryset.update(**values)`` as one statement that also returns the rows it changed,
+    as model instances with only ``fields`` (names) loaded, or None where
+    :func:`can_update_returning` does not hold: the caller then updates and reads back.
+
+    On PostgreSQL the rows are locked in primary-key order first, the order every multi-row
+    writer of the kernel locks in, so that this update and a grouped settle never deadlock."""
+    alias = str(queryset.db)
+    if not can_update_returning(alias):
+        return None
+    connection = connections[alias]
+    model = queryset.model
+    if connection.vendor == "postgresql":
+        in_order = queryset.order_by("pk").select_for_update().values("pk")
+        queryset = model._default_manager.using(alias).filter(pk__in=in_order)
+    query = cast(UpdateQuery, queryset.query.chain(UpdateQuery))
+    query.add_update_values(values)
+    sql, params = query.get_compiler(alias).as_sql()
+    # In the model's field order, the order ``from_db`` takes values of some fields in.
+    chosen = [
+        field for field in model._meta.concrete_fields if field.name in fields or field.attname in fields
+    ]
+    columns = [field.get_col(model._meta.db_table) for field in chosen]
+    returned = ", ".join(connection.ops.quote_name(str(column.target.column)) for column in columns)
+    with connection.cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING {returned}", params)
+        raw = cursor.fetchall()
+    converters = [
+        connection.ops.get_db_converters(column) + column.get_db_converters(connection) for column in columns
+    ]
+    names = [column.target.attname for column in columns]
+    rows = []
+    for row in raw:
+        loaded = list(row)
+        for i, convert in enumerate(converters):
+            for converter in convert:
+                loaded[i] = converter(loaded[i], columns[i], connection)
+        rows.append(model.from_db(alias, names, loaded))
+    return rows

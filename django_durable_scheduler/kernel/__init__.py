@@ -11,7 +11,8 @@ It is a few modules, one per concept, gathered here under one name:
   names (``chains``) when an occurrence ends;
 - ``materialize``: schedule slots becoming occurrences (``materialize_due``);
 - ``claiming``: taking due occurrences fairly (``claim``, ``claim_batch``, ``has_due``);
-- ``leases``: renew a held lease, record what its handler did, and the expiry sweep;
+- ``leases``: renew held leases (one, or all a worker holds at once), record what a
+  handler did, and the expiry sweep;
 - ``settling``: settle, release, and the authority verdicts (``deny``, ``defer``) that end
   a claim; ``cancelling``: the cancel, of one occurrence or a batch's waiting members.
 
@@ -50,7 +51,7 @@ from .jobs import (
     undeclare_job,
     update_job,
 )
-from .leases import dead_letter_expired, record_execution, renew
+from .leases import Renewals, dead_letter_expired, record_execution, renew, renew_many
 from .materialize import materialize_due, next_due_at
 from .settling import backoff_delay_ms, defer, deny, release, settle, settle_many
 
@@ -58,6 +59,7 @@ __all__ = [
     "JOB_PAYLOAD",
     "MAX_ATTEMPTS_LIMIT",
     "Outcome",
+    "Renewals",
     "backoff_delay_ms",
     "batch_members",
     "batch_progress",
@@ -88,6 +90,7 @@ __all__ = [
     "record_execution",
     "release",
     "renew",
+    "renew_many",
     "retry_dead_letter",
     "run_now",
     "set_declared_in",
