@@ -427,7 +427,7 @@ def update_returning(
     returning`` (fields by name), the rows it changed. None where ``UPDATE`` cannot return
     rows (MySQL/MariaDB): the caller locks, reads and updates instead."""
     connection = connections[alias]
-    if connection.vendor not in ("postgresql", "sqlite"):
+    if not can_update_returning(alias):
         return None
     meta = model._meta
     quote = connection.ops.quote_name
@@ -457,3 +457,13 @@ def update_returning(
             params,
         )
         return [tuple(row) for row in cursor.fetchall()]
+
+
+def can_update_returning(alias: str) -> bool:
+    """Whether ``UPDATE ... RETURNING`` runs here: PostgreSQL, and SQLite 3.35+ (the version
+    Django's ``can_return_columns_from_insert`` stands for). MariaDB returns rows only from
+    ``INSERT`` and ``DELETE``."""
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        return True
+    return connection.vendor == "sqlite" and bool(connection.features.can_return_columns_from_insert)

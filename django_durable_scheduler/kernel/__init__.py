@@ -14,7 +14,8 @@ It is a few modules, one per concept, gathered here under one name:
   the pool ``candidates`` reads, with the statements of ``claim_sql``; ``concurrency`` and
   ``reservations`` gate what it takes (limits, authority and budgets: ``budgets``,
   ``policies``, ``binding``);
-- ``leases``: renew a held lease, record what its handler did, and the expiry sweep;
+- ``leases``: renew held leases (one, or all a worker holds at once), record what a
+  handler did, and the expiry sweep;
 - ``settling``: settle, release, and the authority verdicts (``deny``, ``defer``) that end
   a claim; ``cancelling``: the cancel, of one occurrence or a batch's waiting members.
 
@@ -55,7 +56,7 @@ from .jobs import (
     undeclare_job,
     update_job,
 )
-from .leases import dead_letter_expired, record_execution, renew
+from .leases import Renewals, dead_letter_expired, record_execution, renew, renew_many
 from .materialize import materialize_due, next_due_at
 from .settling import backoff_delay_ms, defer, deny, release, settle, settle_many
 
@@ -63,6 +64,7 @@ __all__ = [
     "JOB_PAYLOAD",
     "MAX_ATTEMPTS_LIMIT",
     "Outcome",
+    "Renewals",
     "backoff_delay_ms",
     "batch_members",
     "batch_progress",
@@ -93,6 +95,7 @@ __all__ = [
     "record_execution",
     "release",
     "renew",
+    "renew_many",
     "retry_dead_letter",
     "run_now",
     "set_declared_in",

@@ -1,6 +1,7 @@
-"""Leases: renewing a held lease, recording what a running handler did (its metadata and
-receipt), and the expiry sweep that ends the final attempts whose leases expired. Part of
-the kernel, the only writer of occurrence state: each operation is one short transaction.
+"""Leases: renewing held leases (one, or everything a worker holds at once), recording what
+a running handler did (its metadata and receipt), and the expiry sweep that ends the final
+attempts whose leases expired. Part of the kernel, the only writer of occurrence state: each
+operation is one short transaction.
 
 A lease is held by (owner, fence) until it expires at ``lease_expires_at <= now``; every
 operation on a held occurrence checks all three (the fence rule, ``lifecycle.held``), so a
@@ -12,18 +13,34 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from functools import reduce
+from operator import or_
+from typing import Any, NamedTuple
 
-from django.db.models import F, QuerySet
+from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Greatest
 
 from .. import conf
-from ..db.dialect import alias_for, insert_rows, lock_rows, write_transaction
+from ..db.dialect import (
+    alias_for,
+    insert_rows,
+    lock_rows,
+    write_transaction,
+)
 from ..exceptions import InvalidArgument
 from ..models import Occurrence, OccurrenceStatus
 from ..rules.events import new_event
 from ..rules.identity import normalize_json
-from ..rules.lifecycle import Action, applied, cancel_requested, event_of, held, lease_lost, writes
+from ..rules.lifecycle import (
+    Action,
+    applied,
+    cancel_requested,
+    event_of,
+    held,
+    holds_lease,
+    lease_lost,
+    writes,
+)
 from ..rules.lifecycle import expired as lifecycle_expired
 from ..rules.outcomes import MAX_RESULT_BYTES
 from ..rules.validation import iso_ms, normalize_int, to_duration_ms
@@ -146,6 +163,91 @@ def renew(
             data={"leaseExpiresAt": iso_ms(current.lease_expires_at or wanted)},
         ).save(using=alias)
     return current
+
+
+# What a batched renewal reads back of each row: enough to judge the fence rule, to see a
+# cancel request for the attempt and to write the renewal's event.
+RENEWAL_FIELDS = (
+    "occurrence_id",
+    "job_id",
+    "status",
+    "lease_owner",
+    "fence",
+    "lease_expires_at",
+    "cancel_requested_fence",
+)
+# Leases renewed per statement: bounds a statement's parameters (SQLite's limit among them).
+RENEW_CHUNK = 500
+
+
+class Renewals(NamedTuple):
+    """What :func:`renew_many` did: the occurrence ids whose leases it extended, and among
+    them those with a cancel requested for the attempt held."""
+
+    renewed: set[str]
+    cancel_requested: set[str]
+
+
+def renew_many(
+    held_leases: Sequence[tuple[str, int]],
+    *,
+    owner: str,
+    lease: float | timedelta,
+    using: str | None = None,
+) -> Renewals:
+    """Extend to at least now + ``lease`` every lease of ``held_leases`` ((occurrence id,
+    fence) pairs) that ``owner`` still holds at that fence, as :func:`renew` does one: per
+    chunk of them, one locking read, one UPDATE and their ``occurrence_renewed`` events in
+    one insert, however many it holds. A lease not held is left as it
+    is and missing from the answer, which the caller asks why where it matters."""
+    fences: dict[str, int] = {}
+    for given_pk, given_fence in held_leases:
+        pk, owner, fence = lease_args(given_pk, owner, given_fence)
+        fences[pk] = fence
+    lease_ms = _lease_ms(lease)
+    pairs = list(fences.items())
+    result = Renewals(set(), set())
+    for start in range(0, len(pairs), RENEW_CHUNK):
+        _renew_chunk(dict(pairs[start : start + RENEW_CHUNK]), owner, lease_ms, using, result)
+    return result
+
+
+def _renew_chunk(
+    fences: dict[str, int], owner: str, lease_ms: int, using: str | None, result: Renewals
+) -> None:
+    now = conf.now()
+    wanted = now + timedelta(milliseconds=lease_ms)
+    by_fence: dict[int, list[str]] = {}
+    for pk, fence in fences.items():
+        by_fence.setdefault(fence, []).append(pk)
+    condition = reduce(or_, (held(owner, fence, now) & Q(pk__in=ids) for fence, ids in by_fence.items()))
+    with write_transaction(using) as alias:
+        # Locked in primary-key order, the order every multi-row writer of the kernel locks in,
+        # so that a renewal and a grouped settle never deadlock; what is read is the row as it
+        # stands (a locking read), so the fence rule is judged on it.
+        locked = Occurrence.objects.using(alias).filter(condition).select_for_update().order_by("pk")
+        rows = locked.only(*RENEWAL_FIELDS)
+        renewed = [row for row in rows if holds_lease(row, owner, fences[row.pk], now)]
+        if renewed:
+            values = writes(Action.RENEW, now, lease_expires_at=Greatest(F("lease_expires_at"), wanted))
+            Occurrence.objects.using(alias).filter(pk__in=[row.pk for row in renewed]).update(**values)
+        insert_rows(
+            alias,
+            [
+                new_event(
+                    row.job_id,
+                    event_of(Action.RENEW),
+                    now,
+                    occurrence_id=row.pk,
+                    owner_id=owner,
+                    fence=fences[row.pk],
+                    data={"leaseExpiresAt": iso_ms(max(row.lease_expires_at or now, wanted))},
+                )
+                for row in renewed
+            ],
+        )
+    result.renewed.update(row.pk for row in renewed)
+    result.cancel_requested.update(row.pk for row in renewed if cancel_requested(row))
 
 
 def record_execution(

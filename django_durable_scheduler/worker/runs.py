@@ -121,8 +121,10 @@ class Held:
         with self._lock:
             return list(self._runs.values())
 
-    def holds(self, occurrence_id: str) -> bool:
-        return occurrence_id in self._runs
+    def holds(self, occurrence_id: str, fence: int | None = None) -> bool:
+        """Whether the occurrence is held (at ``fence``, if given: not claimed again since)."""
+        run = self._runs.get(occurrence_id)
+        return run is not None and (fence is None or run.occurrence.fence == fence)
 
     def add(self, runs: list[Run]) -> None:
         with self._lock:

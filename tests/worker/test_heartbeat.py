@@ -7,6 +7,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db import DatabaseError
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel
@@ -53,6 +54,49 @@ def test_a_lease_found_lost_is_marked_on_the_handlers_context(clock):
     Heartbeat(worker_id="w-beat", held=held, lease=10, concurrency=1).renew_all()
     assert run.context.lease_lost
     assert Occurrence.objects.get(pk=run.occurrence.pk).lease_owner == "other"
+
+
+def test_only_the_lost_run_is_marked_and_a_cancel_request_only_on_its_run(clock):
+    held = held_runs("w-beat", 3, lease=10)
+    lost, asked, fine = held.runs()
+    Occurrence.objects.filter(pk=lost.occurrence.pk).update(lease_owner="other")
+    kernel.cancel(asked.occurrence.pk)
+    clock.advance(5)
+    Heartbeat(worker_id="w-beat", held=held, lease=10, concurrency=3).renew_all()
+    assert [run.context.lease_lost for run in (lost, asked, fine)] == [True, False, False]
+    assert [run.context.cancel_requested for run in (lost, asked, fine)] == [False, True, False]
+    assert expiry(asked) == expiry(fine) == clock() + timedelta(seconds=10)
+    assert expiry(lost) == clock() + timedelta(seconds=5)
+
+
+def test_a_run_claimed_again_since_is_not_marked_for_its_old_attempt(clock):
+    held = held_runs("w-beat", 1, lease=10)
+    (old,) = held.runs()
+    clock.advance(11)  # expired, and taken again by the same worker: a newer run of it is held
+    (again,) = kernel.claim_batch(owner="w-beat", lease=10, limit=1)
+    held.add([Run.of(again, owner="w-beat", using=None, default_timeout=None)])
+    Heartbeat(worker_id="w-beat", held=held, lease=10, concurrency=1).renew_all()
+    (new,) = held.runs()
+    assert new.occurrence.fence == old.occurrence.fence + 1
+    assert not new.context.lease_lost and not old.context.lease_lost
+
+
+def test_a_database_error_is_one_warning_and_the_next_tick_renews(clock, monkeypatch, caplog):
+    held = held_runs("w-beat", 2, lease=10)
+    heartbeat = Heartbeat(worker_id="w-beat", held=held, lease=10, concurrency=2)
+    renew_many = kernel.renew_many
+
+    def failing(*args, **kwargs):
+        raise DatabaseError("connection lost")
+
+    monkeypatch.setattr(kernel, "renew_many", failing)
+    clock.advance(5)
+    heartbeat.renew_all()
+    assert [r.getMessage() for r in caplog.records] == ["heartbeat could not renew 2 leases; will retry"]
+    assert not any(run.context.lease_lost for run in held.runs())
+    monkeypatch.setattr(kernel, "renew_many", renew_many)
+    heartbeat.renew_all()
+    assert [expiry(run) for run in held.runs()] == [clock() + timedelta(seconds=10)] * 2
 
 
 def test_a_run_settled_meanwhile_is_not_marked(clock):
