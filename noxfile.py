@@ -222,13 +222,13 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("mypy", PACKAGE, "noxfile.py", "tests/run.py", "example_project/run.py")
-    out = Path(session.create_tmp()) / "dist"
-    shutil.rmtree(out, ignore_errors=True)
+    out = Path(tempfile.mkdtemp(prefix="dsch-dist-"))  # not session.create_tmp(): it sets TMPDIR
     session.run("python", "-m", "build", "--outdir", str(out), ".", silent=True)
     session.run("twine", "check", "--strict", *map(str, out.iterdir()))
     (wheel,) = out.glob("*.whl")
     with zipfile.ZipFile(wheel) as archive:
         packed = set(archive.namelist())
+    shutil.rmtree(out)
     tracked = subprocess.run(["git", "ls-files", PACKAGE], cwd=ROOT, capture_output=True, text=True).stdout
     if missing := sorted(set(tracked.split()) - packed):
         session.error(f"the wheel lacks {len(missing)} files of the package, e.g. {missing[0]}")
@@ -281,11 +281,13 @@ def install_wheel(session: nox.Session) -> Path:
     """Build the wheel and install it (not the source) with Django 6 and the dev group, then
     move into a copy of the tests (``.wheel-tests/SESSION``) where no source can shadow it;
     returns that folder."""
-    out = Path(session.create_tmp()) / "dist"
-    shutil.rmtree(out, ignore_errors=True)
+    # Not in session.create_tmp(), which sets TMPDIR for the tests too: pytest's tmp_path under
+    # .nox/ is too long for the SQLite wake-up sockets (AF_UNIX paths are 107 bytes at most).
+    out = Path(tempfile.mkdtemp(prefix="dsch-dist-"))
     session.run("uv", "build", "--wheel", "--out-dir", str(out), str(ROOT), silent=True)
     (wheel,) = out.glob("*.whl")
     session.install("--reinstall-package", "django-durable-scheduler", f"{wheel}[postgres]", DJANGO_6, *DEV)
+    shutil.rmtree(out)
     stage = ROOT / ".wheel-tests" / session.name
     shutil.rmtree(stage, ignore_errors=True)
     for tree in ("tests", "example_project"):
