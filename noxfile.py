@@ -7,9 +7,10 @@ loadfile``: a module's tests share its fixtures and its worker's test database, 
 test_dsch_gw1, ...); the tests that stop the database server (marker
 ``restarts_database_server``) run after them, alone with the server.
 
-Every session is tagged ``postgresql`` (the legs on PostgreSQL, whose server one test stops: one
-after another) or ``other``; a whole run of ``tests/run.py`` runs the two groups side by side, so
-that each fills the cores while the other waits (installs, a leg's last module, mypy).
+A whole run of ``tests/run.py`` runs two lanes side by side, so that each fills the cores while
+the other waits (installs, a leg's last module, mypy): ``lane-a``, the legs on PostgreSQL (tagged
+``postgresql`` too: one test stops the server, so they run one after another) and dj6-sqlite,
+which evens the lanes' lengths; ``lane-b``, the checks and the other legs.
 
 A leg whose database server does not answer is skipped, or fails when every leg is required
 (``DSCH_REQUIRE_ALL=1``, which ``tests/run.py --require-all`` sets, or ``CI=true``). Each leg
@@ -214,7 +215,7 @@ def install(session: nox.Session, django: str, *extras: str) -> None:
 # ------------------------------------------------------------------ the checks
 
 
-@nox.session(python="3.11", tags=["checks", "other"])
+@nox.session(python="3.11", tags=["checks", "lane-b"])
 def lint(session: nox.Session) -> None:
     """ruff, ruff format, mypy, then the package: sdist and wheel built, ``twine check``, and the
     wheel holds every file of the package that git tracks."""
@@ -234,7 +235,7 @@ def lint(session: nox.Session) -> None:
         session.error(f"the wheel lacks {len(missing)} files of the package, e.g. {missing[0]}")
 
 
-@nox.session(tags=["checks", "other"])
+@nox.session(tags=["checks", "lane-b"])
 @nox.parametrize("python,django", [("3.11", DJANGO_52), (DJ6_PYTHON, DJANGO_6)], ids=["dj52", "dj6"])
 def migrations(session: nox.Session, django: str) -> None:
     """``makemigrations --check``: the models and the migrations agree, on each Django version."""
@@ -245,14 +246,14 @@ def migrations(session: nox.Session, django: str) -> None:
 # ------------------------------------------------------------------ Django 5.2, from the source
 
 
-@nox.session(python="3.11", tags=["other"])
+@nox.session(python="3.11", tags=["lane-b"])
 def sqlite(session: nox.Session) -> None:
     """The whole suite on a SQLite file per pytest worker."""
     install(session, DJANGO_52, "postgres")
     pytest(session, test_env(None))
 
 
-@nox.session(python="3.11", tags=["postgresql"])
+@nox.session(python="3.11", tags=["postgresql", "lane-a"])
 def postgres(session: nox.Session) -> None:
     """The whole suite on PostgreSQL."""
     install(session, DJANGO_52, "postgres")
@@ -261,7 +262,7 @@ def postgres(session: nox.Session) -> None:
     pytest(session, test_env(f"{PG}/{DB}"))
 
 
-@nox.session(python="3.11", tags=["other"])
+@nox.session(python="3.11", tags=["lane-b"])
 def mariadb(session: nox.Session) -> None:
     """The whole suite on MariaDB (or MySQL)."""
     if not shutil.which("mariadb_config"):
@@ -301,14 +302,14 @@ def install_wheel(session: nox.Session) -> Path:
     return stage
 
 
-@nox.session(name="dj6-sqlite", python=DJ6_PYTHON, tags=["other"])
+@nox.session(name="dj6-sqlite", python=DJ6_PYTHON, tags=["lane-a"])
 def dj6_sqlite(session: nox.Session) -> None:
     """The built wheel on Django 6 and SQLite: DJ6_SQLITE_MODULES."""
     stage = install_wheel(session)
     pytest(session, test_env(None), *modules(DJ6_SQLITE_MODULES, stage / "tests"))
 
 
-@nox.session(name="dj6-postgres", python=DJ6_PYTHON, tags=["postgresql"])
+@nox.session(name="dj6-postgres", python=DJ6_PYTHON, tags=["postgresql", "lane-a"])
 def dj6_postgres(session: nox.Session) -> None:
     """The built wheel on Django 6 and PostgreSQL, with prepared statements: DJ6_POSTGRES_MODULES."""
     stage = install_wheel(session)
@@ -367,7 +368,7 @@ def running_pgbouncer(session: nox.Session, binary: str) -> Iterator[None]:
             proc.wait(timeout=10)
 
 
-@nox.session(python="3.11", tags=["postgresql"])
+@nox.session(python="3.11", tags=["postgresql", "lane-a"])
 def pgbouncer(session: nox.Session) -> None:
     """PGBOUNCER_MODULES through PgBouncer in transaction mode, started here. Its test database
     is dropped on PostgreSQL itself, before and after (the pooler's idle server connections

@@ -3,8 +3,8 @@
 arguments]``, e.g. ``python3 tests/run.py -s sqlite -- -k kernel`` (``-l`` lists the sessions).
 
 Standard library only: it makes ``.venv-nox`` with the pinned nox and uv, then runs nox on
-``noxfile.py``. With no nox arguments it runs every session, those tagged ``postgresql`` beside
-the others (one nox run leaves a two-core machine half idle at times). ``--require-all``: a leg
+``noxfile.py``. With no nox arguments it runs every session, in the noxfile's two lanes side by
+side (one nox run leaves a two-core machine half idle at times). ``--require-all``: a leg
 that cannot run fails instead of being skipped; ``--install-system-deps``: the legs apt-get
 install what they miss (root only). The last line is ``N passed, M failed, K skipped`` over the
 legs' JUnit reports; the exit code is nox's, and 1 when a whole run ran no test.
@@ -57,10 +57,10 @@ def counts() -> dict[str, int]:
 
 
 def side_by_side(nox: list[str], env: dict[str, str]) -> int:
-    """The sessions tagged ``postgresql`` beside the others (two nox runs, each printed whole
-    when it ends); the first non-zero exit code of the two, else 0."""
+    """The two lanes of ``noxfile.py`` side by side (two nox runs, each printed whole when it
+    ends); the first non-zero exit code of the two, else 0."""
     lanes = {}
-    for tag in ("postgresql", "other"):
+    for tag in ("lane-a", "lane-b"):
         log = (REPORTS / f"nox-{tag}.log").open("w+")
         print(f"[run.py] $ nox -t {tag} > {log.name}  (printed when it ends)", flush=True)
         lanes[tag] = (subprocess.Popen([*nox, "-t", tag], cwd=ROOT, env=env, stdout=log, stderr=log), log)
