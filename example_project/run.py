@@ -265,7 +265,8 @@ def main(argv: list[str]) -> int:
 def launch(launcher: Launcher, scheduler_args: list[str]) -> int:
     """Migrate, seed and make the admin user; then serve the admin beside the scheduler."""
     password = secrets.token_urlsafe(9)
-    for step in (["migrate", "--no-input"], ["demo_seed"], ["demo_admin", "--password", password]):
+    # --password=...: a password may begin with "-", which would read as an option on its own.
+    for step in (["migrate", "--no-input"], ["demo_seed"], ["demo_admin", f"--password={password}"]):
         if code := launcher.run_step(*step):
             return code
     port = free_port()
