@@ -693,4 +693,28 @@ class Migration(migrations.Migration):
                 name="dsch_batch_completed_at",
             ),
         ),
+        # One row per unique or debounced enqueue, answering the same call again as it was
+        # answered first (docs/design.md, "Unique keys and debounce").
+        migrations.CreateModel(
+            name="UniqueCall",
+            fields=[
+                ("call_key", models.CharField(max_length=77, primary_key=True, serialize=False)),
+                ("payload_digest", models.CharField(max_length=64)),
+                ("created_at", models.DateTimeField()),
+                (
+                    "occurrence",
+                    models.ForeignKey(
+                        db_column="occurrence_id",
+                        db_index=False,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="unique_calls",
+                        to="durable_scheduler.occurrence",
+                    ),
+                ),
+            ],
+            options={
+                "db_table": "durable_scheduler_unique_calls",
+                "indexes": [models.Index(fields=["occurrence"], name="dsch_unique_calls_occurrence")],
+            },
+        ),
     ]
