@@ -7,15 +7,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
+from .tree import reads_the_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# These read the repository's own tree; the Django 6 legs run a copy of tests/ beside the
-# installed wheel, where there is none.
-pytestmark = pytest.mark.skipif(
-    not (ROOT / "django_durable_scheduler").is_dir(), reason="no repository tree beside these tests"
-)
+pytestmark = reads_the_tree
 TREES = ("django_durable_scheduler", "bench", "tests", "noxfile.py")
 LIMIT = 80  # lines, from ``def`` to the last line of the body, docstring and comments included
 

@@ -11,15 +11,11 @@ import ast
 from collections import deque
 from pathlib import Path
 
-import pytest
+from .tree import reads_the_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# These read the repository's own tree; the Django 6 legs run a copy of tests/ beside the
-# installed wheel, where there is none.
-pytestmark = pytest.mark.skipif(
-    not (ROOT / "django_durable_scheduler").is_dir(), reason="no repository tree beside these tests"
-)
+pytestmark = reads_the_tree
 PACKAGES = ("django_durable_scheduler", "bench")
 
 

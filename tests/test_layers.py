@@ -13,16 +13,15 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 from .test_import_graph import import_graph, modules_of
+from .tree import reads_the_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "django_durable_scheduler"
 
 # These read the repository's own tree; the Django 6 legs run a copy of tests/ beside the
 # installed wheel, where there is none.
-pytestmark = pytest.mark.skipif(not (ROOT / PACKAGE).is_dir(), reason="no repository tree beside these tests")
+pytestmark = reads_the_tree
 
 # Each part of the package (a subpackage or a top-level module) and its rank: lower ranks
 # are the foundations the higher ones build on.
