@@ -82,9 +82,10 @@ DJ6_SQLITE_MODULES = (
 # their EXPLAIN, claiming and authorizing in one transaction, the check constraints, the enqueue
 # fast path's guarded insert, the budget usage rows), the system checks that read the
 # connection's settings, LISTEN/NOTIFY and the wake-ups, the worker and runscheduler as
-# processes (crash recovery with the server restart, concurrency), and django.tasks, built into
-# Django 6. The API's validation, the admin, the triggers and the policies do not depend on that
-# meeting: the postgres leg (Django 5.2) and the dj6-sqlite leg cover them.
+# processes (crash recovery with the server restart), and django.tasks, built into Django 6.
+# Racing claimers send the statements that claim_authorized and claim_plan already run here,
+# so the races stay on the Django 5.2 legs; the API's validation, the admin, the triggers and
+# the policies do not depend on that meeting either: the postgres and dj6-sqlite legs cover them.
 DJ6_POSTGRES_MODULES = (
     "migrations",
     "schema_change",
@@ -103,7 +104,6 @@ DJ6_POSTGRES_MODULES = (
     "runscheduler_waits",
     "worker",
     "crash",
-    "concurrency",
     "tasks_backend",
 )
 # Through PgBouncer in transaction mode: the worker's wake-ups, a drain by several processes

@@ -353,7 +353,7 @@ def test_a_batch_under_sigkill_gets_one_callback(workers):
     assert done.counts["dead_letter"] >= BATCH // 10  # the "fail" members, at least
 
 
-LARGE = 5000
+LARGE = 2500  # five times the largest claim (MAX_CLAIM_BATCH), 25 members dead-lettered
 
 
 def test_a_large_batch_drained_by_three_workers_completes_once(workers):
