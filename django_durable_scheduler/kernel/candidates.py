@@ -63,7 +63,7 @@ class Candidate(NamedTuple):
     occurrence_id: str
     kind: str
     principal_key: str
-    due_at: datetime  # available_at, or lease_expires_at for a reclaim
+    due_at: datetime  # available_at: for a reclaim too, when it first became due
     scheduled_for: datetime
     priority: int
     timeout_ms: int | None  # the job's

@@ -73,7 +73,8 @@ CLAIM_FIELDS = tuple(
 
 # The principals with claimable work (PostgreSQL, SQLite): a loose index scan of the fair
 # index, jumping from one principal to the next, with each one's earliest queued and
-# retry_wait times; then the principals of expired leases with attempts left. The waiting
+# retry_wait times; then the principals of expired leases with attempts left, each with its
+# earliest first due time (``available_at``, which a claim leaves as it found it). The waiting
 # terms are written as the index predicate is (an OR, not IN).
 PRINCIPALS_LOOSE_SCAN = """
 WITH RECURSIVE p(k) AS (
@@ -93,7 +94,7 @@ SELECT * FROM (
     FROM p WHERE k IS NOT NULL LIMIT %(principals)s
 ) w
 UNION ALL
-SELECT {o.principal_key}, MIN({o.lease_expires_at}), NULL FROM {occurrences}
+SELECT {o.principal_key}, MIN({o.available_at}), NULL FROM {occurrences}
 WHERE {reclaimable_at_now}
 GROUP BY {o.principal_key}
 """
@@ -106,7 +107,7 @@ SELECT {o.principal_key}, MIN({o.available_at}), NULL FROM {occurrences}{by_clai
 WHERE {claimable_at_now}
 GROUP BY {o.principal_key}
 UNION ALL
-SELECT {o.principal_key}, MIN({o.lease_expires_at}), NULL FROM {occurrences}{by_claim_index}
+SELECT {o.principal_key}, MIN({o.available_at}), NULL FROM {occurrences}{by_claim_index}
 WHERE {reclaimable_at_now}
 GROUP BY {o.principal_key}
 """
@@ -164,15 +165,19 @@ LIMIT %s
 """
 
 
-# Everyone's expired leases with attempts left (a reclaim), through the claim index.
+# Everyone's expired leases with attempts left (a reclaim), through the claim index, ranked
+# by when each first became due (its ``available_at``, left in place by the claim), not by its
+# lease's expiry: stranded work goes before what was enqueued after it. The order is the
+# index's own (lease_expires_at sits between available_at and scheduled_for there), so the
+# running rows are read in order and the LIMIT stops the read without a sort.
 RECLAIM_ARM = """
-SELECT {o.occurrence_id}, {j.kind}, {o.principal_key}, {o.lease_expires_at}, {o.scheduled_for},
+SELECT {o.occurrence_id}, {j.kind}, {o.principal_key}, {o.available_at}, {o.scheduled_for},
        {o.priority}, {j.timeout_ms}, {o.job}, {o.concurrency_key}, {j.concurrency}
 FROM {occurrences}{by_claim_index}
 JOIN {jobs} ON {j.job_id} = {o.job}
 WHERE {reclaimable}
   AND {j.enabled} = %s{of_kinds}
-ORDER BY {o.lease_expires_at}, {o.scheduled_for}, {o.occurrence_id}
+ORDER BY {o.available_at}, {o.lease_expires_at}, {o.scheduled_for}, {o.occurrence_id}
 LIMIT %s
 """
 

@@ -5,6 +5,9 @@ across principals from one claim to the next (the worker's round-robin cursor).
 
 from __future__ import annotations
 
+import math
+import time
+
 from .. import conf, registry
 from ..kernel import claiming, reservations
 from ..models import Occurrence
@@ -76,9 +79,21 @@ class Claimer:
 
     def _hold(self, claimed: list[Occurrence]) -> list[Run]:
         """Register claimed occurrences as held (the heartbeat renews their leases)."""
-        default_timeout = conf.settings.HANDLER_TIMEOUT if claimed else None
+        if not claimed:
+            return []
+        default_timeout = conf.settings.HANDLER_TIMEOUT
+        # One claim gives every row the same expiry. Read against the clock now, not the
+        # claim's start: a worker stopped in between holds that much less of its lease.
+        expires = claimed[0].lease_expires_at
+        lease_until = time.monotonic() + (expires - conf.now()).total_seconds() if expires else math.inf
         runs = [
-            Run.of(occurrence, owner=self.worker_id, using=self.using, default_timeout=default_timeout)
+            Run.of(
+                occurrence,
+                owner=self.worker_id,
+                using=self.using,
+                default_timeout=default_timeout,
+                lease_until=lease_until,
+            )
             for occurrence in claimed
         ]
         self.held.add(runs)

@@ -88,23 +88,26 @@ class Heartbeat:
         runs = self.held.runs()
         if not runs:
             return
+        # Of two attempts of one occurrence (its worker reclaimed it), only the newer can hold.
+        fences: dict[str, int] = {}
+        for run in runs:
+            fences[run.occurrence.pk] = max(run.occurrence.fence, fences.get(run.occurrence.pk, 0))
+        began = time.monotonic()  # the renewed leases end no sooner than a lease after this
         try:
             renewals = kernel.renew_many(
-                [(run.occurrence.pk, run.occurrence.fence) for run in runs],
-                owner=self.worker_id,
-                lease=self.lease,
-                using=self.using,
+                list(fences.items()), owner=self.worker_id, lease=self.lease, using=self.using
             )
         except DatabaseError:
             logger.warning("heartbeat could not renew %d leases; will retry", len(runs))
             close_old_connections()
             return
         for run in runs:
-            pk = run.occurrence.pk
-            if pk in renewals.renewed:
+            pk, fence = run.occurrence.pk, run.occurrence.fence
+            if pk in renewals.renewed and fences[pk] == fence:
+                run.lease_until = max(run.lease_until, began + self.lease)
                 if pk in renewals.cancel_requested:
                     run.context.mark_cancel_requested()
-            elif self.held.holds(pk, run.occurrence.fence):  # not merely settled in the meantime
+            elif self.held.holds(pk, fence):  # not merely settled in the meantime
                 run.context.mark_lease_lost()
 
     def _run(self) -> None:

@@ -218,9 +218,13 @@ class HandlerPool:
             tidy_connections()
 
     def _execute(self, run: Run) -> None:
+        started = time.monotonic()
+        if started >= run.lease_until or run.context.lease_lost:
+            self._drop(run)
+            return
         if signals.occurrence_started.has_listeners(self._sender):
             self._send(signals.occurrence_started, run, attempt=run.context.attempt, timeout=run.timeout)
-        started = time.monotonic()
+            started = time.monotonic()
         if run.timeout is not None:
             run.thread_id = threading.get_ident()
             deadline = started + run.timeout
@@ -260,6 +264,24 @@ class HandlerPool:
         run.ran = time.monotonic() - started
         self._learn(run.ran)
         self.held.finish(run, outcome)
+
+    def _drop(self, run: Run) -> None:
+        """A run whose lease is known lost (marked, or past its end) never starts: its
+        outcome could not be stored, and whoever reclaims the occurrence runs it. It is
+        forgotten unsettled, with no event: its lease runs out (if it has not already) and
+        the occurrence is claimed again, or dead-lettered on its final attempt."""
+        ctx = run.context
+        logger.warning(
+            "%s: lease lost before its handler started (attempt %d/%d, fence %d): not running it",
+            ctx.occurrence_id,
+            ctx.attempt,
+            ctx.max_attempts,
+            ctx.fence,
+            extra=log_fields(run.occurrence, ctx.kind, status="lease_lost"),
+        )
+        ctx.mark_lease_lost()
+        self.held.forget(run, processed=False)
+        self._wake()  # held one less: the loop may claim again
 
     def _time_out(self, run: Run, stuck: int) -> None:
         timeout = run.timeout or 0.0

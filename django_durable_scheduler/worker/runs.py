@@ -1,11 +1,14 @@
-"""What a worker holds: each occurrence it claimed, from its claim until it is settled.
+"""What a worker holds: each attempt it claimed, from its claim until it is settled.
 
 The handler pool runs them, the heartbeat renews their leases and the outcome reporter
-settles them; :class:`Held` is the one record all three share.
+settles them; :class:`Held` is the one record all three share. An attempt is an occurrence at
+a fence: a worker that stalled past its lease may reclaim its own row and hold two attempts
+of one occurrence at once (docs/design.md, "Stranded work and second runs").
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -45,10 +48,19 @@ def timeout_of(occurrence: Occurrence, default: float | None) -> float | None:
 class Run:
     """A claimed occurrence, from its claim until it is settled (or given up)."""
 
-    def __init__(self, occurrence: Occurrence, context: ExecutionContext, timeout: float | None) -> None:
+    def __init__(
+        self,
+        occurrence: Occurrence,
+        context: ExecutionContext,
+        timeout: float | None,
+        lease_until: float = math.inf,
+    ) -> None:
         self.occurrence = occurrence
         self.context = context
         self.started = time.monotonic()
+        # When the lease ends (monotonic), as far as this worker knows: the claim's expiry,
+        # moved on by each renewal. Past it, the handler must not start.
+        self.lease_until = lease_until
         self.outcome: Outcome | None = None  # set once, by Held.finish
         self.error: dict[str, Any] | None = None  # the error settled, for the log
         self.done = threading.Event()
@@ -62,9 +74,16 @@ class Run:
 
     @classmethod
     def of(
-        cls, occurrence: Occurrence, *, owner: str, using: str | None, default_timeout: float | None
+        cls,
+        occurrence: Occurrence,
+        *,
+        owner: str,
+        using: str | None,
+        default_timeout: float | None,
+        lease_until: float = math.inf,
     ) -> Run:
-        """The run of an occurrence ``owner`` just claimed, with the context its handler gets."""
+        """The run of an occurrence ``owner`` just claimed, with the context its handler gets
+        (``lease_until``: when its lease ends, on ``time.monotonic``'s clock)."""
         context = ExecutionContext(
             occurrence_id=occurrence.pk,
             job_id=occurrence.job_id,
@@ -82,12 +101,14 @@ class Run:
             priority=occurrence.priority,
             cause=occurrence.cause,
         )
-        return cls(occurrence, context, timeout_of(occurrence, default_timeout))
+        return cls(occurrence, context, timeout_of(occurrence, default_timeout), lease_until)
 
 
 class Held:
     """The runs a worker holds (their leases are renewed until they are forgotten) and,
-    among them, the finished ones whose outcomes wait for the loop to settle them.
+    among them, the finished ones whose outcomes wait for the loop to settle them. Each is
+    held by its attempt, (occurrence id, fence): forgetting one never touches another
+    attempt of the same occurrence.
 
     ``wake`` is called whenever an outcome is added: the loop has something to settle.
     """
@@ -95,7 +116,7 @@ class Held:
     def __init__(self, wake: Callable[[], None]) -> None:
         self._wake = wake
         self._lock = threading.Lock()
-        self._runs: dict[str, Run] = {}
+        self._runs: dict[tuple[str, int], Run] = {}
         self._finished: list[Run] = []  # handlers done, outcomes not yet settled
         self._processed = 0
 
@@ -121,21 +142,21 @@ class Held:
         with self._lock:
             return list(self._runs.values())
 
-    def holds(self, occurrence_id: str, fence: int | None = None) -> bool:
-        """Whether the occurrence is held (at ``fence``, if given: not claimed again since)."""
-        run = self._runs.get(occurrence_id)
-        return run is not None and (fence is None or run.occurrence.fence == fence)
+    def holds(self, occurrence_id: str, fence: int) -> bool:
+        """Whether the attempt of the occurrence at ``fence`` is held (not settled since)."""
+        return (occurrence_id, fence) in self._runs
 
     def add(self, runs: list[Run]) -> None:
         with self._lock:
             for run in runs:
-                self._runs[run.occurrence.pk] = run
+                self._runs[run.occurrence.pk, run.occurrence.fence] = run
 
-    def forget(self, run: Run) -> None:
-        """The run is settled or given up: no longer held, one more processed."""
+    def forget(self, run: Run, *, processed: bool = True) -> None:
+        """The run is settled or given up: no longer held, one more ``processed`` (not so for
+        a run dropped unstarted: its occurrence comes back to be claimed again)."""
         with self._lock:
-            self._runs.pop(run.occurrence.pk, None)
-            self._processed += 1
+            self._runs.pop((run.occurrence.pk, run.occurrence.fence), None)
+            self._processed += processed
         run.done.set()
 
     def count_refused(self, n: int) -> None:
@@ -151,12 +172,26 @@ class Held:
         self._wake()
 
     def take_finished(self) -> list[Run]:
-        """Every outcome waiting to be settled, in the order they finished."""
+        """Every outcome waiting to be settled, in the order they finished: one attempt per
+        occurrence (a settle takes each occurrence once), a later one waits for the next."""
         with self._lock:
             finished, self._finished = self._finished, []
+            if len({run.occurrence.pk for run in finished}) < len(finished):
+                finished, self._finished = _one_attempt_each(finished)
         return finished
 
     def put_back(self, runs: list[Run]) -> None:
         """Outcomes that could not be settled now: first in line for the next settle."""
         with self._lock:
             self._finished = runs + self._finished
+
+
+def _one_attempt_each(runs: list[Run]) -> tuple[list[Run], list[Run]]:
+    """``runs`` split into the first of each occurrence's attempts and the others."""
+    first: list[Run] = []
+    others: list[Run] = []
+    seen: set[str] = set()
+    for run in runs:
+        (others if run.occurrence.pk in seen else first).append(run)
+        seen.add(run.occurrence.pk)
+    return first, others

@@ -123,3 +123,40 @@ def test_a_claim_older_than_the_cursor_window_is_forgotten(clock):
     # Without a cursor, principals come in the order their earliest work became due.
     assert principal_of(scheduler.claim(owner="w", lease=60)) == "a"
     assert principal_of(scheduler.claim(owner="w", lease=60)) == "b"
+
+
+def _strand(clock, principal: str, lease: float) -> str:
+    """One occurrence of ``principal``, due now, claimed with a ``lease`` its owner never
+    renews (a killed worker): returns its id."""
+    scheduler.create_job(f"job-{principal}", "k", authority=authority_for(principal, "x.run"))
+    scheduler.enqueue(f"job-{principal}", scheduled_for=clock(), trigger_key="stranded")
+    (row,) = scheduler.claim_batch(owner="killed", lease=lease, limit=1)
+    return row.pk
+
+
+def test_a_reclaim_ranks_by_when_it_first_became_due(clock):
+    """A killed worker's row comes back in the place it first had, not at its lease's
+    expiry: before the rows that became due after it, though they became due before the
+    lease expired."""
+    stranded = _strand(clock, "a", lease=30)
+    for n in range(3):  # due 10, 11 and 12 s after it, all before its lease expires
+        at = clock() + timedelta(seconds=10 + n)
+        scheduler.enqueue("job-a", scheduled_for=at, trigger_key=f"later{n}")
+    clock.advance(31)
+    rows = scheduler.claim_batch(owner="w", lease=60, limit=2)
+    assert rows[0].pk == stranded
+    assert (rows[0].status, rows[0].attempt, rows[0].fence) == ("running", 2, 2)
+    assert rows[1].scheduled_for == clock() - timedelta(seconds=21)
+
+
+def test_a_principal_with_a_reclaim_ranks_by_its_first_due_time(clock):
+    """Without claim history, principals come in the order their earliest work became due:
+    for a reclaim, when the stranded row first became due."""
+    stranded = _strand(clock, "a", lease=30)
+    scheduler.create_job("job-b", "k", authority=authority_for("b", "x.run"))
+    scheduler.enqueue("job-b", scheduled_for=clock() + timedelta(seconds=5), trigger_key="b")
+    clock.advance(31)
+    Event.objects.all().delete()  # no cursor: the rotation starts by due time
+    (row,) = scheduler.claim_batch(owner="w", lease=60, limit=1)
+    assert row.pk == stranded
+    assert principal_of(scheduler.claim(owner="w", lease=60)) == "b"

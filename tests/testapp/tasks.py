@@ -191,6 +191,25 @@ def keyed_by_function(ctx):
     return "done"
 
 
+# --- a worker stopped past its lease (tests/worker/test_stall.py)
+
+
+@scheduler.handler("test.counted")
+def counted(ctx):
+    """Appends "<time> <occurrence> <fence>" to the file ``payload.log`` names as it starts
+    (one O_APPEND write: lines of concurrent threads never interleave), then sleeps
+    ``payload.seconds``: every execution of a handler is counted, settled or not."""
+    payload = ctx.payload or {}
+    line = f"{time.time():.6f} {ctx.occurrence_id} {ctx.fence}\n"
+    fd = os.open(payload["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+    time.sleep(float(payload.get("seconds", 0)))
+    return {"occurrence": ctx.occurrence_id, "attempt": ctx.attempt}
+
+
 # --- chains and batches under SIGKILL (tests/worker/test_chains_crash.py)
 
 

@@ -69,16 +69,25 @@ def test_only_the_lost_run_is_marked_and_a_cancel_request_only_on_its_run(clock)
     assert expiry(lost) == clock() + timedelta(seconds=5)
 
 
-def test_a_run_claimed_again_since_is_not_marked_for_its_old_attempt(clock):
+def test_of_two_attempts_held_the_new_one_is_renewed_and_the_old_one_marked(clock):
     held = held_runs("w-beat", 1, lease=10)
     (old,) = held.runs()
-    clock.advance(11)  # expired, and taken again by the same worker: a newer run of it is held
+    clock.advance(11)  # expired, and taken again by the same worker: both attempts are held
     (again,) = kernel.claim_batch(owner="w-beat", lease=10, limit=1)
     held.add([Run.of(again, owner="w-beat", using=None, default_timeout=None)])
+    assert len(held) == 2
+    clock.advance(5)
     Heartbeat(worker_id="w-beat", held=held, lease=10, concurrency=1).renew_all()
-    (new,) = held.runs()
+    new = next(run for run in held.runs() if run is not old)
     assert new.occurrence.fence == old.occurrence.fence + 1
-    assert not new.context.lease_lost and not old.context.lease_lost
+    assert not new.context.lease_lost and old.context.lease_lost
+    assert expiry(new) == clock() + timedelta(seconds=10)
+    # Settling (forgetting) the old attempt leaves the new one held, and renewed.
+    held.forget(old)
+    assert held.runs() == [new]
+    clock.advance(5)
+    Heartbeat(worker_id="w-beat", held=held, lease=10, concurrency=1).renew_all()
+    assert expiry(new) == clock() + timedelta(seconds=10) and not new.context.lease_lost
 
 
 def test_a_database_error_is_one_warning_and_the_next_tick_renews(clock, monkeypatch, caplog):

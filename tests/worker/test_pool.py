@@ -260,3 +260,26 @@ def test_a_handler_outcome_is_what_it_returned_or_raised(kinds, settings):
         error={"message": "no handler for kind 'test.pool-unregistered'"},
         retryable=True,
     )
+
+
+def test_a_run_whose_lease_is_known_lost_never_starts(pool, kinds, caplog):
+    """Marked lost (the heartbeat found it so) or past the end of its lease (the worker was
+    stopped while it waited): the handler is not called, nothing is handed over to settle, and
+    the run is no longer held, nor counted as processed; one warning line each."""
+    started: list[str] = []
+    kind = kinds(lambda ctx: started.append(ctx.occurrence_id) or "ran")
+    running = pool(1)
+    marked, expired, live = run_of(kind, 0), run_of(kind, 1), run_of(kind, 2)
+    marked.context.mark_lease_lost()
+    expired.lease_until = time.monotonic()
+    live.lease_until = time.monotonic() + 60
+    with caplog.at_level(logging.WARNING, logger=LOG):
+        running.submit(marked, expired, live)
+        (finished,) = running.wait_finished(1)
+    assert finished is live and started == [live.occurrence.pk]
+    assert len(running.held) == 1 and running.held.processed == 0  # live waits to be settled
+    assert marked.done.is_set() and expired.done.is_set() and expired.context.lease_lost
+    dropped = [r for r in caplog.records if "lease lost before its handler started" in r.getMessage()]
+    assert [r.scheduler_occurrence_id for r in dropped] == [marked.occurrence.pk, expired.occurrence.pk]
+    why = "lease lost before its handler started (attempt 1/3, fence 1): not running it"
+    assert dropped[0].getMessage() == f"{marked.occurrence.pk}: {why}"
