@@ -1,7 +1,7 @@
 """The kill workload (ours only): the throughput kept while a worker is SIGKILLed every second.
 
     python -m bench.kill [--url DATABASE_URL] [--n 40000] [--reps 3] [--modes none,kills,processes]
-                         [--lease 5] [--workers 3] [--pick oldest|random] [--seed 0]
+                         [--lease 5] [--workers 3] [--every 1] [--pick oldest|random] [--seed 0]
                          [--autovacuum as-is|on] [--code DIR] [--out results.json]
 
 Per run, on a fresh database (PostgreSQL: ``dschbench_kill*`` dropped and created; SQLite: a new
@@ -128,8 +128,10 @@ class Fleet:
             kill.replacement = self._spawn(self.argv)
 
     def stop(self) -> None:
+        # Not the victims already reaped: their process group ids may have been reused since.
         for procs in self.procs:
-            procs.stop()
+            if procs.procs[0].poll() is None:
+                procs.stop()
 
     def supervisor_alive(self) -> bool:
         return self.mode != "processes" or self.procs[0].procs[0].poll() is None
@@ -215,14 +217,14 @@ def _active() -> bool:
 
 
 def drive(fleet: Fleet, args: argparse.Namespace, rng: random.Random) -> str | None:
-    """Wait for the first claim, then kill every second (modes kills and processes) until no
-    occurrence is active; what went wrong, if anything."""
+    """Wait for the first claim, then kill every ``--every`` seconds (modes kills and processes)
+    until no occurrence is active; what went wrong, if anything."""
     deadline = time.monotonic() + RUN_TIMEOUT
     while not _claims_exist():
         if time.monotonic() > deadline or not fleet.supervisor_alive():
             return "no claim"
         time.sleep(0.02)
-    next_kill = time.monotonic() + 1.0
+    next_kill = time.monotonic() + args.every
     done, since, next_count = -1, time.monotonic(), 0.0  # succeeded, since when; next count
     while _active():
         now = time.monotonic()
@@ -239,7 +241,7 @@ def drive(fleet: Fleet, args: argparse.Namespace, rng: random.Random) -> str | N
         fleet.live()  # the supervisor's new children, seen within 0.1 s
         if fleet.mode != "none" and now >= next_kill:
             fleet.kill_one(rng, args.pick)
-            next_kill += 1.0
+            next_kill += args.every
         time.sleep(0.1)
     return None
 
@@ -504,6 +506,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--autovacuum", choices=("as-is", "on"), default="as-is", help="PostgreSQL (default as-is)"
     )
+    p.add_argument("--every", type=float, default=1.0, help="seconds between kills (default 1)")
     p.add_argument("--stall", type=float, default=60.0, help="a run fails after this long without a success")
     p.add_argument(
         "--code", default=None, help="a checkout whose django_durable_scheduler every process runs"
@@ -519,6 +522,8 @@ def main(argv: list[str]) -> int:
         parser().error(f"--modes takes some of {','.join(MODES)}")
     if args.n < 1 or args.reps < 1 or args.workers < 1 or args.lease < 1:
         parser().error("--n, --reps, --workers and --lease must be at least 1")
+    if args.every <= 0 or args.stall <= 0:
+        parser().error("--every and --stall must be positive")
     os.environ["DATABASE_URL"] = args.url
     env = {"PYTHONPATH": str(ROOT)}
     if args.code:
@@ -536,7 +541,8 @@ def main(argv: list[str]) -> int:
     django.setup()
     import django_durable_scheduler
 
-    say(f"django_durable_scheduler from {Path(django_durable_scheduler.__file__).parent}; {args.url}")
+    package = Path(django_durable_scheduler.__file__).resolve().parent
+    say(f"django_durable_scheduler from {package}; {args.url}")
     if "processes" in modes and not supports_processes(env):
         say("runscheduler has no --processes here (the supervisor): mode processes skipped")
         modes.remove("processes")
