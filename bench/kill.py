@@ -502,7 +502,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
     p.add_argument("--lease", type=float, default=5.0, help="runscheduler --lease seconds (default 5)")
     p.add_argument("--pick", choices=("oldest", "random"), default="oldest", help="which worker a kill takes")
-    p.add_argument("--seed", type=int, default=0, help="--pick random: the seed")
+    p.add_argument("--seed", type=int, default=0, help="--pick random: random.Random seed (default 0)")
     p.add_argument(
         "--autovacuum", choices=("as-is", "on"), default="as-is", help="PostgreSQL (default as-is)"
     )
