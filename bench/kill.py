@@ -148,9 +148,8 @@ def _libpq(url: str, dbname: str) -> str:
     return parts._replace(scheme="postgresql", path=f"/{dbname}").geturl()
 
 
-def fresh_database(url: str) -> None:
-    """Drop and create the database (or the SQLite file), then migrate and set the bench up."""
-    from django.core.management import call_command
+def drop_database(url: str, create: bool = False) -> None:
+    """Drop the database (or remove the SQLite file), and create it again if asked."""
     from django.db import connections
 
     connections.close_all()
@@ -159,15 +158,23 @@ def fresh_database(url: str) -> None:
         path = Path(unquote(parts.path))
         for suffix in ("", "-wal", "-shm"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)
-    else:
-        import psycopg
+        return
+    import psycopg
 
-        name = unquote(parts.path.lstrip("/"))
-        if not name.startswith("dschbench_kill"):
-            raise SystemExit(f"refusing to drop database {name!r}: only dschbench_kill* names")
-        with psycopg.connect(_libpq(url, "postgres"), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    name = unquote(parts.path.lstrip("/"))
+    if not name.startswith("dschbench_kill"):
+        raise SystemExit(f"refusing to drop database {name!r}: only dschbench_kill* names")
+    with psycopg.connect(_libpq(url, "postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if create:
             conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def fresh_database(url: str) -> None:
+    """A new, empty database, migrated, with the bench's jobs and policy."""
+    from django.core.management import call_command
+
+    drop_database(url, create=True)
     call_command("migrate", verbosity=0)
     Ours().setup()
 
@@ -550,9 +557,12 @@ def main(argv: list[str]) -> int:
     load_start = uptime("start")
     results: list[dict[str, Any]] = []
     with autovacuum(args.url, args.autovacuum) as vacuum:
-        for rep in range(args.reps):
-            for mode in modes:
-                results.append(run_once(mode, rep, args, env))
+        try:
+            for rep in range(args.reps):
+                for mode in modes:
+                    results.append(run_once(mode, rep, args, env))
+        finally:
+            drop_database(args.url)
     load_end = uptime("end")
     s = summary(results, args.lease)
     print_summary(s)
