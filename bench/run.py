@@ -240,7 +240,8 @@ def _parser() -> argparse.ArgumentParser:
         default="w1,w2,w3,w4,pgbench,profile",
         help="subset of w1,w2,w3,w4,pgbench,profile, or scale (PostgreSQL: 1-8 processes, with a plot),"
         " or history (PostgreSQL: millions of settled rows against 10,000; bench/history.py),"
-        " or batch (one batch's members against plain occurrences: settle rate, callback; bench/batch.py)",
+        " or batch (one batch's members against plain occurrences: settle rate, callback; bench/batch.py)"
+        " or kill (throughput kept while a worker is SIGKILLed every second; bench/kill.py)",
     )
     parser.add_argument(
         "--workers", type=int, default=2, help="batch: runscheduler processes per drain (default 2)"
@@ -296,6 +297,8 @@ def main(argv: list[str]) -> int:
         return subprocess.call(cmd, cwd=ROOT)
     if "batch" in args.workloads.split(","):
         return run_batch(python, args, dbs, argv)
+    if "kill" in args.workloads.split(","):
+        return run_kill(python, args, dbs)
     started = time.monotonic()
     results: dict[str, dict] = {}
     tmp = Path(tempfile.mkdtemp(prefix="dschbench-"))
@@ -369,6 +372,29 @@ def run_batch(python: Path, args: argparse.Namespace, dbs: list[str], argv: list
         if data.get("autovacuum"):
             print(f"{db}: autovacuum {data['autovacuum']}")
     return 0 if results else 1
+
+
+def run_kill(python: Path, args: argparse.Namespace, dbs: list[str]) -> int:
+    """bench/kill.py once per database (a fresh one per run), with its own table and results file."""
+    code = 0
+    tmp = Path(tempfile.mkdtemp(prefix="dschbench-kill-"))
+    for db in dbs:
+        if db == "postgres":
+            why = pg_answers(python)
+            if why:
+                say(f"skipping postgres: the server does not answer: {why}")
+                continue
+            url = args.pg_url if args.pg_url != PG_URL else f"{PG_URL}_kill"
+        else:
+            url = f"sqlite:///{tmp / 'dschbench-kill.sqlite3'}"
+        cmd = [str(python), "-m", "bench.kill", "--url", url, "--reps", str(args.reps)]
+        cmd += ["--n", str(args.n or (3000 if args.quick else 40_000))]
+        out = args.out and (args.out if len(dbs) == 1 else args.out.replace(".json", f"-{db}.json"))
+        cmd += ["--out", out or str(BENCH / f"results-{datetime.now(UTC):%Y-%m-%d}-kill-{db}.json")]
+        say(f"{db}: {' '.join(cmd[1:])}")
+        code = subprocess.call(cmd, cwd=ROOT) or code
+    shutil.rmtree(tmp, ignore_errors=True)
+    return code
 
 
 def merge(paths: list[str], out: str | None) -> int:
