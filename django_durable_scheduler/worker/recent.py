@@ -16,10 +16,9 @@ pacing.claim_ahead). The least bound over the recent claims is the estimate.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import DatabaseError, connections
-from django.db.models import OuterRef, Subquery
 
 from .. import conf
 from ..models import Event, Occurrence, OccurrenceStatus, WorkerHeartbeat
@@ -28,8 +27,8 @@ from .pacing import HOLD_AHEAD, ClaimPacer
 
 logger = logging.getLogger("django_durable_scheduler")
 
-# The most recent successes looked at (newest first, along the settled rows' index: two of
-# the largest claims, at most MAX_SAMPLE), and how far back: older runs say little of the
+# The most recent successes looked at (newest first, along the settled rows' index: as many as
+# the largest claim, at most MAX_SAMPLE), and how far back: older runs say little of the
 # handlers as they are now.
 MAX_SAMPLE = 5000
 WINDOW = timedelta(minutes=10)
@@ -40,12 +39,7 @@ def recent_run_seconds(kinds: list[str], concurrency: int, using: str | None = N
     when there are none. ``concurrency`` stands for the claimers whose worker row is gone."""
     if not kinds:
         return None
-    claims = Event.objects.using(using).filter(
-        occurrence=OuterRef("pk"), event_type__in=(OCCURRENCE_CLAIMED, OCCURRENCE_RECLAIMED)
-    )
-    last_claim = claims.order_by("-event_id")
-    sample = min(2 * conf.settings.MAX_CLAIM_BATCH, MAX_SAMPLE)
-    rows = list(
+    settled = dict(
         Occurrence.objects.using(using)
         .filter(
             status=OccurrenceStatus.SUCCEEDED,
@@ -53,15 +47,23 @@ def recent_run_seconds(kinds: list[str], concurrency: int, using: str | None = N
             job__kind__in=kinds,
         )
         .order_by("-settled_at")
-        .annotate(
-            claimed_at=Subquery(last_claim.values("occurred_at")[:1]),
-            claimed_by=Subquery(last_claim.values("owner_id")[:1]),
-        )
-        .values_list("claimed_by", "claimed_at", "settled_at")[:sample]
+        .values_list("pk", "settled_at")[: min(conf.settings.MAX_CLAIM_BATCH, MAX_SAMPLE)]
     )
-    claimed: dict[tuple[str, object], list[float]] = {}
-    for owner, claimed_at, settled_at in rows:
-        if claimed_at is not None and settled_at is not None:
+    # Each row's last claim (a reclaim follows the claim whose lease expired), one index probe
+    # per row on the events' (occurrence, event_id) index.
+    events = Event.objects.using(using).filter(
+        occurrence_id__in=list(settled), event_type__in=(OCCURRENCE_CLAIMED, OCCURRENCE_RECLAIMED)
+    )
+    last_claims: dict[str, tuple[int, str | None, datetime]] = {}
+    for pk, event_id, owner, claimed_at in events.values_list(
+        "occurrence_id", "event_id", "owner_id", "occurred_at"
+    ):
+        if pk not in last_claims or event_id > last_claims[pk][0]:
+            last_claims[pk] = (event_id, owner, claimed_at)
+    claimed: dict[tuple[str | None, datetime], list[float]] = {}
+    for pk, (_, owner, claimed_at) in last_claims.items():
+        settled_at = settled[pk]
+        if settled_at is not None:
             claimed.setdefault((owner, claimed_at), []).append((settled_at - claimed_at).total_seconds())
     if not claimed:
         return None
@@ -71,7 +73,7 @@ def recent_run_seconds(kinds: list[str], concurrency: int, using: str | None = N
         .values_list("worker_id", "concurrency")
     )
     return min(
-        threads.get(owner, concurrency) * min(max(max(held), 0.0), HOLD_AHEAD) / len(held)
+        threads.get(owner or "", concurrency) * min(max(max(held), 0.0), HOLD_AHEAD) / len(held)
         for (owner, _), held in claimed.items()
     )
 

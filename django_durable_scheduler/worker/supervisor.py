@@ -128,6 +128,9 @@ class Supervisor:
     # ------------------------------------------------------------------ the supervisor
 
     def run(self) -> int:
+        # Built once here, so what a worker imports on its first construction is imported once,
+        # before the forks (building one starts no thread and opens no connection).
+        self.make_worker(f"{self.base_id or socket.gethostname()}:{os.getpid()}")
         previous = {signum: signal.signal(signum, self._on_signal) for signum in WATCHED}
         try:
             now = time.monotonic()
