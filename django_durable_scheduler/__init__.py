@@ -108,3 +108,8 @@ def __getattr__(name: str) -> Any:
     value = getattr(import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value
+
+
+# A runscheduler process records stop signals from here on (Django imports the app while it
+# sets up), not only once its command runs: see startup.py.
+import_module(f"{__name__}.startup").install_for_runscheduler()

@@ -30,6 +30,7 @@ RANKS: dict[str, float] = {
     "exceptions": 0,
     "signals": 0,
     "constraints": 0,
+    "startup": 0,  # the stop signals of a runscheduler's first moments, before Django
     "models": 0.5,
     # Database-specific SQL behind one interface, and the wake-ups.
     "db": 1,
@@ -58,6 +59,7 @@ RANKS: dict[str, float] = {
     "management": 10,
     "migrations": 10,
     "": 10,  # django_durable_scheduler/__init__.py, the lazy public API
+    "__main__": 10,  # python -m django_durable_scheduler
 }
 
 # Lines a module or a class may have before it is split at its seams, and the few that may

@@ -49,6 +49,7 @@ from .heartbeat import Heartbeat
 from .outcomes import OutcomeReporter
 from .pacing import ClaimPacer, claim_ahead
 from .pool import EXIT_STUCK, HandlerPool, tidy_connections
+from .recent import seed_pacer
 from .runs import Held, log_fields
 
 __all__ = ["EXIT_STUCK", "Waker", "Worker", "claim_ahead", "default_worker_id", "log_fields"]
@@ -141,12 +142,14 @@ class Waker:
 
 class StopOnSignal:
     """SIGTERM and SIGINT for a worker: the first one calls ``stop`` (running handlers get
-    the grace period), a second one exits the process at once."""
+    the grace period), a second one exits the process at once, unless ``second_exits`` is
+    False (a supervised worker: its supervisor stops it hard with SIGKILL)."""
 
     def __init__(self, stop: Callable[[], None], grace: float) -> None:
         self._stop = stop
         self._grace = grace
         self._received = 0
+        self.second_exits = True
         self._pipe: tuple[int, int] | None = None  # (read, write), see _on_signal
 
     def install(self) -> None:
@@ -177,6 +180,9 @@ class StopOnSignal:
         while True:
             for signum in os.read(self._pipe[0], 64):
                 self._received += 1
+                if self._received > 1 and not self.second_exits:
+                    logger.info("signal %s: already stopping", signal.Signals(signum).name)
+                    continue
                 if self._received > 1:
                     logger.warning("second signal: exiting at once; unfinished leases will expire")
                     os._exit(1)
@@ -291,9 +297,10 @@ class Worker:
         self._stopping.set()
         self.waker.ring()
 
-    def install_signal_handlers(self) -> None:
+    def install_signal_handlers(self, *, second_exits: bool = True) -> None:
         """SIGTERM/SIGINT: the first one stops the worker (running handlers get the grace
-        period), a second one exits at once. Only from the main thread."""
+        period), a second one exits at once (with ``second_exits``). Only from the main thread."""
+        self._signals.second_exits = second_exits
         self._signals.install()
 
     def kinds(self) -> list[str]:
@@ -340,6 +347,7 @@ class Worker:
             self.lease,
             kinds,
         )
+        seed_pacer(self.pacer, kinds, self.concurrency, self.using)
         # Listening before the first heartbeat: a worker that shows as started already hears
         # the wake-ups of enqueues made from then on.
         stays = not (self.once or self.burst)

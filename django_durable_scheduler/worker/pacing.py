@@ -95,6 +95,13 @@ class ClaimPacer:
         self._handler_runs += 1
         self._handler_seconds += (seconds - self._handler_seconds) / min(self._handler_runs, 20)
 
+    def seed(self, seconds: float) -> None:
+        """Start from ``seconds``, what the kinds' recent runs took (worker/recent.py), counted
+        as one run: the worker claims at that pace from its first turn, and its own runs
+        take over the average from its second."""
+        self._handler_seconds = seconds
+        self._handler_runs = 1
+
     def turn_took(self, seconds: float) -> None:
         """Fold the time of a turn that claimed something into its moving average."""
         self._turn_seconds += (seconds - self._turn_seconds) / 10

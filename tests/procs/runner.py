@@ -67,14 +67,16 @@ class Workers:
         self.directory = directory
         self.started: list[Worker] = []
 
-    def start(self, *args: str, verbosity: int = 1, **env: str) -> Worker:
+    def start(self, *args: str, verbosity: int = 1, module: str = "django", **env: str) -> Worker:
+        """``python -m <module> runscheduler``: ``django``, or ``django_durable_scheduler``
+        (which records stop signals from its first moments)."""
         log = self.directory / f"worker-{len(self.started)}.log"
         handle = log.open("wb")
         proc = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
-                "django",
+                module,
                 "runscheduler",
                 "--poll-interval",
                 "0.05",

@@ -14,13 +14,14 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
-from ... import checks, declared, registry
+from ... import checks, declared, registry, startup
 from ...db.dialect import alias_for
 from ...exceptions import SchedulerError
 from ...models import Occurrence
 from ...tasks.handlers import durable_queues
 from ...tasks.options import queue_kind
 from ...worker import Worker, default_worker_id
+from ...worker.supervisor import Supervisor
 from . import DATABASE_HELP, database_alias
 
 logger = logging.getLogger("django_durable_scheduler")
@@ -92,6 +93,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--grace", type=_seconds(0, 86400), default=30.0, help="shutdown grace seconds")
         parser.add_argument("--database", type=database_alias, default=None, help=DATABASE_HELP)
+        parser.add_argument(
+            "--processes",
+            type=_positive_int,
+            default=None,
+            help="run this many worker processes under one supervisor, which replaces any that dies",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         level = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}[
@@ -106,8 +113,13 @@ class Command(BaseCommand):
             raise SystemExit(2)
         # A stop asked for while starting up (before the worker's own handlers) is recorded,
         # and the command then returns without running: no exit by the signal's default action.
+        # Those recorded before the command ran (startup.py) count too.
         stopped: list[int] = []
         with _on_signals(stopped.append):
+            stopped[:0] = startup.take()
+            if options["processes"] is not None:
+                self.supervise(options, stopped)
+                return
             worker = self.prepare(options, stopped)
             if worker is None:
                 logger.info("runscheduler: stopped by a signal before it started")
@@ -119,9 +131,32 @@ class Command(BaseCommand):
         if code:
             raise SystemExit(code)
 
+    def supervise(self, options: dict[str, Any], stopped: list[int]) -> None:
+        """``--processes N``: set up once, then run N forked workers under a Supervisor."""
+        make_worker = self.prepare_workers(options, stopped)
+        if make_worker is None:
+            logger.info("runscheduler: stopped by a signal before it started")
+            return
+        code = Supervisor(
+            processes=options["processes"],
+            make_worker=make_worker,
+            worker_id=options["worker_id"],
+            grace=options["grace"],
+            finite=bool(options["once"] or options["burst"] or options["max_occurrences"]),
+            stopped=stopped,
+        ).run()
+        if code:
+            raise SystemExit(code)
+
     def prepare(self, options: dict[str, Any], stopped: list[int]) -> Worker | None:
         """The worker to run, after the database answers, the schema is migrated and the jobs
         declared in code are synced; None when a stop signal came first."""
+        make_worker = self.prepare_workers(options, stopped)
+        return None if make_worker is None else make_worker(options["worker_id"] or default_worker_id())
+
+    def prepare_workers(self, options: dict[str, Any], stopped: list[int]) -> Callable[[str], Worker] | None:
+        """What makes a worker of a given id, once the database answers, the schema is migrated
+        and the jobs declared in code are synced; None when a stop signal came first."""
         registry.autodiscover()
         kinds = self.selected_kinds(options["kinds"], options["queues"])
         using = alias_for(options["database"])
@@ -134,8 +169,8 @@ class Command(BaseCommand):
             raise CommandError(f"runscheduler: could not sync declared jobs: {exc}") from exc
         if stopped:
             return None
-        return Worker(
-            worker_id=options["worker_id"] or default_worker_id(),
+        return lambda worker_id: Worker(
+            worker_id=worker_id,
             concurrency=options["concurrency"],
             lease=options["lease"],
             poll_interval=options["poll_interval"],
