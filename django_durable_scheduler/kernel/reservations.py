@@ -401,26 +401,35 @@ def _write_refusals(
     alias: str,
 ) -> None:
     """Write each refusal through the lease code (an exhausted budget defers, the rest deny)
-    and record its verdict."""
+    and record its verdict: lease lost, when the lease ran out while this transaction ran
+    (a lease shorter than the transaction), as for the items the lease check turned away."""
     for index, held, why in sorted(refused, key=lambda item: item[0]):
-        fence = items[index][0].fence
-        if isinstance(why, AuthorityBudgetExhausted):
-            until = to_ms(datetime.fromisoformat(why.details["windowEndsAt"]), "until")
-            settling.defer(held.pk, owner=owner, fence=fence, until=until, details=why.details, using=alias)
-            deferral = {"reason": "budget_exhausted", "message": why.message, "details": why.details}
-            verdicts[index] = Authorization(DEFERRED, deferral)
-        else:
-            denied = settling.deny(
-                held.pk,
-                owner=owner,
-                fence=fence,
-                code=why.code,
-                reason=REASONS[type(why)],
-                details=why.details,
-                message=why.message,
-                using=alias,
-            )
-            verdicts[index] = Authorization(DENIED, denied.last_error)
+        try:
+            verdicts[index] = _write_refusal(held, items[index][0].fence, why, owner, alias)
+        except LeaseLost as lost:
+            verdicts[index] = lost
+
+
+def _write_refusal(
+    held: Occurrence, fence: int, why: SchedulerError, owner: str, alias: str
+) -> Authorization:
+    """Defer (an exhausted budget) or deny (the rest) one refused item; raises LeaseLost."""
+    if isinstance(why, AuthorityBudgetExhausted):
+        until = to_ms(datetime.fromisoformat(why.details["windowEndsAt"]), "until")
+        settling.defer(held.pk, owner=owner, fence=fence, until=until, details=why.details, using=alias)
+        deferral = {"reason": "budget_exhausted", "message": why.message, "details": why.details}
+        return Authorization(DEFERRED, deferral)
+    denied = settling.deny(
+        held.pk,
+        owner=owner,
+        fence=fence,
+        code=why.code,
+        reason=REASONS[type(why)],
+        details=why.details,
+        message=why.message,
+        using=alias,
+    )
+    return Authorization(DENIED, denied.last_error)
 
 
 def _claimed(occurrence: Any, field: str) -> tuple[Occurrence, int]:

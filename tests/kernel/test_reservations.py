@@ -886,3 +886,29 @@ def test_cancelling_a_retry_settles_its_reservation_failed(clock):
     assert (res.status, res.settled_at) == ("failed", clock())
     assert res.outcome == {"status": "cancelled", "reason": "no longer needed"}
     assert usage_rows() == [(1, 1, 1)]  # the run stays counted in its window
+
+
+def test_a_lease_that_runs_out_inside_the_claim_is_lost_not_an_error(clock, monkeypatch):
+    """A claim transaction that outlives its lease, on a spent budget: the deferral finds the
+    lease expired and the occurrence is turned away as lease-lost (it stays running until
+    it is reclaimed), instead of the LeaseLost escaping the claim and the worker."""
+    from django_durable_scheduler.kernel import claiming, reservations
+
+    setup(max_runs=1)
+    first = claimed(clock, "a")
+    assert scheduler.authorize(first, units=1, owner=OWNER) == "reserved"
+    scheduler.settle(first.pk, owner=OWNER, fence=first.fence, outcome="succeeded")
+    occ, _ = scheduler.enqueue("job-a", scheduled_for=clock(), trigger_key="b")
+    charge = reservations.budgets.charge
+
+    def charge_slowly(*args: Any, **kwargs: Any) -> Any:
+        clock.advance(61)  # the transaction outlives the 60-second lease
+        return charge(*args, **kwargs)
+
+    monkeypatch.setattr(reservations.budgets, "charge", charge_slowly)
+    result = claiming.claim_authorized(owner=OWNER, lease=60, limit=5)
+    assert [o.pk for o in result.claimed] == [occ.pk] and result.runnable == []
+    assert [(o.pk, verdict.verdict) for o, verdict in result.refused] == [(occ.pk, "lease_lost")]
+    occ.refresh_from_db()
+    assert (occ.status, occ.lease_owner, occ.attempt) == ("running", OWNER, 1)
+    assert not Event.objects.filter(occurrence_id=occ.pk, event_type="authority_deferred").exists()
