@@ -151,8 +151,9 @@ def combine(parts: list[tuple[Baseline | None, dict[str, Any]]]) -> dict[str, An
 
 
 def comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Main ("ours") against each ``ours@<sha>`` on every plain figure both have, per database:
-    the ratio is above 1 when main is better; ``apart`` when the two ranges do not overlap."""
+    """Main ("ours") against each ``ours@<sha>`` on every plain figure either has, per database:
+    the ratio is above 1 when main is better; ``apart`` when the two ranges do not overlap;
+    a figure one side lacks (its suite failed) is listed with ``missing``."""
     out = []
     labels = sorted({r["system"] for r in rows if r["system"].startswith("ours@")})
     for db in dict.fromkeys(r["db"] for r in rows):
@@ -160,30 +161,35 @@ def comparison(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for workload in PLAIN:
                 main = _row(rows, db, workload, "ours")
                 base = _row(rows, db, workload, label)
-                if main is None or base is None:
-                    continue
-                higher = main["better"] == "higher"
-                ratio = main["median"] / base["median"] if higher else base["median"] / main["median"]
-                # Ranges say something only with repetitions on both sides.
-                repeated = min(main["n"], base["n"]) > 1
-                apart = repeated and (main["max"] < base["min"] or base["max"] < main["min"])
-                out.append(
-                    {
-                        "db": db,
-                        "baseline": label,
-                        "workload": workload,
-                        "unit": main["unit"],
-                        "main": main["median"],
-                        "main_range": (main["min"], main["max"]),
-                        "baseline_median": base["median"],
-                        "baseline_range": (base["min"], base["max"]),
-                        "ratio": ratio,
-                        "main_worse": ratio < 1,
-                        "apart": apart,
-                        "repeated": repeated,
-                    }
-                )
+                if main is not None or base is not None:
+                    out.append({"db": db, "baseline": label, "workload": workload, **_compare(main, base)})
     return out
+
+
+def _compare(main: dict[str, Any] | None, base: dict[str, Any] | None) -> dict[str, Any]:
+    """One figure of main against the baseline's (either may be missing)."""
+    either = main if main is not None else base
+    assert either is not None
+    found = {
+        "unit": either["unit"],
+        "main": main and main["median"],
+        "main_range": main and (main["min"], main["max"]),
+        "baseline_median": base and base["median"],
+        "baseline_range": base and (base["min"], base["max"]),
+        "missing": "main" if main is None else "baseline" if base is None else None,
+        "ratio": None,
+        "main_worse": False,
+        "apart": False,
+        "repeated": False,
+    }
+    if main is None or base is None:
+        return found
+    higher = main["better"] == "higher"
+    ratio = main["median"] / base["median"] if higher else base["median"] / main["median"]
+    # Ranges say something only with repetitions on both sides.
+    repeated = min(main["n"], base["n"]) > 1
+    apart = repeated and (main["max"] < base["min"] or base["max"] < main["min"])
+    return {**found, "ratio": ratio, "main_worse": ratio < 1, "apart": apart, "repeated": repeated}
 
 
 def _row(rows: list[dict[str, Any]], db: str, workload: str, system: str) -> dict[str, Any] | None:
@@ -199,7 +205,7 @@ def print_comparison(compared: list[dict[str, Any]], fmt: Any) -> None:
         table = []
         for c in (c for c in compared if (c["db"], c["baseline"]) == (db, label)):
             unit = c["unit"]
-            mark = ""
+            mark = f"missing on {c['missing']}" if c["missing"] else ""
             if c["main_worse"]:
                 overlap = "ranges overlap" if c["repeated"] else "one sample"
                 mark = "MAIN WORSE" if c["apart"] else f"main worse ({overlap})"
@@ -208,10 +214,10 @@ def print_comparison(compared: list[dict[str, Any]], fmt: Any) -> None:
                     c["workload"],
                     unit,
                     fmt(c["main"], unit),
-                    "-".join(fmt(v, unit) for v in c["main_range"]),
+                    "-".join(fmt(v, unit) for v in c["main_range"] or (None,)),
                     fmt(c["baseline_median"], unit),
-                    "-".join(fmt(v, unit) for v in c["baseline_range"]),
-                    f"{c['ratio']:.2f}x",
+                    "-".join(fmt(v, unit) for v in c["baseline_range"] or (None,)),
+                    "" if c["ratio"] is None else f"{c['ratio']:.2f}x",
                     mark,
                 )
             )
@@ -220,8 +226,10 @@ def print_comparison(compared: list[dict[str, Any]], fmt: Any) -> None:
         for row in (headers, tuple("-" * w for w in widths), *table):
             print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     worse = [c for c in compared if c["main_worse"]]
+    both = [c for c in compared if not c["missing"]]
     if compared:
         print(
-            f"\nmain is worse than a baseline on {len(worse)} of {len(compared)} plain figures"
+            f"\nmain is worse than a baseline on {len(worse)} of {len(both)} plain figures compared"
             + (f", {sum(c['apart'] for c in worse)} of them with ranges apart" if worse else "")
+            + (f"; {len(compared) - len(both)} missing on one side" if len(both) < len(compared) else "")
         )

@@ -363,9 +363,15 @@ def run_suite(
     env = dict(os.environ, **(baseline.env() if baseline is not None else {}))
     out.unlink(missing_ok=True)
     code = subprocess.call(cmd, cwd=ROOT, env=env)
+    data = json.loads(out.read_text()) if out.exists() else None
     if code:
         say(f"{db} ({who}): suite exited {code}")
-    return json.loads(out.read_text()) if out.exists() else None
+        if data is not None:
+            data["notes"] = [
+                *data.get("notes", []),
+                f"suite exited {code}: the workloads after the failure are missing",
+            ]
+    return data
 
 
 def run_rounds(
