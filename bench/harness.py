@@ -20,6 +20,20 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 DRAIN_TIMEOUT = 900.0
 LOG_DIR = Path(tempfile.mkdtemp(prefix="dschbench-logs-"))
+# A baseline run (bench/baselines.py): the directory holding an earlier commit's package, which
+# this process and every worker it starts must import instead of the working tree's.
+PACKAGE_DIR = os.environ.get("BENCH_PACKAGE_DIR", "")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a Django process the bench starts: this repository's bench settings, and
+    a baseline's package ahead of the working tree's (no current directory prepended to the path)."""
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="bench.settings")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_DIR, str(ROOT)) if p)
+    if PACKAGE_DIR:
+        env["PYTHONSAFEPATH"] = "1"
+    env.update(extra)
+    return env
 
 
 def say(message: str) -> None:
@@ -34,9 +48,7 @@ class Procs:
         self.logs: list[Path] = []
         safe = re.sub(r"[^\w.-]+", "_", label)  # a system's name may have spaces or parentheses
         for index, (argv, env_extra) in enumerate(spec.procs):
-            env = dict(os.environ)
-            env.update(PYTHONPATH=str(ROOT), DJANGO_SETTINGS_MODULE="bench.settings", **env_extra)
-            env.update(extra_env or {})
+            env = child_env(**{**env_extra, **(extra_env or {})})
             log = LOG_DIR / f"{safe}-{index}-{time.time_ns()}.log"
             self.logs.append(log)
             with log.open("wb") as out:

@@ -24,6 +24,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Run as a script (python3 bench/run.py), the repository root is not on the path yet.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import baselines  # noqa: E402
+
 BENCH = ROOT / "bench"
 VENV = ROOT / ".venv-bench"
 REQUIREMENTS = BENCH / "requirements.txt"
@@ -270,6 +276,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="RESULTS",
         help="only merge results files of earlier runs (e.g. one per database) into one table and file",
     )
+    parser.add_argument(
+        "--baseline",
+        action="append",
+        default=[],
+        metavar="COMMIT",
+        help="W1-W3 also on this commit's package, as ours@<sha>, interleaved with the working tree"
+        " each repetition, with a table of main against it (repeat for several commits)",
+    )
     parser.add_argument("--setup-only", action="store_true", help="build .venv-bench and stop")
     return parser
 
@@ -283,6 +297,8 @@ def main(argv: list[str]) -> int:
     if args.reps < 1:
         parser.error("--reps must be at least 1")
 
+    if args.baseline and {"history", "batch"} & set(args.workloads.split(",")):
+        parser.error("--baseline runs with the suite's workloads (w1-w3), not history or batch")
     if args.merge:
         return merge(args.merge, args.out)
     python = ensure_bench_venv()
@@ -300,6 +316,8 @@ def main(argv: list[str]) -> int:
     if "kill" in args.workloads.split(","):
         return run_kill(python, args, dbs)
     started = time.monotonic()
+    commits = baselines.resolve(args.baseline)
+    load_start = load_check("start")
     results: dict[str, dict] = {}
     tmp = Path(tempfile.mkdtemp(prefix="dschbench-"))
     for db in dbs:
@@ -311,24 +329,84 @@ def main(argv: list[str]) -> int:
             url = args.pg_url
         else:
             url = f"sqlite:///{tmp / 'dschbench.sqlite3'}"
-        out = tmp / f"{db}.json"
-        cmd = [str(python), "-m", "bench.suite", "--url", url, "--out", str(out), "--reps", str(args.reps)]
-        cmd += ["--workloads", args.workloads] + (["--quick"] if args.quick else [])
-        cmd += (["--n", str(args.n)] if args.n else []) + (["--w3", str(args.w3)] if args.w3 else [])
-        if "scale" in args.workloads:
-            cmd += ["--plot", str(BENCH / f"scale-{datetime.now(UTC):%Y-%m-%d}.png")]
-        say(f"{db}: {' '.join(cmd[1:])}")
-        code = subprocess.call(cmd, cwd=ROOT)
-        if out.exists():
-            results[db] = json.loads(out.read_text())
-        if code:
-            say(f"{db}: suite exited {code}")
+        if commits:
+            data = run_rounds(python, db, url, args, commits, tmp)
+        else:
+            data = run_suite(python, db, url, args, args.workloads, args.reps, tmp / f"{db}.json")
+        if data is not None:
+            results[db] = data
     shutil.rmtree(tmp, ignore_errors=True)
 
-    report(
-        results, argv, args.out, {"quick": args.quick, "reps": args.reps, "n": args.n, "w3": args.w3}, started
-    )
+    options = {"quick": args.quick, "reps": args.reps, "n": args.n, "w3": args.w3, "load_start": load_start}
+    options["baselines"] = {b.label: b.sha for b in commits}
+    report(results, argv, args.out, options, started)
     return 0 if results else 1
+
+
+def run_suite(
+    python: Path,
+    db: str,
+    url: str,
+    args: argparse.Namespace,
+    workloads: str,
+    reps: int,
+    out: Path,
+    baseline: baselines.Baseline | None = None,
+) -> dict | None:
+    """One bench/suite.py process on ``url`` (the working tree's package, or ``baseline``'s:
+    then ours alone); its results, None when it wrote none."""
+    cmd = [str(python), "-m", "bench.suite", "--url", url, "--out", str(out), "--reps", str(reps)]
+    cmd += ["--workloads", workloads] + (["--quick"] if args.quick else [])
+    cmd += (["--n", str(args.n)] if args.n else []) + (["--w3", str(args.w3)] if args.w3 else [])
+    cmd += ["--systems", "ours"] if baseline is not None else []
+    if "scale" in workloads:
+        cmd += ["--plot", str(BENCH / f"scale-{datetime.now(UTC):%Y-%m-%d}.png")]
+    who = "main" if baseline is None else baseline.label
+    say(f"{db} ({who}): {' '.join(cmd[1:])}")
+    env = dict(os.environ, **(baseline.env() if baseline is not None else {}))
+    out.unlink(missing_ok=True)
+    code = subprocess.call(cmd, cwd=ROOT, env=env)
+    data = json.loads(out.read_text()) if out.exists() else None
+    if code:
+        say(f"{db} ({who}): suite exited {code}")
+        if data is not None:
+            data["notes"] = [
+                *data.get("notes", []),
+                f"suite exited {code}: the workloads after the failure are missing",
+            ]
+    return data
+
+
+def run_rounds(
+    python: Path, db: str, url: str, args: argparse.Namespace, commits: list[baselines.Baseline], tmp: Path
+) -> dict | None:
+    """W1-W3 in rounds, one repetition of every commit and the working tree (with the peers) per
+    round, each on its own fresh database; then the working tree's other workloads, once."""
+    asked = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    rounds = [w for w in asked if w in baselines.ROUND_WORKLOADS]
+    rest = [w for w in asked if w not in baselines.ROUND_WORKLOADS]
+    parts: list[tuple[baselines.Baseline | None, dict]] = []
+    for rep in range(args.reps if rounds else 0):
+        for commit in baselines.order(commits, rep):
+            say(f"{db}: round {rep + 1} of {args.reps}, {'main' if commit is None else commit.label}")
+            target = url if commit is None else commit.url(url)
+            out = tmp / f"{db}-{rep}-{'main' if commit is None else commit.short}.json"
+            data = run_suite(python, db, target, args, ",".join(rounds), 1, out, commit)
+            if data is not None:
+                parts.append((commit, data))
+    if rest:
+        data = run_suite(python, db, url, args, ",".join(rest), args.reps, tmp / f"{db}-rest.json")
+        if data is not None:
+            parts.append((None, data))
+    return baselines.combine(parts) if parts else None
+
+
+def load_check(when: str) -> list[float]:
+    """The load averages now, with a warning above 1.5: figures taken beside other work are not results."""
+    load = [round(x, 2) for x in os.getloadavg()]
+    if load[0] > 1.5:
+        say(f"WARNING: load average {load[0]} at the {when} of the run (above 1.5): not a result")
+    return load
 
 
 def run_batch(python: Path, args: argparse.Namespace, dbs: list[str], argv: list[str]) -> int:
@@ -449,6 +527,10 @@ def report(results: dict[str, dict], argv: list[str], out: str | None, options: 
     print_extras(results)
     print("\n" + "\n".join(drain_vs_pgbench(rows)))
     print_table(rows)
+    compared = baselines.comparison(rows)
+    baselines.print_comparison(compared, _fmt)
+    if "merged" not in options:
+        options = {**options, "load_end": load_check("end")}
     stamp = datetime.now(UTC)
     path = Path(out) if out else BENCH / f"results-{stamp:%Y-%m-%d}.json"
     meta = {
@@ -463,6 +545,7 @@ def report(results: dict[str, dict], argv: list[str], out: str | None, options: 
                 "meta": meta,
                 "table": rows,
                 "drain_vs_pgbench": drain_vs_pgbench(rows),
+                "main_vs_baselines": compared,
                 "per_database": {
                     db: {k: v for k, v in data.items() if k != "rows"} for db, data in results.items()
                 },
@@ -481,6 +564,19 @@ def report(results: dict[str, dict], argv: list[str], out: str | None, options: 
             f"procrastinate {v.get('procrastinate')}; {v.get('cpus')} CPUs;"
             f" settings {v.get('server_settings')}"
         )
+        package = v.get("package") or {}
+        print(f"{db}: main (ours) is {package.get('commit', '?')}")
+        for label, bv in (data.get("baselines") or {}).items():
+            print(f"{db}: {label} is {(bv.get('package') or {}).get('commit', '?')}")
+        autovacuum = (v.get("server_settings") or {}).get("autovacuum")
+        if autovacuum == "on":
+            print(f"{db}: WARNING: autovacuum was on: a vacuum may have landed in a short W1-W3 measurement")
+        elif autovacuum:
+            print(f"{db}: autovacuum {autovacuum}")
+    for when in ("start", "end"):
+        if load := options.get(f"load_{when}"):
+            flag = " (above 1.5: these figures are not results)" if load[0] > 1.5 else ""
+            print(f"load average at the {when}: {' '.join(map(str, load))}{flag}")
     say(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 
 

@@ -31,9 +31,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
 from bench.harness import (
     DRAIN_TIMEOUT,
     LOG_DIR,
+    PACKAGE_DIR,
     ROOT,
     Procs,
     Results,
+    child_env,
     median,
     run_pgbench,
     say,
@@ -307,10 +309,9 @@ def run_w3(res: Results, systems: list[Any], sizes: dict[str, Any], reps: int) -
                 if missing:
                     say(f"W3 {system.name} {label}: {missing} of {n} never started")
                 ms = sorted(x * 1000 for x in latencies)
-                p50 = ms[len(ms) // 2] if ms else None
-                p95 = ms[min(len(ms) - 1, int(len(ms) * 0.95))] if ms else None
+                p50, p90, p95 = (_percentile(ms, q) for q in (0.5, 0.9, 0.95))
                 worst = ms[-1] if ms else None
-                for stat, value in (("p50", p50), ("p95", p95), ("max", worst)):
+                for stat, value in (("p50", p50), ("p90", p90), ("p95", p95), ("max", worst)):
                     res.add(
                         f"W3 latency {stat}, {label}",
                         system.name,
@@ -321,8 +322,13 @@ def run_w3(res: Results, systems: list[Any], sizes: dict[str, Any], reps: int) -
                     )
                 say(
                     f"W3 {label} rep {rep + 1} {system.name}: p50 {p50 or 0:.1f} ms, "
-                    f"p95 {p95 or 0:.1f} ms, max {worst or 0:.1f} ms"
+                    f"p90 {p90 or 0:.1f} ms, p95 {p95 or 0:.1f} ms, max {worst or 0:.1f} ms"
                 )
+
+
+def _percentile(ms: list[float], q: float) -> float | None:
+    """The ``q`` quantile of sorted ``ms`` (nearest rank below), None when empty."""
+    return ms[min(len(ms) - 1, int(len(ms) * q))] if ms else None
 
 
 def _read_stamps(path: Path) -> dict[str, float]:
@@ -722,7 +728,7 @@ def run_profile(res: Results, ours: Any, sizes: dict[str, Any]) -> None:
         if mode == "wall":
             argv.append("--idle")
         cmd = [*argv, "--", sys.executable, "-m", "django", "runscheduler", "--burst"]
-        env = dict(os.environ, PYTHONPATH=str(ROOT), DJANGO_SETTINGS_MODULE="bench.settings")
+        env = child_env()
         start = time.perf_counter()
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         seconds = time.perf_counter() - start
@@ -829,7 +835,14 @@ def versions() -> dict[str, Any]:
             cursor.execute("SHOW server_version")
             info["server"] = f"PostgreSQL {cursor.fetchone()[0]}"
             settings = {}
-            for name in ("shared_buffers", "synchronous_commit", "fsync", "max_connections", "work_mem"):
+            for name in (
+                "shared_buffers",
+                "synchronous_commit",
+                "fsync",
+                "max_connections",
+                "work_mem",
+                "autovacuum",
+            ):
                 cursor.execute(f"SHOW {name}")
                 settings[name] = cursor.fetchone()[0]
             info["server_settings"] = settings
@@ -850,6 +863,32 @@ def versions() -> dict[str, Any]:
     info["Q_CLUSTER"] = dj.Q_CLUSTER
     info["TASKS"] = dj.TASKS
     return info
+
+
+def package_in_use() -> dict[str, str]:
+    """Where this process and a worker process import the package from, and which commit that is;
+    in a baseline run both must be the baseline's copy, or its figures would be the working tree's."""
+    import django_durable_scheduler
+
+    here = str(Path(django_durable_scheduler.__file__).resolve().parent)
+    probe = "import django_durable_scheduler as p, pathlib; print(pathlib.Path(p.__file__).resolve().parent)"
+    worker = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=child_env(), capture_output=True, text=True
+    ).stdout.strip()
+    if PACKAGE_DIR:
+        expected = str(Path(PACKAGE_DIR).resolve() / "django_durable_scheduler")
+        if {here, worker} != {expected}:
+            raise SystemExit(f"baseline run imports {here} (workers {worker}), not {expected}")
+        commit = os.environ.get("BENCH_COMMIT", "?")
+    else:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "django_durable_scheduler"],
+            capture_output=True,
+            text=True,
+        )
+        commit = head.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip() else "")
+    return {"path": here, "worker_path": worker, "commit": commit}
 
 
 def _arguments(argv: list[str]) -> argparse.Namespace:
@@ -893,11 +932,13 @@ def _set_up(args: argparse.Namespace, sizes: dict[str, Any]) -> tuple[Results, l
 
     db = "postgres" if connection.vendor == "postgresql" else connection.vendor
     res = Results(db)
-    res.extra["versions"] = versions()
+    res.extra["versions"] = {**versions(), "package": package_in_use()}
     res.extra["sizes"] = {k: list(v) if isinstance(v, tuple) else v for k, v in sizes.items()}
     res.extra["reps"] = args.reps
     res.extra["logs"] = str(LOG_DIR)
-    say(f"{db}: {res.extra['versions']['server']}; logs in {LOG_DIR}")
+    package = res.extra["versions"]["package"]
+    say(f"{db}: {res.extra['versions']['server']}; package {package['commit']} from {package['path']}")
+    say(f"logs in {LOG_DIR}")
     systems = systems_for(connection.vendor)
     if args.systems:
         wanted = {name.strip() for name in args.systems.split(",")}
