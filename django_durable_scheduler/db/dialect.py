@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -105,14 +107,31 @@ def planner_row_estimate(queryset: QuerySet[Any]) -> int | None:
     return int(plan[0]["Plan"]["Plan Rows"])
 
 
+# Per thread: the seconds its write transactions waited for SQLite's write lock (lock_waited).
+_lock_waits = threading.local()
+
+
+def lock_waited() -> float:
+    """The seconds this thread's write transactions waited for SQLite's one write lock since
+    the last call (0 on other databases): what the worker's loop leaves out of its cost per
+    row, since it does not grow with the rows a transaction writes."""
+    waited: float = getattr(_lock_waits, "seconds", 0.0)
+    _lock_waits.seconds = 0.0
+    return waited
+
+
 @contextmanager
 def write_transaction(using: str | None = None) -> Iterator[str]:
     """One kernel transaction on ``using`` (yields its alias); inside a caller's transaction,
     a savepoint, so that an error undoes only this operation and the caller's transaction
     stays usable."""
     alias = alias_for(using)
+    connection = connections[alias]
+    asked = time.monotonic()
     with transaction.atomic(using=alias):
-        take_write_lock(connections[alias])
+        take_write_lock(connection)
+        if connection.vendor == "sqlite":
+            _lock_waits.seconds = getattr(_lock_waits, "seconds", 0.0) + time.monotonic() - asked
         yield alias
 
 

@@ -107,6 +107,9 @@ def claim_planned(
     )
     if not rows:
         return []
+    # The lease runs from this write, not from the plan: the time the transaction waited for
+    # its locks and chose its rows is not taken from it.
+    expires += conf.now() - now
     # Claim and reclaim set the same columns (lifecycle.TRANSITIONS): one UPDATE for both.
     values = writes(Action.CLAIM, now, lease_owner=owner, lease_expires_at=expires)
     Occurrence.objects.using(alias).filter(pk__in=[row.pk for row in rows]).update(**values)

@@ -4,8 +4,8 @@ The loop thread does every kernel write of the hot path, in batches: settle the 
 that finished since its last turn (one transaction), claim up to the free capacity (one
 transaction, which also authorizes what it claims), and hand the runnable ones to
 ``concurrency`` long-lived handler threads. A heartbeat thread renews the leases of
-everything held (every lease/3) until it is settled. Handlers for kinds this process has
-not registered are never claimed.
+everything held (each before a third of it has passed) until it is settled. Handlers for
+kinds this process has not registered are never claimed.
 
 The parts, each with its own module: the claim and what it holds (:mod:`.claims`), the runs
 held (:mod:`.runs`), the handler threads with their deadlines and timeouts (:mod:`.pool`),
@@ -40,7 +40,7 @@ from django.db import DatabaseError, connections
 
 from .. import conf, kernel, registry
 from ..db import wakeup
-from ..db.dialect import alias_for
+from ..db.dialect import alias_for, lock_waited
 from ..housekeeping.retention.thread import RetentionThread
 from ..models import Occurrence
 from ..telemetry import metrics
@@ -362,6 +362,7 @@ class Worker:
         thread is stuck (the worker gives up)."""
         turn = Turn()
         started = time.monotonic()
+        lock_waited()  # from now on: what this turn waits for SQLite's write lock
         tidy_connections()
         self.pool.expire()
         if self.pool.all_stuck():
@@ -379,7 +380,7 @@ class Worker:
             self.waker.claiming()
             turn.claimed = len(self.claim(turn.asked, self._kinds))
             if turn.claimed:
-                self.pacer.turn_took(time.monotonic() - started)
+                self.pacer.turn_took(time.monotonic() - started, turn.claimed, lock_waited())
             turn.held = len(self.held)
             if turn.empty:
                 # Empty may mean "locked by another claimer", not "nothing due".

@@ -25,7 +25,8 @@ SWEEP_EVERY = 1.0
 FAST_HANDLER = 0.05
 # The least queued work (seconds per handler thread) a fast worker holds; it holds more when
 # its turns take longer (TURNS_AHEAD of them), so the threads do not run dry before the next
-# claim, and never more than LEASE_SHARE of the lease.
+# claim, and never more than it gets through (its handlers and its loop's share of a turn per
+# row) in LEASE_SHARE of the lease.
 HOLD_AHEAD = 0.05
 TURNS_AHEAD = 2
 LEASE_SHARE = 0.25
@@ -36,21 +37,30 @@ LOCKED_RETRY = 0.02
 
 
 def claim_ahead(
-    *, concurrency: int, handler_seconds: float, turn_seconds: float, lease: float, max_batch: int
+    *,
+    concurrency: int,
+    handler_seconds: float,
+    turn_seconds: float,
+    lease: float,
+    max_batch: int,
+    row_seconds: float = 0.0,
 ) -> int:
     """How many occurrences a worker holds at once (running or queued for a handler thread).
 
     ``concurrency`` for slow handlers. For fast ones, as many as the threads run in the
     longer of HOLD_AHEAD and TURNS_AHEAD of the loop's recent turns, so that a worker with
     one thread batches as much as its handlers' speed allows, not a fixed multiple of its
-    thread count; the last one queued starts within LEASE_SHARE of its lease (which the
-    heartbeat renews meanwhile anyway). At most ``max_batch`` (MAX_CLAIM_BATCH).
+    thread count; and no more than the worker gets through in LEASE_SHARE of its lease, each
+    row costing its handler's share of the threads and ``row_seconds`` of the loop (its share
+    of a turn's settle and claim), so that what a worker holds is settled long before its
+    lease needs the heartbeat. At most ``max_batch`` (MAX_CLAIM_BATCH).
     """
     if handler_seconds >= FAST_HANDLER:
         return concurrency
     horizon = min(max(HOLD_AHEAD, TURNS_AHEAD * turn_seconds), LEASE_SHARE * lease)
     per_thread = horizon / max(handler_seconds, 1e-6)
-    return max(concurrency, min(int(concurrency * per_thread), max_batch))
+    through = LEASE_SHARE * lease / max(handler_seconds / concurrency + row_seconds, 1e-6)
+    return max(concurrency, min(int(concurrency * per_thread), int(through), max_batch))
 
 
 class ClaimPacer:
@@ -78,6 +88,8 @@ class ClaimPacer:
         self._handler_seconds = 1.0  # moving average of handler run time (starts "slow")
         self._handler_runs = 0
         self._turn_seconds = 0.0  # moving average of a turn that claimed (settle to authorize)
+        self._row_seconds = 0.0  # moving average of such a turn's time per row it claimed
+        self._turns = 0
         self._retry_wait = 0.0  # the current back-off while due work is held elsewhere
         self._next_due: tuple[float, datetime | None] | None = None  # (read at, value)
         self._next_materialize = 0.0
@@ -102,9 +114,17 @@ class ClaimPacer:
         self._handler_seconds = seconds
         self._handler_runs = 1
 
-    def turn_took(self, seconds: float) -> None:
-        """Fold the time of a turn that claimed something into its moving average."""
+    def turn_took(self, seconds: float, rows: int = 0, waited: float = 0.0) -> None:
+        """Fold the time of a turn that claimed something into its moving average, and that
+        time per row claimed (``rows``, when given) less what the turn ``waited`` for a lock
+        into the loop's cost per row: the mean of the first turns, then a moving average over
+        about the last 10. A wait does not grow with the rows: counted per row, it would
+        shrink the batches it does not come from, down to one per thread."""
         self._turn_seconds += (seconds - self._turn_seconds) / 10
+        if rows > 0:
+            self._turns += 1
+            cost = max(seconds - waited, 0.0) / rows
+            self._row_seconds += (cost - self._row_seconds) / min(self._turns, 10)
 
     def capacity(self, stuck: int = 0) -> int:
         """How many occurrences to hold at once (see claim_ahead) while ``stuck`` threads are
@@ -119,6 +139,7 @@ class ClaimPacer:
             turn_seconds=self._turn_seconds,
             lease=self.lease,
             max_batch=self.max_batch,
+            row_seconds=self._row_seconds,
         )
 
     def free(self, *, held: int, processed: int, stuck: int = 0) -> int:

@@ -7,7 +7,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import DatabaseError
+from django.db import DatabaseError, OperationalError
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel
@@ -137,3 +137,38 @@ def test_the_thread_renews_every_third_of_the_lease_and_beats_the_worker_row(clo
     finally:
         heartbeat.stop()
     assert WorkerHeartbeat.objects.get(pk="w-beat").stopped_at == clock()
+
+
+def test_a_look_renews_only_the_leases_a_quarter_old_or_more(clock):
+    held = held_runs("w-beat", 2, lease=12)
+    first, second = held.runs()
+    heartbeat = Heartbeat(worker_id="w-beat", held=held, lease=12, concurrency=2)
+    claimed = expiry(first)
+    heartbeat.renew_due()
+    assert [expiry(first), expiry(second)] == [claimed, claimed], "just claimed: left alone"
+    clock.advance(3)  # a quarter of the lease: renewed before the next look (a twelfth)
+    heartbeat.renew_due()
+    assert [expiry(first), expiry(second)] == [clock() + timedelta(seconds=12)] * 2
+    clock.advance(1)
+    heartbeat.renew_due()
+    assert expiry(first) == clock() + timedelta(seconds=11), "just renewed: left alone"
+
+
+def test_on_sqlite_the_thread_tries_for_the_write_lock_again_until_its_leases_expire():
+    heartbeat = Heartbeat(worker_id="w-beat", held=Held(lambda: None), lease=1, concurrency=1)
+    heartbeat._tries = True  # what _try_for_the_lock sets on the thread's SQLite connection
+    answers = [OperationalError("database is locked")] * 3 + ["renewed"]
+
+    def write():
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    assert heartbeat._in_turn(write, time.monotonic() + 5) == "renewed"
+    answers[:] = [OperationalError("database is locked")] * 3
+    with pytest.raises(OperationalError):
+        heartbeat._in_turn(write, time.monotonic())  # past the first expiry: given up
+    answers[:] = [OperationalError("no such table: x"), "renewed"]
+    with pytest.raises(OperationalError):
+        heartbeat._in_turn(write, time.monotonic() + 5)  # not a busy database: not tried again

@@ -66,6 +66,34 @@ def test_claim_ahead_is_sized_by_the_work_not_by_the_thread_count():
     assert ahead(concurrency=6, handler=0.049, lease=0.01) == 6
 
 
+def test_a_worker_holds_no_more_than_its_loop_gets_through_in_a_quarter_of_the_lease():
+    def ahead(handler=0.0, row=0.0, lease=1.0, concurrency=4):
+        return claim_ahead(
+            concurrency=concurrency,
+            handler_seconds=handler,
+            turn_seconds=10.0,
+            lease=lease,
+            max_batch=500,
+            row_seconds=row,
+        )
+
+    assert ahead() == 500, "a loop that costs nothing per row: MAX_CLAIM_BATCH"
+    assert ahead(row=0.001) == 250  # 250 ms of the lease at 1 ms a row
+    assert ahead(row=0.001, handler=0.004) == 125  # and 1 ms of handler time per thread
+    assert ahead(row=0.001, lease=30.0) == 500
+    assert ahead(row=1.0) == 4, "never fewer than one per thread"
+
+
+def test_the_loop_cost_per_row_leaves_out_its_waits_for_the_lock():
+    paced = pacer(concurrency=4, lease=1.0)
+    paced.learn(0.0)
+    paced.turn_took(0.04, 4)
+    assert paced.capacity() == 25, "250 ms of the lease at 10 ms a row"
+    for _ in range(80):
+        paced.turn_took(0.04 + 2.0, 40, waited=2.0)  # long waits for SQLite's write lock
+    assert 245 <= paced.capacity() <= 250, "1 ms a row once the waits are left out"
+
+
 def test_slow_turns_make_fast_workers_hold_more():
     paced = pacer(concurrency=1)
     paced.learn(0.001)
