@@ -9,6 +9,7 @@ import os
 import signal
 import time
 from collections import Counter
+from datetime import datetime
 
 import pytest
 from django.db import transaction
@@ -72,11 +73,13 @@ def test_a_worker_stopped_past_its_lease_runs_nothing_it_held_again(workers, tmp
 
     assert_each_succeeded_exactly_once(ids)
     ran = executions(log)
+    # When each lease was taken: a claim stamps its lease when it writes it (its expiry less
+    # the lease), which may be after the stop for a claim the stop found under way.
     claimed_at = {
-        (pk, fence): at.timestamp()
-        for pk, fence, at in Event.objects.filter(
+        (pk, fence): datetime.fromisoformat(data["leaseExpiresAt"]).timestamp() - LEASE
+        for pk, fence, data in Event.objects.filter(
             event_type__in=["occurrence_claimed", "occurrence_reclaimed"]
-        ).values_list("occurrence_id", "fence", "occurred_at")
+        ).values_list("occurrence_id", "fence", "data")
     }
     # What started after the worker continued ran on a lease taken after that: none of what it
     # held when stopped (each of those leases had ended) started then.
