@@ -228,7 +228,11 @@ class Soak:
                 slot = self.rng.choice([s for s in self.fleet.slots if s.startswith("victim")])
                 self.events["kills"].append([round(t, 1), self.fleet.kill_and_restart(slot)])
                 next_kill = t + self.args.kill_every * self.rng.uniform(0.5, 1.5)
-            if "pg_restart" not in self.events and t >= PG_RESTART_AT * seconds and not self.args.no_pg_restart:
+            if (
+                "pg_restart" not in self.events
+                and t >= PG_RESTART_AT * seconds
+                and not self.args.no_pg_restart
+            ):
                 say(f"restarting PostgreSQL at {t:.0f} s")
                 self.events["pg_restart"] = {"at": round(t, 1), "seconds": round(restart_pg(), 2)}
                 say(f"PostgreSQL answers again after {self.events['pg_restart']['seconds']} s")
@@ -283,7 +287,9 @@ class Soak:
         deadline = time.monotonic() + 10
         while True:
             left = {
-                app: n for app, n in (connections_by_app() or {}).items() if app.startswith("soak-") and app != "soak-driver"
+                app: n
+                for app, n in (connections_by_app() or {}).items()
+                if app.startswith("soak-") and app != "soak-driver"
             }
             if not left or time.monotonic() > deadline:
                 return left
@@ -315,7 +321,10 @@ def execute(soak: Soak, seconds: float, work: Path) -> dict[str, Any]:
     try:
         soak.start_workers()
         started_at = conf.now()
-        say(f"load for {args.minutes} min: {args.steady} steady and {args.victims} victim workers, seed {args.seed}")
+        say(
+            f"load for {args.minutes} min: {args.steady} steady and {args.victims} victim workers,"
+            f" seed {args.seed}"
+        )
         soak.load_phase(seconds)
         say(f"load stopped; {len(soak.load.enqueued)} occurrences enqueued; draining")
         drain_seconds = soak.drain(max(180.0, 6 * args.lease))
@@ -341,19 +350,30 @@ def execute(soak: Soak, seconds: float, work: Path) -> dict[str, Any]:
         figures=figures,
         restarted=not args.no_pg_restart,
     )
-    return {"checks": [c.as_dict() for c in checks], "figures": figures, "workers": soak.fleet.report(), "logs": str(work)}
+    return {
+        "checks": [c.as_dict() for c in checks],
+        "figures": figures,
+        "workers": soak.fleet.report(),
+        "logs": str(work),
+    }
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0, help="how long the load runs (default 30)")
-    parser.add_argument("--url", default=PG_URL, help="PostgreSQL database, dropped and created (a name with 'soak')")
+    parser.add_argument(
+        "--url", default=PG_URL, help="PostgreSQL database, dropped and created (a name with 'soak')"
+    )
     parser.add_argument("--steady", type=int, default=2, help="workers never killed (default 2)")
     parser.add_argument("--victims", type=int, default=2, help="workers SIGKILLed and restarted (default 2)")
     parser.add_argument("--concurrency", type=int, default=4, help="handler threads per worker (default 4)")
     parser.add_argument("--lease", type=float, default=10.0, help="the workers' lease, seconds (default 10)")
-    parser.add_argument("--kill-every", type=float, default=5.0, help="mean seconds between kills (default 5)")
-    parser.add_argument("--rate", type=float, default=1.0, help=f"load: {STEPS_PER_SECOND} x RATE operations/s")
+    parser.add_argument(
+        "--kill-every", type=float, default=5.0, help="mean seconds between kills (default 5)"
+    )
+    parser.add_argument(
+        "--rate", type=float, default=1.0, help=f"load: {STEPS_PER_SECOND} x RATE operations/s"
+    )
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: a random one, printed)")
     parser.add_argument("--no-pg-restart", action="store_true", help="do not restart the PostgreSQL server")
     parser.add_argument("--json", default=None, help="write the checks and figures to this file")
@@ -368,7 +388,9 @@ def main(argv: list[str]) -> int:
     if args.seed is None:
         args.seed = random.randrange(1_000_000)
     if not args.no_pg_restart and not can_restart_pg():
-        raise SystemExit("no local cluster for pg_ctlcluster: pass --no-pg-restart to run without the restart")
+        raise SystemExit(
+            "no local cluster for pg_ctlcluster: pass --no-pg-restart to run without the restart"
+        )
     result = run(args)
     soak_audit.print_report(result)
     if args.json:

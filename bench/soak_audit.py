@@ -21,7 +21,12 @@ from typing import Any
 MEMORY_FACTOR = 1.25  # the last quarter's median resident set against the second quarter's
 CONNECTIONS_PER_WORKER = 8  # loop, heartbeat, listener, retention, with room for handler threads
 LIVE = ("queued", "running", "retry_wait")
-TERMINAL_EVENTS = ("occurrence_succeeded", "occurrence_dead_lettered", "occurrence_cancelled", "authority_denied")
+TERMINAL_EVENTS = (
+    "occurrence_succeeded",
+    "occurrence_dead_lettered",
+    "occurrence_cancelled",
+    "authority_denied",
+)
 FIELDS = (
     "occurrence_id",
     "job_id",
@@ -101,7 +106,9 @@ def _last_events(ids: list[str]) -> dict[str, str]:
 
     last: dict[str, str] = {}
     for occurrence_id, event_type in (
-        Event.objects.filter(occurrence_id__in=ids).order_by("event_id").values_list("occurrence_id", "event_type")
+        Event.objects.filter(occurrence_id__in=ids)
+        .order_by("event_id")
+        .values_list("occurrence_id", "event_type")
     ):
         if event_type not in ("occurrence_renewed",):
             last[occurrence_id] = event_type
@@ -142,7 +149,9 @@ def settled_or_waiting(rows: dict[str, dict[str, Any]], stopped_at: datetime) ->
     if reasons:
         detail += "; waiting: " + "; ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
     if unexplained:
-        detail += f"; {len(unexplained)} without a reason (running, or due at the stop): {_sample(unexplained)}"
+        detail += (
+            f"; {len(unexplained)} without a reason (running, or due at the stop): {_sample(unexplained)}"
+        )
     return Check("every occurrence terminal or waiting for a stated reason", not unexplained, detail)
 
 
@@ -159,7 +168,9 @@ def outcomes(rows: dict[str, dict[str, Any]]) -> list[Check]:
         terminal[pk].append((event_type, fence))
     successes = {pk: [f for t, f in ev if t == "occurrence_succeeded"] for pk, ev in terminal.items()}
     twice = [pk for pk, fences in successes.items() if len(fences) > 1]
-    wrong_status = [pk for pk, fences in successes.items() if fences and rows.get(pk, {}).get("status") != "succeeded"]
+    wrong_status = [
+        pk for pk, fences in successes.items() if fences and rows.get(pk, {}).get("status") != "succeeded"
+    ]
     succeeded = [pk for pk, r in rows.items() if r["status"] == "succeeded"]
     unrecorded = [pk for pk in succeeded if not successes.get(pk)]
     one_success = Check(
@@ -219,9 +230,13 @@ def once_per_slot(rows: dict[str, dict[str, Any]]) -> Check:
     problems, parts = [], []
     for job in Job.objects.filter(pk__in=SCHEDULED_JOBS).order_by("pk"):
         fired = Counter(
-            r["scheduled_for"] for r in rows.values() if r["job_id"] == job.pk and r["trigger_key"].startswith("schedule:")
+            r["scheduled_for"]
+            for r in rows.values()
+            if r["job_id"] == job.pk and r["trigger_key"].startswith("schedule:")
         )
-        skips = list(Event.objects.filter(job_id=job.pk, event_type="slot_skipped").values_list("data", flat=True))
+        skips = list(
+            Event.objects.filter(job_id=job.pk, event_type="slot_skipped").values_list("data", flat=True)
+        )
         skipped = sum(d.get("count") or 0 for d in skips)
         expected = _expected_slots(job)
         if any(n > 1 for n in fired.values()):
@@ -232,7 +247,9 @@ def once_per_slot(rows: dict[str, dict[str, Any]]) -> Check:
             problems.append(f"{job.pk}: {len(fired)} fired + {skipped} skipped != {len(expected)} slots")
         reasons = Counter(d.get("reason") for d in skips)
         parts.append(f"{job.pk} {len(expected)} slots: {len(fired)} fired, {skipped} skipped {dict(reasons)}")
-    return Check("each schedule slot fired at most once, none lost", not problems, "; ".join(problems or parts))
+    return Check(
+        "each schedule slot fired at most once, none lost", not problems, "; ".join(problems or parts)
+    )
 
 
 def chain_edges(rows: dict[str, dict[str, Any]]) -> Check:
@@ -258,11 +275,14 @@ def chain_edges(rows: dict[str, dict[str, Any]]) -> Check:
     return Check(
         "every chain edge followed exactly once",
         not bad,
-        f"{sum(edges.values())} edges followed ({dict(edges)}); {len(bad)} wrong" + (f": {_sample(bad, 3)}" if bad else ""),
+        f"{sum(edges.values())} edges followed ({dict(edges)}); {len(bad)} wrong"
+        + (f": {_sample(bad, 3)}" if bad else ""),
     )
 
 
-def _batch_problems(batch: Any, members: list[dict[str, Any]], callbacks: Counter[str], events: Counter[str]) -> list[str]:
+def _batch_problems(
+    batch: Any, members: list[dict[str, Any]], callbacks: Counter[str], events: Counter[str]
+) -> list[str]:
     live = [m for m in members if m["status"] in LIVE]
     counts = Counter(m["status"] for m in members)
     key = batch.batch_id
@@ -274,7 +294,9 @@ def _batch_problems(batch: Any, members: list[dict[str, Any]], callbacks: Counte
         problems.append(f"{key}: {callbacks[key]} callbacks, {events[key]} batch_completed events")
     want = {s: counts.get(s, 0) for s in ("succeeded", "dead_letter", "cancelled")}
     if live or batch.counts != want or batch.size != len(members):
-        problems.append(f"{key}: counts {batch.counts} against members {want}, size {batch.size}/{len(members)}")
+        problems.append(
+            f"{key}: counts {batch.counts} against members {want}, size {batch.size}/{len(members)}"
+        )
     return problems
 
 
@@ -291,7 +313,8 @@ def batch_callbacks(rows: dict[str, dict[str, Any]]) -> Check:
         if row["trigger_key"].startswith("batch:"):
             callbacks[row["trigger_key"].removeprefix("batch:")] += 1
     events = Counter(
-        d.get("batchId") for d in Event.objects.filter(event_type="batch_completed").values_list("data", flat=True)
+        d.get("batchId")
+        for d in Event.objects.filter(event_type="batch_completed").values_list("data", flat=True)
     )
     problems, statuses = [], Counter()
     for batch in Batch.objects.all():
@@ -337,12 +360,16 @@ def budgets(rows: dict[str, dict[str, Any]]) -> list[Check]:
         seen = counted.pop(window, (0, 0))
         runs, units = limits[window[:3]]
         if (usage.runs, usage.units) != seen or usage.mismatch:
-            problems.append(f"{window[1]} {window[3]:%H:%M}: usage {usage.runs}/{usage.units}, reservations {seen}")
+            problems.append(
+                f"{window[1]} {window[3]:%H:%M}: usage {usage.runs}/{usage.units}, reservations {seen}"
+            )
         if usage.runs > runs or usage.units > units:
             problems.append(f"{window[1]} {window[3]:%H:%M}: {usage.runs}/{usage.units} past {runs}/{units}")
         at_limit += usage.runs == runs or usage.units == units
     problems += [f"reservations without a usage row: {w}" for w in counted]
-    open_ended = AuthorityReservation.objects.filter(status="reserved").exclude(occurrence__status__in=LIVE).count()
+    open_ended = (
+        AuthorityReservation.objects.filter(status="reserved").exclude(occurrence__status__in=LIVE).count()
+    )
     if open_ended:
         problems.append(f"{open_ended} reservations still open for ended occurrences")
     ledger = Check(
@@ -363,7 +390,9 @@ def partitions_rolled_over(midnight: datetime) -> Check:
     from django_durable_scheduler.models import Event
 
     if not partitions.is_partitioned("default"):
-        return Check("events rolled over into the next day's partition", False, "the events table is not partitioned")
+        return Check(
+            "events rolled over into the next day's partition", False, "the events table is not partitioned"
+        )
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT tableoid::regclass::text, count(*) FROM {Event._meta.db_table} GROUP BY 1")
         by_partition = dict(cursor.fetchall())
@@ -442,7 +471,9 @@ def limits_held(figures: dict[str, Any]) -> Check:
 def workers_stopped(workers: list[dict[str, Any]]) -> Check:
     """Every process not killed (the steady ones through the restart and the clock's move)
     ran to the end and exited 0 on SIGTERM."""
-    bad = [f"{w['worker_id']} exit {w['exit_code']}" for w in workers if not w["killed"] and w["exit_code"] != 0]
+    bad = [
+        f"{w['worker_id']} exit {w['exit_code']}" for w in workers if not w["killed"] and w["exit_code"] != 0
+    ]
     killed = sum(w["killed"] for w in workers)
     return Check(
         "every worker not killed ran to the end and stopped cleanly (exit 0)",
@@ -454,19 +485,29 @@ def workers_stopped(workers: list[dict[str, Any]]) -> Check:
 def under_fire(figures: dict[str, Any], midnight: datetime, restarted: bool) -> Check:
     """The run met what it was meant to: kills, the server's restart, the clock past midnight."""
     jump = figures.get("clock_jump") or {}
-    crossed = bool(jump) and datetime.fromisoformat(jump["from"]) < midnight <= datetime.fromisoformat(jump["to"])
+    crossed = bool(jump) and datetime.fromisoformat(jump["from"]) < midnight <= datetime.fromisoformat(
+        jump["to"]
+    )
     ok = bool(figures["kills"]) and crossed and (not restarted or "pg_restart" in figures)
     return Check(
         "the run was under fire (kills, a server restart, the clock moved past midnight)",
         ok,
-        f"{len(figures['kills'])} kills; restart {figures.get('pg_restart')}; clock {jump.get('from')} -> {jump.get('to')}",
+        f"{len(figures['kills'])} kills; restart {figures.get('pg_restart')};"
+        f" clock {jump.get('from')} -> {jump.get('to')}",
     )
 
 
 def print_report(result: dict[str, Any]) -> None:
     figures = result["figures"]
     print()
-    for key in ("enqueue_calls", "enqueue_errors", "pg_restart", "clock_jump", "limits_seen", "drain_seconds"):
+    for key in (
+        "enqueue_calls",
+        "enqueue_errors",
+        "pg_restart",
+        "clock_jump",
+        "limits_seen",
+        "drain_seconds",
+    ):
         print(f"  {key}: {figures.get(key)}")
     print(f"  kills: {len(figures['kills'])}; worker logs: {result['logs']}")
     print()

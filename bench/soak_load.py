@@ -197,7 +197,8 @@ class Load:
                 self._keep(occurrence, now_ms, now_ms)
             return
         batch = scheduler.open_batch("batch-done", description="soak")
-        delay = 10_000 if roll > 0.85 else 0  # the ones cancelled wait a little, so there is something to cancel
+        # The batches to be cancelled have their members wait a little: something to cancel.
+        delay = 10_000 if roll > 0.85 else 0
         for _ in range(size):
             occurrence, _ = scheduler.enqueue(
                 "work",
@@ -243,7 +244,9 @@ class Load:
         """One waiting per key: a key either returns the waiting one or (debounced) moves it."""
         now_ms = to_ms(conf.now(), "now")
         key = f"u{self.rng.randint(0, 3)}"
-        options: dict[str, Any] = {"debounce": 2} if self.rng.random() < 0.5 else {"available_at": now_ms + 2_000}
+        options: dict[str, Any] = (
+            {"debounce": 2} if self.rng.random() < 0.5 else {"available_at": now_ms + 2_000}
+        )
         occurrence, _ = scheduler.enqueue(
             "unique",
             scheduled_for=now_ms,
