@@ -165,8 +165,9 @@ def running_under_limits() -> dict[str, int] | None:
         return None
 
 
-def drained(now: datetime) -> bool:
-    """Nothing running, nothing due, and no closed batch waiting for its completion."""
+def left_to_drain(now: datetime) -> int:
+    """Occurrences running or due, and closed batches waiting for their completion: 0 once
+    the workers have done all they can."""
     from django.db.models import Q
 
     from django_durable_scheduler.models import Batch, Occurrence
@@ -174,7 +175,7 @@ def drained(now: datetime) -> bool:
     busy = Occurrence.objects.filter(
         Q(status="running") | Q(status__in=["queued", "retry_wait"], available_at__lte=now)
     )
-    return not busy.exists() and not Batch.objects.filter(status="closed").exists()
+    return busy.count() + Batch.objects.filter(status="closed").count()
 
 
 # --------------------------------------------------------------------------- the run
@@ -262,23 +263,35 @@ class Soak:
         }
         say(f"clock moved from {before:%Y-%m-%d %H:%M:%S} to {after:%Y-%m-%d %H:%M:%S} at {t:.0f} s")
 
-    def drain(self, timeout: float) -> float:
-        """Wait until nothing is due or running (sampling on); the seconds it took."""
+    def drain(self, stall: float) -> float:
+        """Wait until nothing is due or running (sampling on), for as long as the workers make
+        progress: given up after ``stall`` seconds without any. The seconds it took."""
         from django.db import Error, connections
 
         from django_durable_scheduler import conf
 
-        started = time.monotonic()
-        while time.monotonic() - started < timeout:
+        started = last_progress = last_said = time.monotonic()
+        fewest: int | None = None
+        while True:
             self.sample()
             try:
-                if drained(conf.now()):
-                    return time.monotonic() - started
+                left: int | None = left_to_drain(conf.now())
             except Error:
                 connections.close_all()
+                left = None
+            now = time.monotonic()
+            if left == 0:
+                return now - started
+            if left is not None and (fewest is None or left < fewest):
+                fewest, last_progress = left, now
+            self.events.setdefault("left_at_load_end", left)
+            if now - last_progress > stall:
+                say(f"no progress for {stall:.0f} s with {left} left: the audit will say what they are")
+                return now - started
+            if now - last_said >= 30:
+                say(f"draining: {left} left after {now - started:.0f} s")
+                last_said = now
             time.sleep(1.0)
-        say(f"not drained after {timeout:.0f} s: the audit will say what is left")
-        return time.monotonic() - started
 
     def stop(self) -> dict[str, int]:
         """SIGTERM every worker; then the connections left after they exited (none expected),
@@ -327,7 +340,7 @@ def execute(soak: Soak, seconds: float, work: Path) -> dict[str, Any]:
         )
         soak.load_phase(seconds)
         say(f"load stopped; {len(soak.load.enqueued)} occurrences enqueued; draining")
-        drain_seconds = soak.drain(max(180.0, 6 * args.lease))
+        drain_seconds = soak.drain(max(120.0, 6 * args.lease))
         stopped_at = conf.now()
         connections_left = soak.stop()
     finally:

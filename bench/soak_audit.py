@@ -506,6 +506,7 @@ def print_report(result: dict[str, Any]) -> None:
         "pg_restart",
         "clock_jump",
         "limits_seen",
+        "left_at_load_end",
         "drain_seconds",
     ):
         print(f"  {key}: {figures.get(key)}")
