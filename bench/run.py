@@ -246,8 +246,12 @@ def _parser() -> argparse.ArgumentParser:
         default="w1,w2,w3,w4,pgbench,profile",
         help="subset of w1,w2,w3,w4,pgbench,profile, or scale (PostgreSQL: 1-8 processes, with a plot),"
         " or history (PostgreSQL: millions of settled rows against 10,000; bench/history.py),"
-        " or batch (one batch's members against plain occurrences: settle rate, callback; bench/batch.py)"
-        " or kill (throughput kept while a worker is SIGKILLed every second; bench/kill.py)",
+        " or batch (one batch's members against plain occurrences: settle rate, callback; bench/batch.py),"
+        " or kill (throughput kept while a worker is SIGKILLed every second; bench/kill.py),"
+        " or soak (PostgreSQL: a mixed load under fire, then an audit; bench/soak.py)",
+    )
+    parser.add_argument(
+        "--minutes", type=float, default=30.0, help="soak: how long the load runs (default 30)"
     )
     parser.add_argument(
         "--workers", type=int, default=2, help="batch: runscheduler processes per drain (default 2)"
@@ -315,6 +319,13 @@ def main(argv: list[str]) -> int:
         return run_batch(python, args, dbs, argv)
     if "kill" in args.workloads.split(","):
         return run_kill(python, args, dbs)
+    if "soak" in args.workloads.split(","):
+        # PostgreSQL only, its own database, checks and exit status (bench/soak.py).
+        url = args.pg_url if args.pg_url != PG_URL else "postgres://postgres@127.0.0.1:5432/dsch_soak"
+        cmd = [str(python), "-m", "bench.soak", "--minutes", str(args.minutes), "--url", url]
+        cmd += ["--json", args.out] if args.out else []
+        say(f"soak: {' '.join(cmd[1:])}")
+        return subprocess.call(cmd, cwd=ROOT)
     started = time.monotonic()
     commits = baselines.resolve(args.baseline)
     load_start = load_check("start")

@@ -1,0 +1,1 @@
+"""The soak's handlers and its movable clock (bench/soak.py)."""
