@@ -56,7 +56,7 @@ from .jobs import (
     undeclare_job,
     update_job,
 )
-from .leases import Renewals, dead_letter_expired, record_execution, renew, renew_many
+from .leases import Renewals, abandon, dead_letter_expired, record_execution, renew, renew_many
 from .materialize import materialize_due, next_due_at
 from .settling import backoff_delay_ms, defer, deny, release, settle, settle_many
 
@@ -65,6 +65,7 @@ __all__ = [
     "MAX_ATTEMPTS_LIMIT",
     "Outcome",
     "Renewals",
+    "abandon",
     "backoff_delay_ms",
     "batch_members",
     "batch_progress",

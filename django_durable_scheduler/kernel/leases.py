@@ -43,7 +43,7 @@ from ..rules.lifecycle import (
 )
 from ..rules.lifecycle import expired as lifecycle_expired
 from ..rules.outcomes import MAX_RESULT_BYTES
-from ..rules.validation import iso_ms, normalize_int, to_duration_ms
+from ..rules.validation import iso_ms, normalize_identifier, normalize_int, to_duration_ms
 from .budgets import settle_cancelled, settle_reservations
 from .cancelling import CANCELLED_WHILE_RUNNING, cancelled_error
 from .followups import TERMINAL_FIELDS, reached_terminal
@@ -280,3 +280,38 @@ def record_execution(
         if not updated or current is None:
             raise lease_lost(occurrence_id, current, owner, fence, now)
     return current
+
+
+def abandon(owner: str, *, using: str | None = None) -> int:
+    """End now every unexpired lease ``owner`` holds, because its process is known to have
+    ended (its supervisor saw it exit): its occurrences are reclaimed at once, each as an
+    attempt like any reclaim, instead of waiting out their leases (``docs/design.md``,
+    "Stranded work and second runs"). Only for an owner that can no longer write; returns
+    how many leases ended, each with an ``occurrence_abandoned`` event."""
+    owner = normalize_identifier(owner, "owner")
+    now = conf.now()
+    with write_transaction(using) as alias:
+        leases = Occurrence.objects.using(alias).filter(
+            status=OccurrenceStatus.RUNNING, lease_owner=owner, lease_expires_at__gt=now
+        )
+        # Locked in primary-key order, as every multi-row writer of the kernel locks.
+        rows = list(leases.select_for_update().order_by("pk").only("pk", "job_id", "fence"))
+        if not rows:
+            return 0
+        leases.update(**writes(Action.ABANDON, now, lease_expires_at=now))
+        insert_rows(
+            alias,
+            [
+                new_event(
+                    row.job_id,
+                    event_of(Action.ABANDON),
+                    now,
+                    occurrence_id=row.pk,
+                    owner_id=owner,
+                    fence=row.fence,
+                    data={"leaseExpiresAt": iso_ms(now)},
+                )
+                for row in rows
+            ],
+        )
+    return len(rows)

@@ -35,6 +35,7 @@ BATCH_OPENED = "batch_opened"
 BATCH_CLOSED = "batch_closed"
 BATCH_CANCELLED = "batch_cancelled"
 BATCH_COMPLETED = "batch_completed"
+OCCURRENCE_ABANDONED = "occurrence_abandoned"
 
 # Every type above, in that order: what the admin's event filter offers.
 EVENT_TYPES = (
@@ -60,6 +61,7 @@ EVENT_TYPES = (
     BATCH_CLOSED,
     BATCH_CANCELLED,
     BATCH_COMPLETED,
+    OCCURRENCE_ABANDONED,
 )
 
 

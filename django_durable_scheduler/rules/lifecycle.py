@@ -24,6 +24,7 @@ from ..models import Occurrence, OccurrenceStatus
 from .events import (
     AUTHORITY_DEFERRED,
     AUTHORITY_DENIED,
+    OCCURRENCE_ABANDONED,
     OCCURRENCE_CANCEL_REQUESTED,
     OCCURRENCE_CANCELLED,
     OCCURRENCE_CLAIMED,
@@ -66,6 +67,7 @@ class Action(StrEnum):
     EXPIRE_CANCELLED = "expire_cancelled"
     RENEW = "renew"
     RECORD_EXECUTION = "record_execution"
+    ABANDON = "abandon"
 
 
 class Fence(StrEnum):
@@ -106,6 +108,8 @@ DEBOUNCED = ("available_at", "payload", "updated_at")
 RENEWED = ("lease_expires_at", "updated_at")  # the new expiry is never before the old one
 # What a running handler records of its execution (ctx.record): a column not given is kept.
 EXECUTION_RECORDED = ("metadata", "receipt", "updated_at")
+# The lease ends now (its holder is gone): the claim takes the row back at once, as a reclaim.
+LEASE_ENDED = ("lease_expires_at", "updated_at")
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,8 @@ TRANSITIONS: tuple[Transition, ...] = (
       RENEWED, OCCURRENCE_RENEWED, Fence.CHECKS, Attempt.NONE, LEASE_LOST),
     T(A.RECORD_EXECUTION, (RUNNING,), "the handler records its metadata or receipt", None,
       EXECUTION_RECORDED, None, Fence.CHECKS, Attempt.NONE, LEASE_LOST),
+    T(A.ABANDON, (RUNNING,), "its holder's process is known to have ended; lease unexpired", None,
+      LEASE_ENDED, OCCURRENCE_ABANDONED, Fence.NONE, Attempt.NONE, NOT_SELECTED),
 )
 # fmt: on
 del T, A

@@ -9,6 +9,8 @@ half-way into the child), and reaps its children as SIGCHLD announces their deat
 - A child that dies (a signal such as SIGKILL, a non-zero exit such as EXIT_STUCK) is replaced
   at once, with one WARNING line; one that keeps dying within QUICK_DEATH of its start is
   replaced after a back-off that doubles up to MAX_BACKOFF, so a broken start-up does not spin.
+- The leases a dead child held end at once (``kernel.abandon``): the supervisor knows it can
+  write no more, so its occurrences go to the other workers now, not when their leases expire.
 - The first SIGTERM/SIGINT is passed on to every child as SIGTERM (each finishes within its
   grace period); the supervisor exits 0 once they all have, and SIGKILLs those still running
   GRACE_MARGIN after their grace. A second signal SIGKILLs them all at once (exit 1).
@@ -32,8 +34,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
+from .. import kernel
 from .loop import Worker
 
 logger = logging.getLogger("django_durable_scheduler")
@@ -111,6 +114,7 @@ class Supervisor:
         grace: float,
         finite: bool,
         stopped: list[int],
+        using: str | None = None,
     ) -> None:
         self.slots = [Slot(index) for index in range(processes)]
         self.make_worker = make_worker
@@ -118,6 +122,7 @@ class Supervisor:
         self.grace = grace
         self.finite = finite
         self.stopped = stopped
+        self.using = using
         self.signals_seen = 0
         self.stop_deadline: float | None = None
         self.killed = False
@@ -212,6 +217,8 @@ class Supervisor:
         how = describe(status)
         now = time.monotonic()
         pid, slot.pid = slot.pid, None
+        if status != 0:
+            how += self._abandon(slot.worker_id)
         if self.signals_seen:
             level = logging.INFO if status == 0 else logging.WARNING
             logger.log(level, "supervisor: worker %s (pid %s) %s", slot.worker_id, pid, how)
@@ -232,6 +239,17 @@ class Supervisor:
                 QUICK_DEATH,
                 delay,
             )
+
+    def _abandon(self, worker_id: str) -> str:
+        """End the leases a dead child held (one transaction, its connection closed again
+        before the next fork); what to add to the line that tells of its death."""
+        try:
+            ended = kernel.abandon(worker_id, using=self.using)
+        except DatabaseError as exc:
+            return f" (its leases expire on their own: {exc})"
+        finally:
+            connections.close_all()
+        return f", {ended} of its leases ended" if ended else ""
 
     def _start_due(self) -> None:
         now = time.monotonic()

@@ -81,7 +81,7 @@ def test_writes_sets_exactly_the_table_columns():
         extra = {k: v for k, v in given.items() if k in t.sets}
         if t.action in (Action.CLAIM, Action.RECLAIM):
             extra.update(lease_owner=OWNER, lease_expires_at=now)
-        if t.action is Action.RENEW:
+        if t.action in (Action.RENEW, Action.ABANDON):
             extra.update(lease_expires_at=now)
         assert set(lifecycle.writes(t.action, now, **extra)) == set(t.sets), t.action
 
@@ -190,6 +190,8 @@ def request(action: Action, row: Occurrence | None, clock, *, fence: int | None 
         return kernel.renew(pk, lease=LEASE * 2, **held)
     if action is Action.RECORD_EXECUTION:
         return kernel.record_execution(pk, metadata={"step": 1}, **held)
+    if action is Action.ABANDON:  # its holder's supervisor saw it exit
+        return kernel.abandon(OWNER)
     if action is Action.DEBOUNCE:  # another slot with the row's key
         return kernel.enqueue(
             "job-a",

@@ -15,7 +15,7 @@ import time
 import pytest
 from django.core.management import CommandError, call_command
 
-from django_durable_scheduler.models import Occurrence
+from django_durable_scheduler.models import Event, Occurrence
 from django_durable_scheduler.worker import supervisor
 from django_durable_scheduler.worker.supervisor import Slot, Supervisor
 
@@ -60,17 +60,25 @@ def test_bad_process_counts_are_refused_naming_the_option(value):
 
 def test_a_killed_child_is_replaced_and_its_work_comes_back_once(workers):
     ids = make("echo", "test.echo", 240, payload={"seconds": 0.03})
-    sup = workers.start("--processes", "2", "--concurrency", "4", "--lease", "2", "--grace", "10")
+    # A lease longer than the test may wait: what the killed child held comes back because
+    # the supervisor ends its leases, not because they expire.
+    sup = workers.start("--processes", "2", "--concurrency", "4", "--lease", "120", "--grace", "10")
     assert wait_for(lambda: len(started(sup)) == 2 and succeeded_count() >= 8, timeout=60), sup.output()
     victim = started(sup)[0]
+    held = Occurrence.objects.filter(status="running", lease_owner__endswith=f":{victim}")
+    assert wait_for(held.exists, timeout=30), sup.output()
     os.kill(victim, signal.SIGKILL)
     assert wait_for(lambda: "replaced by pid" in sup.output(), timeout=30), sup.output()
     line = next(line for line in sup.output().splitlines() if "replaced by pid" in line)
-    assert f"(pid {victim}) killed by SIGKILL; replaced by pid" in line, line
+    assert re.search(
+        rf"\(pid {victim}\) killed by SIGKILL, \d+ of its leases ended; replaced by pid", line
+    ), line
     replacement = int(line.rsplit(" ", 1)[1])
     assert replacement not in (victim, *started(sup))
     assert wait_for(lambda: succeeded_count() == len(ids), timeout=90), sup.output()
     assert_each_succeeded_exactly_once(ids)
+    abandoned = Event.objects.filter(event_type="occurrence_abandoned", owner_id__endswith=f":{victim}")
+    assert abandoned.exists() and not Occurrence.objects.filter(lease_owner__endswith=f":{victim}").exists()
     sup.proc.send_signal(signal.SIGTERM)
     assert sup.wait(timeout=60) == 0, sup.output()
     assert all(gone(pid) for pid in (*started(sup), replacement))

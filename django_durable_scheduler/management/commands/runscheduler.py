@@ -144,6 +144,7 @@ class Command(BaseCommand):
             grace=options["grace"],
             finite=bool(options["once"] or options["burst"] or options["max_occurrences"]),
             stopped=stopped,
+            using=options["database"],
         ).run()
         if code:
             raise SystemExit(code)
