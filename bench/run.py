@@ -420,6 +420,19 @@ def load_check(when: str) -> list[float]:
     return load
 
 
+def own_database(python: Path, args: argparse.Namespace, db: str, tmp: Path, name: str) -> str | None:
+    """The URL of a workload's own database (``dschbench_<name>`` on PostgreSQL, unless
+    ``--pg-url`` names one, so that it never drops a suite run's at the default name; a file in
+    ``tmp`` on SQLite), or None, said, when PostgreSQL does not answer."""
+    if db != "postgres":
+        return f"sqlite:///{tmp / f'dschbench-{name}.sqlite3'}"
+    why = pg_answers(python)
+    if why:
+        say(f"skipping postgres: the server does not answer: {why}")
+        return None
+    return args.pg_url if args.pg_url != PG_URL else f"{PG_URL}_{name}"
+
+
 def run_batch(python: Path, args: argparse.Namespace, dbs: list[str], argv: list[str]) -> int:
     """bench/batch.py once per database, then the same table and results file as the suite's
     (default ``bench/results-<date>-batches.json``)."""
@@ -427,15 +440,9 @@ def run_batch(python: Path, args: argparse.Namespace, dbs: list[str], argv: list
     results: dict[str, dict] = {}
     tmp = Path(tempfile.mkdtemp(prefix="dschbench-batch-"))
     for db in dbs:
-        if db == "postgres":
-            why = pg_answers(python)
-            if why:
-                say(f"skipping postgres: the server does not answer: {why}")
-                continue
-            # A database of its own, so that it never drops a suite run's at the default name.
-            url = args.pg_url if args.pg_url != PG_URL else f"{PG_URL}_batch"
-        else:
-            url = f"sqlite:///{tmp / 'dschbench-batch.sqlite3'}"
+        url = own_database(python, args, db, tmp, "batch")
+        if url is None:
+            continue
         out = tmp / f"{db}.json"
         cmd = [str(python), "-m", "bench.batch", "--url", url, "--out", str(out), "--reps", str(args.reps)]
         cmd += ["--workers", str(args.workers), "--autovacuum", args.autovacuum]
@@ -468,14 +475,9 @@ def run_kill(python: Path, args: argparse.Namespace, dbs: list[str]) -> int:
     code = 0
     tmp = Path(tempfile.mkdtemp(prefix="dschbench-kill-"))
     for db in dbs:
-        if db == "postgres":
-            why = pg_answers(python)
-            if why:
-                say(f"skipping postgres: the server does not answer: {why}")
-                continue
-            url = args.pg_url if args.pg_url != PG_URL else f"{PG_URL}_kill"
-        else:
-            url = f"sqlite:///{tmp / 'dschbench-kill.sqlite3'}"
+        url = own_database(python, args, db, tmp, "kill")
+        if url is None:
+            continue
         cmd = [str(python), "-m", "bench.kill", "--url", url, "--reps", str(args.reps)]
         cmd += ["--n", str(args.n or (3000 if args.quick else 40_000))]
         out = args.out and (args.out if len(dbs) == 1 else args.out.replace(".json", f"-{db}.json"))
