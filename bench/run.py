@@ -288,6 +288,12 @@ def _parser() -> argparse.ArgumentParser:
         help="W1-W3 also on this commit's package, as ours@<sha>, interleaved with the working tree"
         " each repetition, with a table of main against it (repeat for several commits)",
     )
+    parser.add_argument(
+        "--systems",
+        default=None,
+        help="only these systems of the working tree's run (comma-separated names, e.g."
+        " 'ours,django-tasks-db,procrastinate'); default: every one",
+    )
     parser.add_argument("--setup-only", action="store_true", help="build .venv-bench and stop")
     return parser
 
@@ -369,7 +375,8 @@ def run_suite(
     cmd = [str(python), "-m", "bench.suite", "--url", url, "--out", str(out), "--reps", str(reps)]
     cmd += ["--workloads", workloads] + (["--quick"] if args.quick else [])
     cmd += (["--n", str(args.n)] if args.n else []) + (["--w3", str(args.w3)] if args.w3 else [])
-    cmd += ["--systems", "ours"] if baseline is not None else []
+    systems = "ours" if baseline is not None else args.systems
+    cmd += ["--systems", systems] if systems else []
     if "scale" in workloads:
         cmd += ["--plot", str(BENCH / f"scale-{datetime.now(UTC):%Y-%m-%d}.png")]
     who = "main" if baseline is None else baseline.label
