@@ -215,10 +215,10 @@ class Supervisor:
 
     def _ended(self, slot: Slot, status: int) -> None:
         how = describe(status)
+        if status != 0:  # before the clock is read: a back-off starts after this write
+            how += self._abandon(slot.worker_id)
         now = time.monotonic()
         pid, slot.pid = slot.pid, None
-        if status != 0:
-            how += self._abandon(slot.worker_id)
         if self.signals_seen:
             level = logging.INFO if status == 0 else logging.WARNING
             logger.log(level, "supervisor: worker %s (pid %s) %s", slot.worker_id, pid, how)
