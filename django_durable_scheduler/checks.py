@@ -15,7 +15,9 @@ All are tagged ``durable_scheduler`` (``manage.py check --tag durable_scheduler`
 from __future__ import annotations
 
 import math
+import pkgutil
 import re
+from importlib import import_module
 from typing import Any
 
 from django.apps import apps
@@ -24,6 +26,7 @@ from django.core.checks import Warning as CheckWarning
 from django.db import DatabaseError, connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.migrations.loader import MigrationLoader
+from django.db.migrations.recorder import MigrationRecorder
 from django.utils.module_loading import import_string
 
 from . import conf
@@ -482,13 +485,27 @@ def check_jobs_have_policies(app_configs: Any = None, **kwargs: Any) -> list[Che
 
 
 def unapplied_migrations(connection: BaseDatabaseWrapper) -> list[str]:
-    """This app's migrations that ``connection``'s database lacks (``app_label.name``, in the
-    order they apply): what ``runscheduler`` refuses to start on, as a worker on an older
-    schema would fail on every statement. Reads the migration history, so a partly
-    migrated database is caught, not only one without the tables."""
+    """This app's migrations that ``connection``'s database lacks (``app_label.name``, by
+    name, which is the order they apply): what ``runscheduler`` refuses to start on, as a
+    worker on an older schema would fail on every statement. Reads the migration history, so
+    a partly migrated database is caught, not only one without the tables. Only this app's
+    migration files are listed, and only a missing one is imported (a squash counts as
+    applied when all it replaces are): building every app's migration graph would cost each
+    worker process's start more than the rest of its preparation."""
     label = apps.get_containing_app_config(__name__).label  # type: ignore[union-attr]
-    loader = MigrationLoader(connection, ignore_no_migrations=True)
-    wanted: dict[tuple[str, str], None] = {}
-    for leaf in loader.graph.leaf_nodes(label):
-        wanted.update((key, None) for key in loader.graph.forwards_plan(leaf) if key[0] == label)
-    return [f"{app}.{name}" for app, name in wanted if (app, name) not in loader.applied_migrations]
+    module_name, _ = MigrationLoader.migrations_module(label)
+    if module_name is None:
+        return []
+    package = import_module(module_name)
+    found = pkgutil.iter_modules(package.__path__)
+    names = sorted(name for _, name, is_pkg in found if not is_pkg and name[0] not in "_~")
+    applied = MigrationRecorder(connection).applied_migrations()
+    missing = []
+    for name in names:
+        if (label, name) in applied:
+            continue
+        replaces = getattr(import_module(f"{module_name}.{name}").Migration, "replaces", None) or []
+        if replaces and all(tuple(key) in applied for key in replaces):
+            continue
+        missing.append(f"{label}.{name}")
+    return missing

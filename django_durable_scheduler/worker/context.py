@@ -34,9 +34,9 @@ class ExecutionContext:
     priority: int = 0
     # Why the occurrence exists when a chain or a batch made it (``Occurrence.cause``).
     cause: dict[str, Any] | None = None
-    _lease_lost: threading.Event = field(default_factory=threading.Event, repr=False)
-    # Set once, under _async_lock; read without it (a flag, not an Event: nobody waits on it,
-    # and a run that is never cancelled should not pay for one).
+    # Flags, not Events: nobody waits on them, and every run would pay for an Event's lock
+    # and condition. _lease_lost is set once, by any thread; _cancelled under _async_lock.
+    _lease_lost: bool = field(default=False, repr=False)
     _cancelled: bool = field(default=False, repr=False)
     # The event loop and task of an async handler while it runs, for a cancel to reach it.
     _async: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = field(default=None, repr=False)
@@ -109,12 +109,12 @@ class ExecutionContext:
     @property
     def lease_lost(self) -> bool:
         """True once the lease is known lost: stop; the result would be refused."""
-        return self._lease_lost.is_set()
+        return self._lease_lost
 
     def mark_lease_lost(self) -> None:
         """Record that the lease is gone (the worker found it lost, timed the run out or gave
         it back): from now on ``lease_lost`` is True, and the handler should stop."""
-        self._lease_lost.set()
+        self._lease_lost = True
 
     def record_metadata(self, value: Any) -> None:
         """Persist ``value`` (JSON, <= 64 KiB) on the occurrence now. Raises

@@ -63,7 +63,7 @@ class Run:
         self.lease_until = lease_until
         self.outcome: Outcome | None = None  # set once, by Held.finish
         self.error: dict[str, Any] | None = None  # the error settled, for the log
-        self.done = threading.Event()
+        self.forgotten = False  # settled or given up: no longer held (a flag: nobody waits on it)
         self.timeout = timeout
         self.thread_id: int | None = None  # of the handler thread, while it runs with a timeout
         # Both under the pool's lock: the handler's outcome or the timeout, whichever is first.
@@ -157,7 +157,7 @@ class Held:
         with self._lock:
             self._runs.pop((run.occurrence.pk, run.occurrence.fence), None)
             self._processed += processed
-        run.done.set()
+        run.forgotten = True
 
     def count_refused(self, n: int) -> None:
         """``n`` claimed occurrences their authority refused: processed without a run."""

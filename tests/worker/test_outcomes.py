@@ -74,7 +74,7 @@ def test_a_batch_is_settled_logged_signalled_and_forgotten(reporter, caplog, rec
     rows = [Occurrence.objects.get(pk=run.occurrence.pk) for run in runs]
     assert [row.status for row in rows] == ["succeeded", "retry_wait", "dead_letter"]
     assert (len(reporter.held), reporter.held.finished, reporter.held.processed) == (0, 0, 3)
-    assert all(run.done.is_set() for run in runs)
+    assert all(run.forgotten for run in runs)
     records = {r.scheduler_occurrence_id: r for r in caplog.records if hasattr(r, "scheduler_status")}
     levels = [
         (records[run.occurrence.pk].levelno, records[run.occurrence.pk].scheduler_status) for run in runs

@@ -278,7 +278,7 @@ def test_a_run_whose_lease_is_known_lost_never_starts(pool, kinds, caplog):
         (finished,) = running.wait_finished(1)
     assert finished is live and started == [live.occurrence.pk]
     assert len(running.held) == 1 and running.held.processed == 0  # live waits to be settled
-    assert marked.done.is_set() and expired.done.is_set() and expired.context.lease_lost
+    assert marked.forgotten and expired.forgotten and expired.context.lease_lost
     dropped = [r for r in caplog.records if "lease lost before its handler started" in r.getMessage()]
     assert [r.scheduler_occurrence_id for r in dropped] == [marked.occurrence.pk, expired.occurrence.pk]
     why = "lease lost before its handler started (attempt 1/3, fence 1): not running it"

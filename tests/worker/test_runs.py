@@ -55,7 +55,7 @@ def test_two_attempts_of_one_occurrence_are_held_apart():
     assert held.runs() == [new] and not held.holds("occ-1", 1) and held.holds("occ-1", 2)
     assert held.processed == 1
     held.forget(new, processed=False)  # dropped unstarted: not processed
-    assert len(held) == 0 and held.processed == 1 and new.done.is_set()
+    assert len(held) == 0 and held.processed == 1 and new.forgotten
 
 
 def test_a_settle_takes_one_attempt_of_each_occurrence():
