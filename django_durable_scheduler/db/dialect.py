@@ -168,6 +168,65 @@ def shared_lock_clause(alias: str) -> str | None:
     return "FOR SHARE" if connections[alias].vendor == "postgresql" else None
 
 
+# --------------------------------------------------------------------------- reads
+
+
+def model_columns(model: type[Model], names: Sequence[str]) -> tuple[Field[Any, Any], ...]:
+    """The concrete fields of ``model`` named in ``names`` (by name or attname), in the
+    model's own field order: the order :func:`read_models` takes its columns in."""
+    wanted = set(names)
+    return tuple(
+        field for field in model._meta.concrete_fields if field.name in wanted or field.attname in wanted
+    )
+
+
+# The converters of each thread's columns, by alias and column list (a module's constant:
+# kept by identity, since hashing its fields costs a call each), found once: a connection
+# belongs to one thread, and its backend's converters are its own methods. Thread-local, so
+# that they go with the thread and its connections.
+_converters_here = threading.local()
+
+
+def _converters(
+    connection: BaseDatabaseWrapper, alias: str, fields: tuple[Field[Any, Any], ...]
+) -> list[Any]:
+    known: dict[tuple[str, int], tuple[Any, ...]] | None = getattr(_converters_here, "known", None)
+    if known is None:
+        known = _converters_here.known = {}
+    entry = known.get((alias, id(fields)))
+    if entry is not None and entry[0] is fields and entry[1] is connection:
+        return entry[2]  # type: ignore[no-any-return]
+    found = []
+    for index, field in enumerate(fields):
+        column = field.get_col(field.model._meta.db_table)
+        for convert in connection.ops.get_db_converters(column) + field.get_db_converters(connection):
+            found.append((index, convert, column))
+    known[alias, id(fields)] = (fields, connection, found)
+    return found
+
+
+def read_models(
+    alias: str, model: type[Model], fields: tuple[Field[Any, Any], ...], sql: str, params: Any
+) -> list[Any]:
+    """Instances of ``model`` from the rows of ``sql``, whose columns are ``fields`` (from
+    :func:`model_columns`, in that order), each value converted as the ORM converts it
+    (``Model.from_db``): what ``QuerySet.raw`` gives, without its per-query setup, for a
+    statement sent on every claim."""
+    connection = connections[alias]
+    converters = _converters(connection, alias, fields)
+    names = [field.attname for field in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    found = []
+    for row in rows:
+        values = list(row)
+        for index, convert, column in converters:
+            values[index] = convert(values[index], column, connection)
+        found.append(model.from_db(alias, names, values))
+    return found
+
+
 # --------------------------------------------------------------------------- inserts
 
 

@@ -112,7 +112,7 @@ def claim_planned(
     expires += conf.now() - now
     # Claim and reclaim set the same columns (lifecycle.TRANSITIONS): one UPDATE for both.
     values = writes(Action.CLAIM, now, lease_owner=owner, lease_expires_at=expires)
-    Occurrence.objects.using(alias).filter(pk__in=[row.pk for row in rows]).update(**values)
+    claim_sql.claim_update(alias, values, [row.pk for row in rows])
     events = []
     for row in rows:
         reclaimed = row.status == OccurrenceStatus.RUNNING
