@@ -338,13 +338,21 @@ def _authorize_locked(
             .order_by("pk")
             .only("pk", "job_id", "status", "lease_owner", "lease_expires_at", "fence", "authority")
         }
-    existing = {
-        r.pk: r
-        for r in AuthorityReservation.objects.using(alias)
-        .select_for_update()
-        .filter(pk__in=ids)
-        .order_by("pk")
-    }
+    if already is not None:
+        # A reservation is made only for a running occurrence, so only an occurrence claimed
+        # before can have one: one this claim took at fence 1 (its first claim ever) has none.
+        ids = [pk for pk in ids if (held := locked.get(pk)) is not None and held.fence > 1]
+    existing = (
+        {
+            r.pk: r
+            for r in AuthorityReservation.objects.using(alias)
+            .select_for_update()
+            .filter(pk__in=ids)
+            .order_by("pk")
+        }
+        if ids
+        else {}
+    )
     verdicts: list[Authorization | LeaseLost] = [Authorization(RESERVED)] * len(items)
     refused: list[_Refusal] = []
     charges: dict[Principal, list[tuple[int, Occurrence, int]]] = {}
