@@ -123,6 +123,13 @@ LIMIT 1
 """
 
 
+# The principals with claimable work and, in the same round trip, the priority probe: a row
+# of NULLs (no principal is NULL) when some waiting row has a priority.
+PRINCIPALS_AND_PRIORITY = f"""{PRINCIPALS_LOOSE_SCAN}UNION ALL
+SELECT NULL, NULL, NULL FROM ({PRIORITY_PROBE}) prioritized
+"""
+
+
 # The arms of the fair pool, one per (principal, waiting status), each one index range in due
 # order; sent together as one UNION ALL. A candidate row is (occurrence_id, kind,
 # principal_key, due at, scheduled_for, priority, the job's timeout_ms, job_id,
@@ -249,7 +256,7 @@ _PORTABLE = {**_EVERYWHERE, "principals": (PRINCIPALS_GROUPED, None)}
 
 _PARTIAL_INDEXES = {
     **_EVERYWHERE,
-    "principals": (PRINCIPALS_LOOSE_SCAN, None),
+    "principals": (PRINCIPALS_AND_PRIORITY, None),
     "priority_probe": (PRIORITY_PROBE, None),
     "queued_priority_0": (PENDING_PRIORITY_0_ARM, OccurrenceStatus.QUEUED),
     "retry_wait_priority_0": (PENDING_PRIORITY_0_ARM, OccurrenceStatus.RETRY_WAIT),
