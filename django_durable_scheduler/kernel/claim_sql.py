@@ -363,14 +363,14 @@ def _claim_update(alias: str, vendor: str, ids: int) -> tuple[str, tuple[Field[A
     return f"UPDATE {names['occurrences']} SET {', '.join(sets)} WHERE {where}", tuple(given)
 
 
-def claim_update(alias: str, values: dict[str, Any], ids: list[str]) -> None:
-    """Write the claim's ``values`` (``lifecycle.writes``) to the rows ``ids``, which the
-    transaction has locked: one statement, built once per alias and size."""
+def claim_update(alias: str, values: dict[str, Any], ids: list[str]) -> tuple[str, list[list[Any]]]:
+    """The write of the claim's ``values`` (``lifecycle.writes``) to the rows ``ids``, which
+    the transaction has locked: one statement, built once per alias and size, for
+    ``dialect.insert_rows`` to send with the claim's events."""
     connection = connections[alias]
     sql, given = _claim_update(alias, connection.vendor, len(ids))
     params = [field.get_db_prep_save(values[field.name], connection) for field in given]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [*params, *ids])
+    return sql, [[*params, *ids]]
 
 
 def sql_of(alias: str, kinds: list[str] | None = None) -> dict[str, str]:

@@ -121,7 +121,7 @@ def claim_planned(
     expires += conf.now() - now
     # Claim and reclaim set the same columns (lifecycle.TRANSITIONS): one UPDATE for both.
     values = writes(Action.CLAIM, now, lease_owner=owner, lease_expires_at=expires)
-    claim_sql.claim_update(alias, values, [row.pk for row in rows])
+    update = claim_sql.claim_update(alias, values, [row.pk for row in rows])
     events = []
     for row in rows:
         reclaimed = row.status == OccurrenceStatus.RUNNING
@@ -144,7 +144,8 @@ def claim_planned(
             )
         )
         applied(Action.CLAIM, row, values)
-    insert_rows(alias, events)
+    # The UPDATE and its events in one round trip where the database can.
+    insert_rows(alias, events, after=update)
     return rows
 
 

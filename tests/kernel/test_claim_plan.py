@@ -127,8 +127,8 @@ def _claim_statements(captured):
         if f'"{TABLE}"' not in sql and f" {TABLE} " not in sql:
             continue
         upper = sql.upper()
-        if head.startswith("UPDATE"):
-            out.append(("update", sql))
+        if head.startswith("UPDATE") or (head.startswith("WITH") and " AS (UPDATE " in upper):
+            out.append(("update", sql))  # on PostgreSQL, sent with the events' insert
         elif head.startswith("SELECT 1 FROM") and "PRIORITY" in upper:
             out.append(("prioritized", sql))  # candidates.has_prioritized
         elif not head.startswith(("SELECT", "WITH", "(")):
