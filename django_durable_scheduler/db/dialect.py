@@ -168,6 +168,65 @@ def shared_lock_clause(alias: str) -> str | None:
     return "FOR SHARE" if connections[alias].vendor == "postgresql" else None
 
 
+# --------------------------------------------------------------------------- reads
+
+
+def model_columns(model: type[Model], names: Sequence[str]) -> tuple[Field[Any, Any], ...]:
+    """The concrete fields of ``model`` named in ``names`` (by name or attname), in the
+    model's own field order: the order :func:`read_models` takes its columns in."""
+    wanted = set(names)
+    return tuple(
+        field for field in model._meta.concrete_fields if field.name in wanted or field.attname in wanted
+    )
+
+
+# The converters of each thread's columns, by alias and column list (a module's constant:
+# kept by identity, since hashing its fields costs a call each), found once: a connection
+# belongs to one thread, and its backend's converters are its own methods. Thread-local, so
+# that they go with the thread and its connections.
+_converters_here = threading.local()
+
+
+def _converters(
+    connection: BaseDatabaseWrapper, alias: str, fields: tuple[Field[Any, Any], ...]
+) -> list[Any]:
+    known: dict[tuple[str, int], tuple[Any, ...]] | None = getattr(_converters_here, "known", None)
+    if known is None:
+        known = _converters_here.known = {}
+    entry = known.get((alias, id(fields)))
+    if entry is not None and entry[0] is fields and entry[1] is connection:
+        return entry[2]  # type: ignore[no-any-return]
+    found = []
+    for index, field in enumerate(fields):
+        column = field.get_col(field.model._meta.db_table)
+        for convert in connection.ops.get_db_converters(column) + field.get_db_converters(connection):
+            found.append((index, convert, column))
+    known[alias, id(fields)] = (fields, connection, found)
+    return found
+
+
+def read_models(
+    alias: str, model: type[Model], fields: tuple[Field[Any, Any], ...], sql: str, params: Any
+) -> list[Any]:
+    """Instances of ``model`` from the rows of ``sql``, whose columns are ``fields`` (from
+    :func:`model_columns`, in that order), each value converted as the ORM converts it
+    (``Model.from_db``): what ``QuerySet.raw`` gives, without its per-query setup, for a
+    statement sent on every claim."""
+    connection = connections[alias]
+    converters = _converters(connection, alias, fields)
+    names = [field.attname for field in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    found = []
+    for row in rows:
+        values = list(row)
+        for index, convert, column in converters:
+            values[index] = convert(values[index], column, connection)
+        found.append(model.from_db(alias, names, values))
+    return found
+
+
 # --------------------------------------------------------------------------- inserts
 
 
@@ -259,8 +318,21 @@ def mark_saved(objs: Sequence[Model], alias: str) -> None:
         obj._state.db = alias
 
 
-def insert_rows(alias: str, objs: Sequence[Model], *, skip_conflicts: bool = False) -> set[Any]:
+# A write without results and its rows of parameters (``executemany``): what
+# :func:`insert_rows` may send first, in the round trip of its insert where it can.
+Write = tuple[str, Sequence[Sequence[Any]]]
+
+
+def insert_rows(
+    alias: str, objs: Sequence[Model], *, skip_conflicts: bool = False, after: Write | None = None
+) -> set[Any]:
     """Insert ``objs`` (all of one model).
+
+    ``after``: a write (an ``UPDATE`` returning nothing, from :func:`update_statement`) that
+    must run first, in the caller's transaction: on PostgreSQL it goes as data-modifying
+    ``WITH`` clauses of the first insert, one per parameter row, so the two cost one round
+    trip (the sub-statements run once and to completion whatever the insert reads of them;
+    no insert reads them); elsewhere it runs on its own just before.
 
     ``skip_conflicts`` (only where :func:`can_skip_conflicts`): rows whose unique keys exist
     already are skipped, and the primary keys of the rows inserted are returned. Otherwise
@@ -271,9 +343,17 @@ def insert_rows(alias: str, objs: Sequence[Model], *, skip_conflicts: bool = Fal
     ``INSERT ... SELECT`` from the rows, where the columns whose value is the same in every
     row (a bulk enqueue's job columns, a batch's event time) are bound once per statement
     instead of once per row; which ones, is found from the values themselves."""
-    if not objs:
-        return set()
     connection = connections[alias]
+    if not objs or (after is not None and connection.vendor != "postgresql"):
+        if after is not None and after[1]:
+            with connection.cursor() as cursor:
+                if len(after[1]) == 1:  # a statement, not a batch of one, in the query log too
+                    cursor.execute(after[0], after[1][0])
+                else:
+                    cursor.executemany(after[0], after[1])
+        if not objs:
+            return set()
+        after = None
     if skip_conflicts and not can_skip_conflicts(alias):
         raise ValueError(f"no insert that skips conflicts on {connection.vendor}")
     model = type(objs[0])
@@ -288,6 +368,8 @@ def insert_rows(alias: str, objs: Sequence[Model], *, skip_conflicts: bool = Fal
         statements = sqlite_values_statements(connection, table, columns, fields, rows, tail)
     else:
         statements = values_statements(connection, table, columns, fields, rows, tail)
+    if after is not None and after[1]:
+        statements = _after(after, iter(statements))
     inserted: set[Any] = set()
     with connection.cursor() as cursor:
         for sql, params in statements:
@@ -300,6 +382,15 @@ def insert_rows(alias: str, objs: Sequence[Model], *, skip_conflicts: bool = Fal
     else:
         mark_saved(objs, alias)
     return inserted
+
+
+def _after(write: Write, statements: Iterator[tuple[str, list[Any]]]) -> Iterator[tuple[str, list[Any]]]:
+    """``statements`` (inserts), the first one preceded by ``write`` as ``WITH`` clauses."""
+    sql, rows = write
+    first, params = next(statements)
+    clauses = ", ".join(f"w{n} AS ({sql})" for n in range(len(rows)))
+    yield f"WITH {clauses} {first}", [value for row in rows for value in row] + list(params)
+    yield from statements
 
 
 class GuardFailed(Exception):
@@ -409,12 +500,10 @@ def delete_rows(alias: str, model: type[Model], field: str, values: Sequence[Any
     return deleted
 
 
-def update_rows(alias: str, objs: Sequence[Model], fields: Sequence[str]) -> None:
-    """Write ``fields`` of each of ``objs`` to its row (by primary key) with one ``UPDATE``
-    run for all of them (``executemany``): portable, and without ``bulk_update``'s
-    ``CASE WHEN`` statement."""
-    if not objs:
-        return
+def update_statement(alias: str, objs: Sequence[Model], fields: Sequence[str]) -> Write:
+    """One ``UPDATE`` of ``fields`` by primary key, with a row of parameters per object in
+    ``objs``: for ``executemany`` (:func:`update_rows`) or to send with an insert
+    (:func:`insert_rows`'s ``after``)."""
     connection = connections[alias]
     meta = objs[0]._meta
     assert meta.pk is not None
@@ -430,7 +519,17 @@ def update_rows(alias: str, objs: Sequence[Model], fields: Sequence[str]) -> Non
         + [meta.pk.get_db_prep_save(obj.pk, connection)]
         for obj in objs
     ]
-    with connection.cursor() as cursor:
+    return sql, rows
+
+
+def update_rows(alias: str, objs: Sequence[Model], fields: Sequence[str]) -> None:
+    """Write ``fields`` of each of ``objs`` to its row (by primary key) with one ``UPDATE``
+    run for all of them (``executemany``): portable, and without ``bulk_update``'s
+    ``CASE WHEN`` statement."""
+    if not objs:
+        return
+    sql, rows = update_statement(alias, objs, fields)
+    with connections[alias].cursor() as cursor:
         cursor.executemany(sql, rows)
 
 

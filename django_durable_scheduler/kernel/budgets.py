@@ -344,9 +344,9 @@ def charge(
             fresh += reservations
             usage.runs, usage.units, usage.updated_at = runs, units, now
             changed.append(usage)
-    dialect.update_rows(alias, changed, ["runs", "units", "updated_at"])
-    if fresh:
-        dialect.insert_rows(alias, fresh)
+    # The usage rows and the reservations in one round trip where the database can.
+    counted = dialect.update_statement(alias, changed, ["runs", "units", "updated_at"]) if changed else None
+    dialect.insert_rows(alias, fresh, after=counted)
     return results
 
 

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from django.db import connections
 
+from ..db.dialect import read_models
 from ..exceptions import InvalidArgument
 from ..models import Occurrence
 from . import claim_sql, concurrency
@@ -25,18 +26,25 @@ CANDIDATE_FACTOR = 4
 STATELESS_PRINCIPALS = 64
 
 
-def waiting_principals(alias: str, now: datetime) -> dict[str, datetime]:
+def waiting_work(alias: str, now: datetime) -> tuple[dict[str, datetime], bool | None]:
     """The principals with claimable work and, for each, when its earliest claimable
-    occurrence became due (due waiting rows, and expired leases with attempts left). Its cost
-    grows with the number of principals, not with the backlog (``principals`` above)."""
+    occurrence became due (due waiting rows, and expired leases with attempts left); and
+    whether any waiting occurrence has a priority other than 0 (:func:`has_prioritized`),
+    read by the same statement where the database has the priority index, else None. Its
+    cost grows with the number of principals, not with the backlog."""
     found: dict[str, datetime] = {}
+    sql = claim_sql.sql_of(alias)
+    prioritized = False if "priority_probe" in sql else None
     params = {"principals": claim_sql.MAX_PRINCIPALS, "now": claim_sql.adapted(alias, now)}
-    for principal, *firsts in claim_sql.fetch(alias, claim_sql.sql_of(alias)["principals"], params):
+    for principal, *firsts in claim_sql.fetch(alias, sql["principals"], params):
+        if principal is None:  # the priority probe's row
+            prioritized = True
+            continue
         due = [claim_sql.as_datetime(value) for value in firsts if value is not None]
         if due and min(due) <= now:
             earliest = min(due)
             found[principal] = min(earliest, found.get(principal, earliest))
-    return found
+    return found, prioritized
 
 
 def has_prioritized(alias: str) -> bool:
@@ -128,14 +136,22 @@ def _rotation(waiting: dict[str, datetime], after_principal: str | None, want: i
 
 
 def _read_pool(
-    alias: str, now: datetime, kinds: list[str] | None, principals: list[str], step: int, want: int
+    alias: str,
+    now: datetime,
+    kinds: list[str] | None,
+    principals: list[str],
+    step: int,
+    want: int,
+    prioritized: bool | None = None,
 ) -> tuple[dict[str, dict[str, Candidate]], int]:
     """Each principal's first due rows, by principal, in rounds of ``step`` principals until
     ``want`` are found: principals whose waiting work is all of kinds this claimer does not
     run (or of disabled jobs) give no rows, and must not hide the principals after them.
-    Also returns how many rows per principal the largest round read."""
+    Also returns how many rows per principal the largest round read. ``prioritized``: what
+    :func:`has_prioritized` says, when the caller read it already."""
     pool = _Pool(alias, now, kinds)
-    prioritized = has_prioritized(alias)
+    if prioritized is None:
+        prioritized = has_prioritized(alias)
     pending = ("queued_priority_0", "retry_wait_priority_0") if prioritized else ("queued", "retry_wait")
     by_principal: dict[str, dict[str, Candidate]] = {}
     found = 0
@@ -200,7 +216,7 @@ def _lock_pool(
         chunk = [row.occurrence_id for row in pool[position : position + limit - len(got)]]
         position += len(chunk)
         sql = claim_sql.lock_statement(alias, vendor, len(chunk))
-        locked = Occurrence.objects.raw(sql, [*chunk, at, at], using=alias)
+        locked = read_models(alias, Occurrence, claim_sql.CLAIM_COLUMNS, sql, [*chunk, at, at])
         if gate is None:
             got += locked
         else:  # in rank order: the first of a limit's candidates take its free places
@@ -222,6 +238,7 @@ def claim_candidates(
     waiting: dict[str, datetime] | None = None,
     before_lock: Callable[[list[str]], None] | None = None,
     max_running_of: Callable[[list[str]], dict[str, int]] | None = None,
+    prioritized: bool | None = None,
 ) -> list[Occurrence]:
     """Lock and return up to ``limit`` claimable occurrences, fair across principals.
 
@@ -233,21 +250,22 @@ def claim_candidates(
     the order their earliest occurrence became due.
 
     The cost does not grow with one principal's backlog: the principals with work are listed
-    by :func:`waiting_principals`, then each one's first few due rows are read (``_Pool``),
+    by :func:`waiting_work`, then each one's first few due rows are read (``_Pool``),
     ``limit * CANDIDATE_FACTOR`` of them, and locked in rank order. ``waiting``: the
     principals, when the caller has listed them already (a hint: every row is re-checked).
     ``before_lock``: called with the pool's principal keys (sorted) before any occurrence row
     is locked, so that a caller can lock rows that come before occurrences in the lock order.
     ``max_running_of``: the principals' running caps (default: read from their policies);
     with any limit among the pool, its slots are locked next (:class:`concurrency.Gate`).
+    ``prioritized``: whether any waiting row has a priority, when read with ``waiting``.
     """
     want = limit * CANDIDATE_FACTOR
     if waiting is None:
-        waiting = waiting_principals(alias, now)
+        waiting, prioritized = waiting_work(alias, now)
     if not waiting:
         return []
     principals, step = _rotation(waiting, after_principal, want)
-    by_principal, per_principal = _read_pool(alias, now, kinds, principals, step, want)
+    by_principal, per_principal = _read_pool(alias, now, kinds, principals, step, want, prioritized)
     pool = _ranked(by_principal, per_principal, principals, after_principal is None)[:want]
     if not pool:
         return []

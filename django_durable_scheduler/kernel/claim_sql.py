@@ -20,13 +20,14 @@ from typing import Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Model
+from django.db.models import Field, Model
 from django.utils.dateparse import parse_datetime
 
 from .. import conf
+from ..db.dialect import model_columns
 from ..models import Event, Job, Occurrence, OccurrenceStatus
 from ..rules.events import OCCURRENCE_CLAIMED, OCCURRENCE_RECLAIMED
-from ..rules.lifecycle import CLAIMABLE_SQL, RECLAIMABLE_SQL
+from ..rules.lifecycle import CLAIMABLE_SQL, RECLAIMABLE_SQL, Action, sql_sets
 from . import settling
 
 FAIR_INDEX = "dsch_occurrences_fair"  # (principal_key, status, available_at, ...) of waiting rows
@@ -119,6 +120,13 @@ PRIORITY_PROBE = """
 SELECT 1 FROM {occurrences}{by_priority_index}
 WHERE ({o.status} = {queued} OR {o.status} = {retry_wait}) AND NOT ({o.priority} = 0)
 LIMIT 1
+"""
+
+
+# The principals with claimable work and, in the same round trip, the priority probe: a row
+# of NULLs (no principal is NULL) when some waiting row has a priority.
+PRINCIPALS_AND_PRIORITY = f"""{PRINCIPALS_LOOSE_SCAN}UNION ALL
+SELECT NULL, NULL, NULL FROM ({PRIORITY_PROBE}) prioritized
 """
 
 
@@ -248,7 +256,7 @@ _PORTABLE = {**_EVERYWHERE, "principals": (PRINCIPALS_GROUPED, None)}
 
 _PARTIAL_INDEXES = {
     **_EVERYWHERE,
-    "principals": (PRINCIPALS_LOOSE_SCAN, None),
+    "principals": (PRINCIPALS_AND_PRIORITY, None),
     "priority_probe": (PRIORITY_PROBE, None),
     "queued_priority_0": (PENDING_PRIORITY_0_ARM, OccurrenceStatus.QUEUED),
     "retry_wait_priority_0": (PENDING_PRIORITY_0_ARM, OccurrenceStatus.RETRY_WAIT),
@@ -324,11 +332,45 @@ def _statements(alias: str, vendor: str, kinds: int | None) -> dict[str, str]:
     }
 
 
+# CLAIM_FIELDS in the model's order, the order ``dialect.read_models`` reads them in.
+CLAIM_COLUMNS = model_columns(Occurrence, CLAIM_FIELDS)
+
+
 @functools.cache
 def lock_statement(alias: str, vendor: str, ids: int) -> str:
     names = _names(connections[alias])
-    columns = ", ".join(getattr(names["o"], name) for name in CLAIM_FIELDS)
+    columns = ", ".join(getattr(names["o"], field.name) for field in CLAIM_COLUMNS)
     return LOCK.format(**names, claim_columns=columns, ids=", ".join(["%s"] * ids))
+
+
+@functools.cache
+def _claim_update(alias: str, vendor: str, ids: int) -> tuple[str, tuple[Field[Any, Any], ...]]:
+    """The claim's UPDATE of ``ids`` rows (the lifecycle table's columns: what the database
+    computes from the row as SQL, the rest as parameters), and the fields of its parameters."""
+    connection = connections[alias]
+    names = _names(connection)
+    quote = connection.ops.quote_name
+    sets, given = [], []
+    for name, computed in sql_sets(Action.CLAIM).items():
+        field = Occurrence._meta.get_field(name)
+        assert isinstance(field, Field)
+        if computed is None:
+            sets.append(f"{quote(str(field.column))} = %s")
+            given.append(field)
+        else:
+            sets.append(f"{quote(str(field.column))} = {computed.format(**names)}")
+    where = f"{names['o'].occurrence_id} IN ({', '.join(['%s'] * ids)})"
+    return f"UPDATE {names['occurrences']} SET {', '.join(sets)} WHERE {where}", tuple(given)
+
+
+def claim_update(alias: str, values: dict[str, Any], ids: list[str]) -> tuple[str, list[list[Any]]]:
+    """The write of the claim's ``values`` (``lifecycle.writes``) to the rows ``ids``, which
+    the transaction has locked: one statement, built once per alias and size, for
+    ``dialect.insert_rows`` to send with the claim's events."""
+    connection = connections[alias]
+    sql, given = _claim_update(alias, connection.vendor, len(ids))
+    params = [field.get_db_prep_save(values[field.name], connection) for field in given]
+    return sql, [[*params, *ids]]
 
 
 def sql_of(alias: str, kinds: list[str] | None = None) -> dict[str, str]:

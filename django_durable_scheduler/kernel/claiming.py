@@ -23,7 +23,7 @@ from ..rules.events import new_event
 from ..rules.lifecycle import Action, applied, event_of, writes
 from ..rules.validation import iso_ms, normalize_bool, normalize_identifier, normalize_int, to_duration_ms
 from . import claim_sql, leases, reservations
-from .candidates import claim_candidates, last_claimed_principal, waiting_principals
+from .candidates import claim_candidates, last_claimed_principal, waiting_work
 from .reservations import AuthorizedClaim, Units
 
 
@@ -47,6 +47,7 @@ class ClaimPlan:
     limit: int
     after_principal: str | None
     waiting: dict[str, datetime]
+    prioritized: bool | None  # whether a waiting row has a priority, read with ``waiting``
 
 
 def plan_claim(
@@ -73,13 +74,20 @@ def plan_claim(
         # The worker sweeps on its own schedule instead of before every claim.
         leases.dead_letter_expired(using=using)
     now = conf.now()
-    waiting = waiting_principals(alias_for(using), now)
+    waiting, prioritized = waiting_work(alias_for(using), now)
     if not waiting:
         return None
     if after_principal is None and len(waiting) > 1:  # with one principal there is no turn to take
         after_principal = last_claimed_principal(alias_for(using))
     return ClaimPlan(
-        owner, now, now + timedelta(milliseconds=lease_ms), kind_list, limit, after_principal, waiting
+        owner,
+        now,
+        now + timedelta(milliseconds=lease_ms),
+        kind_list,
+        limit,
+        after_principal,
+        waiting,
+        prioritized,
     )
 
 
@@ -104,6 +112,7 @@ def claim_planned(
         plan.waiting,
         before_lock=before_lock,
         max_running_of=max_running_of,
+        prioritized=plan.prioritized,
     )
     if not rows:
         return []
@@ -112,7 +121,7 @@ def claim_planned(
     expires += conf.now() - now
     # Claim and reclaim set the same columns (lifecycle.TRANSITIONS): one UPDATE for both.
     values = writes(Action.CLAIM, now, lease_owner=owner, lease_expires_at=expires)
-    Occurrence.objects.using(alias).filter(pk__in=[row.pk for row in rows]).update(**values)
+    update = claim_sql.claim_update(alias, values, [row.pk for row in rows])
     events = []
     for row in rows:
         reclaimed = row.status == OccurrenceStatus.RUNNING
@@ -135,7 +144,8 @@ def claim_planned(
             )
         )
         applied(Action.CLAIM, row, values)
-    insert_rows(alias, events)
+    # The UPDATE and its events in one round trip where the database can.
+    insert_rows(alias, events, after=update)
     return rows
 
 

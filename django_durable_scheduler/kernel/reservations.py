@@ -22,13 +22,13 @@ takes the database write lock first).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import connections
-from django.db.models import Q
 
 from .. import conf
 from ..db import dialect
@@ -270,17 +270,19 @@ def _check_held(held: Occurrence, policy: AuthorityPolicy | None, principal: Pri
     return policy
 
 
-def _share_policies(keys: list[Principal], alias: str, clause: str) -> list[AuthorityPolicy]:
-    """The policy rows of these principals, sorted, locked with ``clause`` (a shared lock)."""
+@functools.lru_cache(maxsize=64)
+def _policies_statement(alias: str, count: int, clause: str) -> str:
+    """The locking read of ``count`` principals' policy rows, sorted: columns from ``_meta``."""
     connection = connections[alias]
     quote = connection.ops.quote_name
     meta = AuthorityPolicy._meta
     column = {field.name: quote(str(field.column)) for field in meta.concrete_fields}
     ptype, pid = column["principal_type"], column["principal_id"]
-    columns = ", ".join(column.values())
-    match = " OR ".join([f"({ptype} = %s AND {pid} = %s)"] * len(keys))
-    sql = f"SELECT {columns} FROM {quote(meta.db_table)} WHERE {match} ORDER BY {ptype}, {pid} {clause}"
-    return list(AuthorityPolicy.objects.db_manager(alias).raw(sql, [part for key in keys for part in key]))
+    match = " OR ".join([f"({ptype} = %s AND {pid} = %s)"] * count)
+    return (
+        f"SELECT {', '.join(column.values())} FROM {quote(meta.db_table)} WHERE {match}"
+        f" ORDER BY {ptype}, {pid} {clause}"
+    )
 
 
 def _lock_policies(keys: set[Principal], alias: str, *, shared: bool = False) -> LockedPolicies:
@@ -292,18 +294,18 @@ def _lock_policies(keys: set[Principal], alias: str, *, shared: bool = False) ->
     if not keys:
         return {}
     clause = dialect.shared_lock_clause(alias) if shared else None
-    if clause is not None:
-        return {Principal.of_row(p): p for p in _share_policies(sorted(keys), alias, clause)}
-    match = Q()
-    for principal in sorted(keys):
-        match |= Q(**principal.columns())
+    if clause is None:
+        # SQLite has no row locks: its transaction holds the database's write lock already.
+        clause = "FOR UPDATE" if connections[alias].features.has_select_for_update else ""
+    sql = _policies_statement(alias, len(keys), clause)
+    params = [part for key in sorted(keys) for part in key]
     return {
         Principal.of_row(p): p
-        for p in AuthorityPolicy.objects.using(alias)
-        .select_for_update()
-        .filter(match)
-        .order_by("principal_type", "principal_id")
+        for p in dialect.read_models(alias, AuthorityPolicy, _POLICY_COLUMNS, sql, params)
     }
+
+
+_POLICY_COLUMNS = tuple(AuthorityPolicy._meta.concrete_fields)
 
 
 # A verdict in progress: (index of the item, the locked occurrence, why it is refused).
@@ -336,13 +338,21 @@ def _authorize_locked(
             .order_by("pk")
             .only("pk", "job_id", "status", "lease_owner", "lease_expires_at", "fence", "authority")
         }
-    existing = {
-        r.pk: r
-        for r in AuthorityReservation.objects.using(alias)
-        .select_for_update()
-        .filter(pk__in=ids)
-        .order_by("pk")
-    }
+    if already is not None:
+        # A reservation is made only for a running occurrence, so only an occurrence claimed
+        # before can have one: one this claim took at fence 1 (its first claim ever) has none.
+        ids = [pk for pk in ids if (held := locked.get(pk)) is not None and held.fence > 1]
+    existing = (
+        {
+            r.pk: r
+            for r in AuthorityReservation.objects.using(alias)
+            .select_for_update()
+            .filter(pk__in=ids)
+            .order_by("pk")
+        }
+        if ids
+        else {}
+    )
     verdicts: list[Authorization | LeaseLost] = [Authorization(RESERVED)] * len(items)
     refused: list[_Refusal] = []
     charges: dict[Principal, list[tuple[int, Occurrence, int]]] = {}

@@ -242,6 +242,14 @@ _DERIVED: dict[Attempt | Fence | str, Callable[[Occurrence], Any]] = {
 }
 
 
+# The same expressions as SQL over the models' columns (``{o.<field>}``, filled in from
+# ``_meta`` by the writer), for a statement built once instead of by the ORM: the claim's.
+_DERIVED_SQL: dict[Attempt | Fence | str, str] = {
+    Attempt.USES: "{o.attempt} + 1",
+    Fence.ADVANCES: "{o.fence} + 1",
+}
+
+
 @dataclass(frozen=True)
 class _Writes:
     """What a transition's UPDATE writes, worked out once from its row: ``fixed`` values,
@@ -253,13 +261,14 @@ class _Writes:
     needed: frozenset[str]
     sets: frozenset[str]
     derived: tuple[tuple[str, Callable[[Occurrence], Any]], ...]
+    derived_by: tuple[tuple[str, Attempt | Fence | str], ...]  # the _DERIVED key of each
 
 
 def _writes_of(transition: Transition) -> _Writes:
     fixed: dict[str, Any] = {}
     timed: list[str] = []
     needed: set[str] = set()
-    derived: list[tuple[str, Callable[[Occurrence], Any]]] = []
+    derived_by: list[tuple[str, Attempt | Fence | str]] = []
     for column in transition.sets:
         if column == "status" and transition.target is not None:
             fixed[column] = transition.target
@@ -269,19 +278,21 @@ def _writes_of(transition: Transition) -> _Writes:
             fixed[column] = None
         elif column == "attempt" and transition.attempt is not Attempt.NONE:
             fixed[column] = _ATTEMPT[transition.attempt]
-            derived.append((column, _DERIVED[transition.attempt]))
+            derived_by.append((column, transition.attempt))
         elif column == "fence" and transition.fence is Fence.ADVANCES:
             fixed[column] = F("fence") + 1
-            derived.append((column, _DERIVED[Fence.ADVANCES]))
+            derived_by.append((column, Fence.ADVANCES))
         elif column == "cancel_requested_fence":
             fixed[column] = F("fence")
-            derived.append((column, _DERIVED[column]))
+            derived_by.append((column, column))
         elif column == "max_attempts" and transition.action is Action.REQUEST_CANCEL:
             fixed[column] = F("attempt")
-            derived.append((column, _DERIVED[column]))
+            derived_by.append((column, column))
         else:
             needed.add(column)
-    return _Writes(fixed, tuple(timed), frozenset(needed), frozenset(transition.sets), tuple(derived))
+    derived = tuple((column, _DERIVED[key]) for column, key in derived_by)
+    sets = frozenset(transition.sets)
+    return _Writes(fixed, tuple(timed), frozenset(needed), sets, derived, tuple(derived_by))
 
 
 _WRITES = {transition.action: _writes_of(transition) for transition in TRANSITIONS}
@@ -304,6 +315,19 @@ def writes(action: Action, now: datetime, **given: Any) -> dict[str, Any]:
     for column in plan.timed:
         values[column] = now
     return values
+
+
+def sql_sets(action: Action) -> dict[str, str | None]:
+    """The columns the ``action``'s UPDATE writes, each with its SQL (``{o.<field>}`` for a
+    column) where the database computes it from the row, None where :func:`writes` gives
+    its value as a parameter."""
+    sets: dict[str, str | None] = dict.fromkeys(sorted(_WRITES[action].sets))
+    for column, kind in _WRITES[action].derived_by:
+        sql = _DERIVED_SQL.get(kind)
+        if sql is None:
+            raise TypeError(f"{action} writes {column} by an expression with no SQL here")
+        sets[column] = sql
+    return sets
 
 
 def applied(action: Action, row: Occurrence, values: dict[str, Any]) -> None:

@@ -186,6 +186,23 @@ def test_a_retry_reuses_its_reservation(clock):
     assert list(AuthorityUsage.objects.values_list("runs", flat=True)) == [1]  # no second charge
 
 
+def test_a_released_attempt_reuses_its_reservation(clock):
+    """Release gives the attempt back, not the fence: the next claim takes attempt 1 again at
+    fence 2, and still finds the reservation the charged first claim made (a claim looks for
+    reservations only at fences above 1). With one run in the budget, a second charge would
+    defer it instead."""
+    scheduler.set_policy("user", "ann", capabilities=["x.run"], window=3600, max_runs=1, max_units=10)
+    scheduler.create_job("j", "k", authority=authority_for("ann", "x.run"), max_attempts=3)
+    occ, _ = scheduler.enqueue("j", scheduled_for=clock(), trigger_key="t")
+    (first,) = claiming.claim_authorized(owner=OWNER, lease=60).runnable
+    assert (first.attempt, first.fence, first.charged_units) == (1, 1, 1)
+    scheduler.release(first.pk, owner=OWNER, fence=first.fence)
+    again = claiming.claim_authorized(owner=OWNER, lease=60)
+    assert [(row.pk, row.attempt, row.fence) for row in again.runnable] == [(occ.pk, 1, 2)]
+    assert again.runnable[0].charged_units == 0  # reused
+    assert list(AuthorityUsage.objects.values_list("runs", flat=True)) == [1]
+
+
 def test_nothing_due_is_empty(clock):
     batch = claiming.claim_authorized(owner=OWNER, lease=60, limit=5)
     assert (batch.claimed, batch.runnable, batch.refused, batch.unpriced) == ([], [], [], [])

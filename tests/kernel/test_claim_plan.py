@@ -127,8 +127,8 @@ def _claim_statements(captured):
         if f'"{TABLE}"' not in sql and f" {TABLE} " not in sql:
             continue
         upper = sql.upper()
-        if head.startswith("UPDATE"):
-            out.append(("update", sql))
+        if head.startswith("UPDATE") or (head.startswith("WITH") and " AS (UPDATE " in upper):
+            out.append(("update", sql))  # on PostgreSQL, sent with the events' insert
         elif head.startswith("SELECT 1 FROM") and "PRIORITY" in upper:
             out.append(("prioritized", sql))  # candidates.has_prioritized
         elif not head.startswith(("SELECT", "WITH", "(")):
@@ -185,7 +185,13 @@ def test_claim_uses_the_claim_index(job, clock):
             # that holds only those rows (a scan of it stops at its first row).
             assert PRIORITY_INDEX in plan, f"the priority probe does not use {PRIORITY_INDEX}:\n{sql}\n{plan}"
             continue
-        assert not _scans_occurrences(plan), f"{kind} query scans {TABLE}:\n{sql}\n{plan}"
+        scanned = plan
+        if kind == "principals" and PRIORITY_INDEX in sql:
+            # The priority probe read with the principals (PostgreSQL, SQLite): the first entry
+            # of the partial index that holds only prioritized rows, as on its own above.
+            assert PRIORITY_INDEX in plan, f"the priority probe does not use {PRIORITY_INDEX}:\n{sql}\n{plan}"
+            scanned = "\n".join(line for line in plan.splitlines() if PRIORITY_INDEX not in line)
+        assert not _scans_occurrences(scanned), f"{kind} query scans {TABLE}:\n{sql}\n{plan}"
         if kind == "principals" and "RECURSIVE" in sql.upper():
             assert FAIR_INDEX in plan, f"the loose index scan does not use {FAIR_INDEX}:\n{sql}\n{plan}"
         elif kind == "principals":

@@ -56,9 +56,14 @@ STATEMENTS: dict[tuple[str, str], int] = {
     ("enqueue", "sqlite"): 4,
     ("enqueue", "postgresql"): 1,
     ("enqueue", "mysql"): 7,
-    (f"claim {N}", "sqlite"): 13,
-    (f"claim {N}", "postgresql"): 13,
-    (f"claim {N}", "mysql"): 12,
+    (f"claim {N}", "sqlite"): 11,
+    (f"claim {N}", "postgresql"): 9,
+    (f"claim {N}", "mysql"): 11,
+    # A pickup: the claim of the one occurrence a wake-up announced (a first claim, one
+    # principal). The same statements as a batch's: they do not grow with the batch.
+    ("claim 1", "sqlite"): 11,
+    ("claim 1", "postgresql"): 9,
+    ("claim 1", "mysql"): 11,
     (f"settle {N}", "sqlite"): 6,
     (f"settle {N}", "postgresql"): 6,
     (f"settle {N}", "mysql"): 7,
@@ -69,16 +74,20 @@ STATEMENTS: dict[tuple[str, str], int] = {
     (f"heartbeat {N} held", "mysql"): 5,
 }
 
-# Python function calls: per plain enqueue, and per drained occurrence (its share of the
-# claim of a batch of N, its run made, its handler called through the pool, its share of
+# Python function calls: per plain enqueue, per pickup (the worker's claim of one occurrence:
+# what a wake-up for one new occurrence waits for), and per drained occurrence (its share of
+# the claim of a batch of N, its run made, its handler called through the pool, its share of
 # the settle). By database too: each backend's Django code differs.
 CALLS: dict[tuple[str, str], int] = {
     ("enqueue", "sqlite"): 1030,
     ("enqueue", "postgresql"): 867,
     ("enqueue", "mysql"): 2725,
-    ("drained occurrence", "sqlite"): 1930,
-    ("drained occurrence", "postgresql"): 1984,
-    ("drained occurrence", "mysql"): 2569,
+    ("claim 1", "sqlite"): 2092,
+    ("claim 1", "postgresql"): 2460,
+    ("claim 1", "mysql"): 2589,
+    ("drained occurrence", "sqlite"): 1450,
+    ("drained occurrence", "postgresql"): 1532,
+    ("drained occurrence", "mysql"): 2082,
 }
 
 VENDOR = connection.vendor
@@ -138,14 +147,21 @@ class _Worker:
     def claim(self) -> None:
         assert len(self.claimer.claim(N, [KIND])) == N
 
-    def run(self) -> None:
+    def run_all(self) -> None:
         while self.pool.queued:
             self.pool._execute(self.pool._queue.get_nowait())
+
+    def run(self) -> None:
+        self.run_all()
         assert self.held.finished == N
 
     def settle(self) -> None:
         self.reporter.flush()
         assert len(self.held) == 0
+
+    def claim_one(self) -> None:
+        """A pickup: the worker's claim of the one occurrence a wake-up announced."""
+        assert len(self.claimer.claim(1, [KIND])) == 1
 
     def drain(self) -> None:
         self.claim()
@@ -194,6 +210,16 @@ def measure() -> tuple[dict[str, int], dict[str, float]]:
     with _statements() as counted:
         worker.settle()
     statements[f"settle {N}"] = counted[0]
+    slots.enqueue(1)
+    with _statements() as counted:
+        worker.claim_one()
+    statements["claim 1"] = counted[0]
+    worker.run_all()
+    worker.settle()
+    slots.enqueue(1)
+    calls["claim 1"] = _calls("claim1", worker.claim_one)
+    worker.run_all()
+    worker.settle()
     slots.enqueue(N)
     calls["drained occurrence"] = _calls("drain", worker.drain) / N
     return statements, calls
