@@ -111,10 +111,12 @@ def _dead_letter_rows(rows: Sequence[Occurrence], now: datetime, alias: str, *, 
     reached_terminal(rows, now, alias)
 
 
-def dead_letter_expired(*, limit: int = 500, using: str | None = None) -> int:
+def dead_letter_expired(*, limit: int | None = None, using: str | None = None) -> int:
     """Dead-letter running occurrences whose lease expired on their final attempt (the
     ``expire`` transition), or cancel them where a cancel was requested for that attempt
-    (``expire_cancelled``: the request made it the final one)."""
+    (``expire_cancelled``: the request made it the final one); at most ``limit`` (default
+    MAX_CLAIM_BATCH, so that a lowered setting does not refuse the worker's own sweep)."""
+    limit = conf.settings.MAX_CLAIM_BATCH if limit is None else limit
     limit = normalize_int(limit, "limit", minimum=1, maximum=conf.settings.MAX_CLAIM_BATCH)
     now = conf.now()
     expired = Occurrence.objects.using(alias_for(using)).filter(lifecycle_expired(now))

@@ -288,6 +288,17 @@ def test_expired_final_attempt_dead_letters(job, clock):
         scheduler.settle(occ.pk, owner="w", fence=1, outcome="succeeded")
 
 
+def test_expiry_sweep_under_a_lowered_max_claim_batch(job, clock, settings):
+    """The workers' sweep passes no limit: it takes MAX_CLAIM_BATCH, whatever it is set to,
+    rather than a fixed default the setting's own bound would refuse."""
+    settings.DURABLE_SCHEDULER_MAX_CLAIM_BATCH = 100
+    scheduler.update_job("job-a", expected_revision=1, max_attempts=1)
+    enqueue(clock)
+    scheduler.claim(owner="w", lease=10)
+    clock.advance(10)
+    assert scheduler.dead_letter_expired() == 1
+
+
 def test_history_newest_first(job, clock):
     occ, _ = enqueue(clock)
     scheduler.claim(owner="w", lease=10)
