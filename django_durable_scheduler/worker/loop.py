@@ -49,7 +49,7 @@ from .heartbeat import Heartbeat
 from .outcomes import OutcomeReporter
 from .pacing import ClaimPacer, claim_ahead
 from .pool import EXIT_STUCK, HandlerPool, tidy_connections
-from .recent import seed_pacer
+from .recent import seed_pacer, seed_with
 from .runs import Held, log_fields
 
 __all__ = ["EXIT_STUCK", "Waker", "Worker", "claim_ahead", "default_worker_id", "log_fields"]
@@ -279,6 +279,8 @@ class Worker:
         self._kinds: list[str] = []
         self._listener: tuple[wakeup.Listener | wakeup.SocketListener, threading.Thread] | None = None
         self._exit_code = 0
+        self._seeded = False
+        self._registered = False  # the heartbeat started (after the first turn)
 
     @property
     def processed(self) -> int:
@@ -303,6 +305,13 @@ class Worker:
         self._signals.second_exits = second_exits
         self._signals.install()
 
+    def seed(self, seconds: float | None) -> None:
+        """Size the first claims by ``seconds``, what the kinds' recent runs took as read by
+        the caller (a supervisor reads it once for all its children; None: no recent run),
+        instead of reading it when the worker starts."""
+        seed_with(self.pacer, seconds)
+        self._seeded = True
+
     def kinds(self) -> list[str]:
         local = registry.registered_kinds()
         if self.requested_kinds is None:
@@ -325,6 +334,8 @@ class Worker:
                 connections.close_all()
                 self._stopping.wait(delay)
                 continue
+            finally:
+                self._register()
             if turn is None or self._last(turn):
                 break
             if turn.claimed and turn.claimed >= turn.asked and len(self.held) < self._capacity():
@@ -347,15 +358,23 @@ class Worker:
             self.lease,
             kinds,
         )
-        seed_pacer(self.pacer, kinds, self.concurrency, self.using)
+        if not self._seeded:
+            seed_pacer(self.pacer, kinds, self.concurrency, self.using)
         # Listening before the first heartbeat: a worker that shows as started already hears
         # the wake-ups of enqueues made from then on.
         stays = not (self.once or self.burst)
         self._listener = _listen(self.using, self.waker.announce, self.poll_interval, stays)
-        self.heartbeat.start(kinds)
         self.pool.start()
         if stays and self.retention is not None:
             self.retention.start()
+
+    def _register(self) -> None:
+        """Start the heartbeat (its worker row, then its thread) once the first turn is done:
+        a replacement's first claim need not wait for that write, and no lease claimed in
+        that turn needs renewing before a good share of the lease has passed."""
+        if not self._registered:
+            self._registered = True
+            self.heartbeat.start(self._kinds)
 
     def _turn(self) -> Turn | None:
         """Settle what finished, then claim up to the free capacity; None when every handler

@@ -78,15 +78,24 @@ def recent_run_seconds(kinds: list[str], concurrency: int, using: str | None = N
     )
 
 
-def seed_pacer(pacer: ClaimPacer, kinds: list[str], concurrency: int, using: str | None) -> None:
-    """Size a starting worker's first claims by what its kinds' recent runs took: one read,
-    at the start only; without it (or any recent run) the pacer learns from its own runs."""
+def read_recent(kinds: list[str], concurrency: int, using: str | None) -> float | None:
+    """:func:`recent_run_seconds`, or None (with a WARNING) when the database cannot say."""
     try:
-        seconds = recent_run_seconds(kinds, concurrency, using=using)
+        return recent_run_seconds(kinds, concurrency, using=using)
     except DatabaseError:
         logger.warning("could not read the recent run times of %s; learning them", kinds)
         connections.close_all()
-        return
+        return None
+
+
+def seed_pacer(pacer: ClaimPacer, kinds: list[str], concurrency: int, using: str | None) -> None:
+    """Size a starting worker's first claims by what its kinds' recent runs took: one read,
+    at the start only; without it (or any recent run) the pacer learns from its own runs."""
+    seed_with(pacer, read_recent(kinds, concurrency, using))
+
+
+def seed_with(pacer: ClaimPacer, seconds: float | None) -> None:
+    """Seed ``pacer`` with ``seconds``, what :func:`read_recent` read (None: nothing)."""
     if seconds is not None:
         pacer.seed(seconds)
         logger.debug("the recent runs of this worker's kinds took at most %.5f s on average", seconds)

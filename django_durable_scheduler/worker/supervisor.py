@@ -11,6 +11,12 @@ half-way into the child), and reaps its children as SIGCHLD announces their deat
   replaced after a back-off that doubles up to MAX_BACKOFF, so a broken start-up does not spin.
 - The leases a dead child held end at once (``kernel.abandon``): the supervisor knows it can
   write no more, so its occurrences go to the other workers now, not when their leases expire.
+  A replacement due at once is forked first and the write made while it starts; one that waits
+  out a back-off, after the write.
+- What the kinds' recent runs took (worker/recent.py), which sizes a new worker's first
+  claims, is read by the supervisor (at its start, then after a death when it found none
+  or is RECENT_EVERY old) and handed to each child in the fork, so a child starts claiming without
+  a read of its own.
 - The first SIGTERM/SIGINT is passed on to every child as SIGTERM (each finishes within its
   grace period); the supervisor exits 0 once they all have, and SIGKILLs those still running
   GRACE_MARGIN after their grace. A second signal SIGKILLs them all at once (exit 1).
@@ -38,6 +44,7 @@ from django.db import DatabaseError, connections
 
 from .. import kernel
 from .loop import Worker
+from .recent import read_recent
 
 logger = logging.getLogger("django_durable_scheduler")
 
@@ -48,6 +55,9 @@ BACKOFF = 0.25
 MAX_BACKOFF = 10.0
 # How long after the children's grace period a stop waits before it SIGKILLs them.
 GRACE_MARGIN = 30.0
+# How old the supervisor's reading of the recent run times may get before a death has it read
+# them again: they change slowly, and deaths may come every second.
+RECENT_EVERY = 10.0
 STOPS = (signal.SIGTERM, signal.SIGINT)
 WATCHED = (*STOPS, signal.SIGCHLD)
 
@@ -64,6 +74,7 @@ class Slot:
     start_at: float | None = None  # when to start the next child (None: not to)
     done: bool = False  # its child finished its --once/--burst/--max-occurrences work
     replacing: list[str] = field(default_factory=list)  # how the last child died, to log
+    orphaned: str | None = None  # a dead child's id whose leases end once its replacement is forked
 
 
 def describe(status: int) -> str:
@@ -126,6 +137,9 @@ class Supervisor:
         self.signals_seen = 0
         self.stop_deadline: float | None = None
         self.killed = False
+        self.recent: float | None = None  # what the kinds' recent runs took, for the children
+        self._recent_at: float | None = None  # when it was read (monotonic)
+        self._template: Worker | None = None
         self._pipe = os.pipe()
         for end in self._pipe:
             os.set_blocking(end, False)
@@ -135,21 +149,24 @@ class Supervisor:
     def run(self) -> int:
         # Built once here, so what a worker imports on its first construction is imported once,
         # before the forks (building one starts no thread and opens no connection).
-        self.make_worker(f"{self.base_id or socket.gethostname()}:{os.getpid()}")
+        self._template = self.make_worker(f"{self.base_id or socket.gethostname()}:{os.getpid()}")
         previous = {signum: signal.signal(signum, self._on_signal) for signum in WATCHED}
         try:
+            self._read_recent()
             now = time.monotonic()
             for slot in self.slots:
                 slot.start_at = now
             self._take_signals(list(self.stopped))  # those that came before the handlers
             while True:
                 self._start_due()
+                self._end_orphaned()
                 self._wait()
                 self._reap()
                 if self.stop_deadline is not None and time.monotonic() >= self.stop_deadline:
                     self._kill_all("still running after the grace period")
                 if not any(slot.pid or slot.start_at is not None for slot in self.slots):
                     break
+            self._end_orphaned()
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -215,10 +232,20 @@ class Supervisor:
 
     def _ended(self, slot: Slot, status: int) -> None:
         how = describe(status)
-        if status != 0:  # before the clock is read: a back-off starts after this write
-            how += self._abandon(slot.worker_id)
-        now = time.monotonic()
         pid, slot.pid = slot.pid, None
+        if slot.orphaned is not None:  # its predecessor's leases, not ended yet
+            self._end_orphaned()
+        if self.signals_seen or (status == 0 and self.finite):
+            if status != 0:
+                how += self._abandon(slot.worker_id)
+        else:
+            slot.quick_deaths = slot.quick_deaths + 1 if time.monotonic() - slot.started < QUICK_DEATH else 0
+            if status != 0 and slot.quick_deaths < 2:
+                # Replaced at once: the fork first, then this write while the fork starts.
+                slot.orphaned = slot.worker_id
+            elif status != 0:  # before the clock is read: a back-off starts after this write
+                how += self._abandon(slot.worker_id)
+        now = time.monotonic()
         if self.signals_seen:
             level = logging.INFO if status == 0 else logging.WARNING
             logger.log(level, "supervisor: worker %s (pid %s) %s", slot.worker_id, pid, how)
@@ -227,7 +254,6 @@ class Supervisor:
             slot.done = True
             logger.info("supervisor: worker %s (pid %s) finished", slot.worker_id, pid)
             return
-        slot.quick_deaths = slot.quick_deaths + 1 if now - slot.started < QUICK_DEATH else 0
         delay = 0.0 if slot.quick_deaths < 2 else min(MAX_BACKOFF, BACKOFF * 2 ** (slot.quick_deaths - 2))
         slot.start_at = now + delay
         slot.replacing = [f"worker {slot.worker_id} (pid {pid}) {how}"]
@@ -242,14 +268,45 @@ class Supervisor:
 
     def _abandon(self, worker_id: str) -> str:
         """End the leases a dead child held (one transaction, its connection closed again
-        before the next fork); what to add to the line that tells of its death."""
+        before the next fork); what to add to the line that tells of its death. The recent
+        run times are read again in the same connection when they are RECENT_EVERY old."""
         try:
             ended = kernel.abandon(worker_id, using=self.using)
         except DatabaseError as exc:
+            connections.close_all()
             return f" (its leases expire on their own: {exc})"
+        try:
+            stale = self._recent_at is None or time.monotonic() - self._recent_at >= RECENT_EVERY
+            if self.recent is None or stale:  # none yet: the dead child's runs may be the first
+                self._read_recent()
         finally:
             connections.close_all()
         return f", {ended} of its leases ended" if ended else ""
+
+    def _end_orphaned(self) -> None:
+        """End the leases of the dead children whose replacements were forked (or are not to
+        be, after a stop), and log each death with its replacement."""
+        for slot in self.slots:
+            if slot.orphaned is None:
+                continue
+            dead, slot.orphaned = slot.orphaned, None
+            how = (slot.replacing.pop() if slot.replacing else f"worker {dead}") + self._abandon(dead)
+            if slot.pid is None:
+                logger.warning("supervisor: %s", how)
+            else:
+                logger.warning("supervisor: %s; replaced by pid %d", how, slot.pid)
+
+    def _read_recent(self) -> None:
+        """Read what the kinds' recent runs took, for the children to size their first claims
+        by (worker/recent.py); the connection is closed before the next fork."""
+        template = self._template
+        if template is None:
+            return
+        self._recent_at = time.monotonic()
+        try:
+            self.recent = read_recent(template.kinds(), template.concurrency, template.using)
+        finally:
+            connections.close_all()
 
     def _start_due(self) -> None:
         now = time.monotonic()
@@ -277,6 +334,8 @@ class Supervisor:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, WATCHED)
         slot.pid, slot.started = pid, time.monotonic()
         slot.worker_id = f"{self.base_id or socket.gethostname()}:{pid}"
+        if slot.orphaned is not None:
+            return  # logged with its predecessor's leases ended (_end_orphaned)
         if slot.replacing:
             logger.warning("supervisor: %s; replaced by pid %d", slot.replacing.pop(), pid)
         else:
@@ -297,6 +356,8 @@ class Supervisor:
                 signal.signal(signum, lambda signum, _frame: stops.append(signum))
             signal.pthread_sigmask(signal.SIG_UNBLOCK, WATCHED)
             worker = self.make_worker(child_worker_id(self.base_id))
+            if self._recent_at is not None:
+                worker.seed(self.recent)
             worker.install_signal_handlers(second_exits=False)  # the supervisor stops it hard
             die_with_parent(parent, worker.stop)
             if stops or os.getppid() != parent:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler.worker import Worker
+from django_durable_scheduler.worker import Worker, loop
 from django_durable_scheduler.worker.pacing import HOLD_AHEAD
 from django_durable_scheduler.worker.recent import recent_run_seconds, seed_pacer
 
@@ -57,3 +57,20 @@ def test_small_slow_claims_seed_slow_handlers(clock):
     worker = Worker(worker_id="fresh", concurrency=8, kinds=["test.ok"])
     seed_pacer(worker.pacer, ["test.ok"], 8, None)
     assert worker.pacer.capacity() == 8
+
+
+def test_a_worker_seeded_by_its_supervisor_reads_nothing_at_its_start(clock, monkeypatch):
+    run(clock, 200, claims=1, held=0.002)
+    reads: list[object] = []
+    monkeypatch.setattr(loop, "seed_pacer", lambda *args: reads.append(args))
+    monkeypatch.setattr(loop, "_listen", lambda *args: None)
+    worker = Worker(worker_id="child", concurrency=8, kinds=["test.ok"], retention=False)
+    monkeypatch.setattr(worker.heartbeat, "start", lambda kinds: None)
+    monkeypatch.setattr(worker.pool, "start", lambda: None)
+    worker.seed(recent_run_seconds(["test.ok"], 8))
+    assert worker.pacer.capacity() == 500  # the supervisor's reading sizes its first claim
+    worker._start()
+    assert reads == []  # and it reads nothing of its own
+    unseeded = Worker(worker_id="other", concurrency=8, kinds=["test.ok"], retention=False)
+    unseeded.seed(None)  # the supervisor found no recent run: the slow guess, and no read
+    assert unseeded.pacer.capacity() == 8 and unseeded._seeded

@@ -21,6 +21,7 @@ from django_durable_scheduler.worker.supervisor import Slot, Supervisor
 
 from ..procs.runner import Worker, Workers, wait_for
 from .test_crash import assert_each_succeeded_exactly_once, make, succeeded_count
+from .test_recent import run as run_recently
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -170,3 +171,22 @@ def test_a_child_that_finished_its_burst_is_not_replaced():
     slot.pid, slot.started = 123, time.monotonic()
     sup._ended(slot, 0)
     assert slot.done and slot.start_at is None
+
+
+def test_the_supervisor_reads_the_recent_run_times_for_its_children(clock):
+    """Read once for all the children (each is handed it in its fork), and again after a
+    death when it found none before: the dead child's runs may be the first."""
+    sup = Supervisor(
+        processes=2,
+        make_worker=lambda name: supervisor.Worker(worker_id=name, concurrency=8, kinds=["test.ok"]),
+        worker_id="w",
+        grace=1,
+        finite=False,
+        stopped=[],
+    )
+    sup._template = sup.make_worker("w:1")
+    sup._read_recent()
+    assert sup.recent is None and sup._recent_at is not None
+    run_recently(clock, 200, claims=1, held=0.002)
+    assert sup._abandon("w:2") == ""  # it held nothing; the reading is taken again
+    assert sup.recent == pytest.approx(8 * 0.002 / 200)
