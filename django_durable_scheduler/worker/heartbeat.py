@@ -74,6 +74,10 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="dsch-heartbeat", daemon=True)
         self._thread.start()
 
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
     def stop(self) -> None:
         """End the thread (after its current renewal), then record the worker as stopped."""
         self._stop.set()

@@ -49,7 +49,7 @@ from .heartbeat import Heartbeat
 from .outcomes import OutcomeReporter
 from .pacing import ClaimPacer, claim_ahead
 from .pool import EXIT_STUCK, HandlerPool, tidy_connections
-from .recent import seed_pacer, seed_with
+from .recent import seed_pacer
 from .runs import Held, log_fields
 
 __all__ = ["EXIT_STUCK", "Waker", "Worker", "claim_ahead", "default_worker_id", "log_fields"]
@@ -279,8 +279,6 @@ class Worker:
         self._kinds: list[str] = []
         self._listener: tuple[wakeup.Listener | wakeup.SocketListener, threading.Thread] | None = None
         self._exit_code = 0
-        self._seeded = False
-        self._registered = False  # the heartbeat started (after the first turn)
 
     @property
     def processed(self) -> int:
@@ -305,13 +303,6 @@ class Worker:
         self._signals.second_exits = second_exits
         self._signals.install()
 
-    def seed(self, seconds: float | None) -> None:
-        """Size the first claims by ``seconds``, what the kinds' recent runs took as read by
-        the caller (a supervisor reads it once for all its children; None: no recent run),
-        instead of reading it when the worker starts."""
-        seed_with(self.pacer, seconds)
-        self._seeded = True
-
     def kinds(self) -> list[str]:
         local = registry.registered_kinds()
         if self.requested_kinds is None:
@@ -334,8 +325,9 @@ class Worker:
                 connections.close_all()
                 self._stopping.wait(delay)
                 continue
-            finally:
-                self._register()
+            finally:  # its row and thread once the first turn is done: that claim waits for neither
+                if not self.heartbeat.started:
+                    self.heartbeat.start(self._kinds)
             if turn is None or self._last(turn):
                 break
             if turn.claimed and turn.claimed >= turn.asked and len(self.held) < self._capacity():
@@ -358,7 +350,7 @@ class Worker:
             self.lease,
             kinds,
         )
-        if not self._seeded:
+        if not self.pacer.seeded:  # a supervisor may have read it for all its workers
             seed_pacer(self.pacer, kinds, self.concurrency, self.using)
         # Listening before the first heartbeat: a worker that shows as started already hears
         # the wake-ups of enqueues made from then on.
@@ -367,14 +359,6 @@ class Worker:
         self.pool.start()
         if stays and self.retention is not None:
             self.retention.start()
-
-    def _register(self) -> None:
-        """Start the heartbeat (its worker row, then its thread) once the first turn is done:
-        a replacement's first claim need not wait for that write, and no lease claimed in
-        that turn needs renewing before a good share of the lease has passed."""
-        if not self._registered:
-            self._registered = True
-            self.heartbeat.start(self._kinds)
 
     def _turn(self) -> Turn | None:
         """Settle what finished, then claim up to the free capacity; None when every handler

@@ -87,6 +87,7 @@ class ClaimPacer:
         self._max_batch = max_batch
         self._handler_seconds = 1.0  # moving average of handler run time (starts "slow")
         self._handler_runs = 0
+        self.seeded = False  # seed() was called: the recent runs were read for this worker
         self._turn_seconds = 0.0  # moving average of a turn that claimed (settle to authorize)
         self._row_seconds = 0.0  # moving average of such a turn's time per row it claimed
         self._turns = 0
@@ -107,12 +108,14 @@ class ClaimPacer:
         self._handler_runs += 1
         self._handler_seconds += (seconds - self._handler_seconds) / min(self._handler_runs, 20)
 
-    def seed(self, seconds: float) -> None:
+    def seed(self, seconds: float | None) -> None:
         """Start from ``seconds``, what the kinds' recent runs took (worker/recent.py), counted
         as one run: the worker claims at that pace from its first turn, and its own runs
-        take over the average from its second."""
-        self._handler_seconds = seconds
-        self._handler_runs = 1
+        take over the average from its second. None: no recent run (the slow guess stays)."""
+        self.seeded = True
+        if seconds is not None:
+            self._handler_seconds = seconds
+            self._handler_runs = 1
 
     def turn_took(self, seconds: float, rows: int = 0, waited: float = 0.0) -> None:
         """Fold the time of a turn that claimed something into its moving average, and that

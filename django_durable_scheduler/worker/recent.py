@@ -16,6 +16,7 @@ pacing.claim_ahead). The least bound over the recent claims is the estimate.
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime, timedelta
 
 from django.db import DatabaseError, connections
@@ -91,11 +92,31 @@ def read_recent(kinds: list[str], concurrency: int, using: str | None) -> float 
 def seed_pacer(pacer: ClaimPacer, kinds: list[str], concurrency: int, using: str | None) -> None:
     """Size a starting worker's first claims by what its kinds' recent runs took: one read,
     at the start only; without it (or any recent run) the pacer learns from its own runs."""
-    seed_with(pacer, read_recent(kinds, concurrency, using))
-
-
-def seed_with(pacer: ClaimPacer, seconds: float | None) -> None:
-    """Seed ``pacer`` with ``seconds``, what :func:`read_recent` read (None: nothing)."""
+    seconds = read_recent(kinds, concurrency, using)
+    pacer.seed(seconds)
     if seconds is not None:
-        pacer.seed(seconds)
         logger.debug("the recent runs of this worker's kinds took at most %.5f s on average", seconds)
+
+
+class RecentReading:
+    """A supervisor's reading of what its workers' kinds' recent runs took, handed to each
+    child in its fork: read at the supervisor's start, and again (:meth:`refresh`) when it
+    found none or is ``every`` seconds old. The caller closes the connection."""
+
+    def __init__(self, every: float) -> None:
+        self.every = every
+        self.seconds: float | None = None
+        self.read_at: float | None = None  # monotonic
+
+    def read(self, kinds: list[str], concurrency: int, using: str | None) -> None:
+        self.read_at = time.monotonic()
+        self.seconds = read_recent(kinds, concurrency, using)
+
+    def refresh(self, kinds: list[str], concurrency: int, using: str | None) -> None:
+        if self.seconds is None or self.read_at is None or time.monotonic() - self.read_at >= self.every:
+            self.read(kinds, concurrency, using)
+
+    def hand_to(self, pacer: ClaimPacer) -> None:
+        """Seed a child's ``pacer`` with the reading, if one was made: it then reads nothing."""
+        if self.read_at is not None:
+            pacer.seed(self.seconds)

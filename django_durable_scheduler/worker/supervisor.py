@@ -44,7 +44,7 @@ from django.db import DatabaseError, connections
 
 from .. import kernel
 from .loop import Worker
-from .recent import read_recent
+from .recent import RecentReading
 
 logger = logging.getLogger("django_durable_scheduler")
 
@@ -137,8 +137,7 @@ class Supervisor:
         self.signals_seen = 0
         self.stop_deadline: float | None = None
         self.killed = False
-        self.recent: float | None = None  # what the kinds' recent runs took, for the children
-        self._recent_at: float | None = None  # when it was read (monotonic)
+        self.recent = RecentReading(RECENT_EVERY)
         self._template: Worker | None = None
         self._pipe = os.pipe()
         for end in self._pipe:
@@ -152,7 +151,7 @@ class Supervisor:
         self._template = self.make_worker(f"{self.base_id or socket.gethostname()}:{os.getpid()}")
         previous = {signum: signal.signal(signum, self._on_signal) for signum in WATCHED}
         try:
-            self._read_recent()
+            self._read_recent(self.recent.read)
             now = time.monotonic()
             for slot in self.slots:
                 slot.start_at = now
@@ -235,16 +234,13 @@ class Supervisor:
         pid, slot.pid = slot.pid, None
         if slot.orphaned is not None:  # its predecessor's leases, not ended yet
             self._end_orphaned()
-        if self.signals_seen or (status == 0 and self.finite):
-            if status != 0:
-                how += self._abandon(slot.worker_id)
-        else:
+        replace = not self.signals_seen and not (status == 0 and self.finite)
+        if replace:
             slot.quick_deaths = slot.quick_deaths + 1 if time.monotonic() - slot.started < QUICK_DEATH else 0
-            if status != 0 and slot.quick_deaths < 2:
-                # Replaced at once: the fork first, then this write while the fork starts.
-                slot.orphaned = slot.worker_id
-            elif status != 0:  # before the clock is read: a back-off starts after this write
-                how += self._abandon(slot.worker_id)
+        if status != 0 and replace and slot.quick_deaths < 2:  # forked first, then this write
+            slot.orphaned = slot.worker_id
+        elif status != 0:  # before the clock is read: a back-off starts after this write
+            how += self._abandon(slot.worker_id)
         now = time.monotonic()
         if self.signals_seen:
             level = logging.INFO if status == 0 else logging.WARNING
@@ -275,12 +271,7 @@ class Supervisor:
         except DatabaseError as exc:
             connections.close_all()
             return f" (its leases expire on their own: {exc})"
-        try:
-            stale = self._recent_at is None or time.monotonic() - self._recent_at >= RECENT_EVERY
-            if self.recent is None or stale:  # none yet: the dead child's runs may be the first
-                self._read_recent()
-        finally:
-            connections.close_all()
+        self._read_recent(self.recent.refresh)  # none yet: the dead child's runs may be the first
         return f", {ended} of its leases ended" if ended else ""
 
     def _end_orphaned(self) -> None:
@@ -296,15 +287,12 @@ class Supervisor:
             else:
                 logger.warning("supervisor: %s; replaced by pid %d", how, slot.pid)
 
-    def _read_recent(self) -> None:
-        """Read what the kinds' recent runs took, for the children to size their first claims
-        by (worker/recent.py); the connection is closed before the next fork."""
-        template = self._template
-        if template is None:
-            return
-        self._recent_at = time.monotonic()
+    def _read_recent(self, how: Callable[[list[str], int, str | None], None]) -> None:
+        """Read the recent run times for the children (``how``: read or refresh), the connection
+        closed again before the next fork."""
         try:
-            self.recent = read_recent(template.kinds(), template.concurrency, template.using)
+            if (template := self._template) is not None:
+                how(template.kinds(), template.concurrency, template.using)
         finally:
             connections.close_all()
 
@@ -356,8 +344,7 @@ class Supervisor:
                 signal.signal(signum, lambda signum, _frame: stops.append(signum))
             signal.pthread_sigmask(signal.SIG_UNBLOCK, WATCHED)
             worker = self.make_worker(child_worker_id(self.base_id))
-            if self._recent_at is not None:
-                worker.seed(self.recent)
+            self.recent.hand_to(worker.pacer)
             worker.install_signal_handlers(second_exits=False)  # the supervisor stops it hard
             die_with_parent(parent, worker.stop)
             if stops or os.getppid() != parent:

@@ -8,7 +8,7 @@ import pytest
 import django_durable_scheduler as scheduler
 from django_durable_scheduler.worker import Worker, loop
 from django_durable_scheduler.worker.pacing import HOLD_AHEAD
-from django_durable_scheduler.worker.recent import recent_run_seconds, seed_pacer
+from django_durable_scheduler.worker.recent import RecentReading, recent_run_seconds, seed_pacer
 
 from ..conftest import AUTHORITY
 
@@ -64,13 +64,16 @@ def test_a_worker_seeded_by_its_supervisor_reads_nothing_at_its_start(clock, mon
     reads: list[object] = []
     monkeypatch.setattr(loop, "seed_pacer", lambda *args: reads.append(args))
     monkeypatch.setattr(loop, "_listen", lambda *args: None)
+    reading = RecentReading(every=10)
     worker = Worker(worker_id="child", concurrency=8, kinds=["test.ok"], retention=False)
-    monkeypatch.setattr(worker.heartbeat, "start", lambda kinds: None)
     monkeypatch.setattr(worker.pool, "start", lambda: None)
-    worker.seed(recent_run_seconds(["test.ok"], 8))
+    reading.hand_to(worker.pacer)  # nothing read yet: nothing handed
+    assert not worker.pacer.seeded
+    reading.read(["test.ok"], 8, None)
+    reading.hand_to(worker.pacer)
     assert worker.pacer.capacity() == 500  # the supervisor's reading sizes its first claim
     worker._start()
     assert reads == []  # and it reads nothing of its own
     unseeded = Worker(worker_id="other", concurrency=8, kinds=["test.ok"], retention=False)
-    unseeded.seed(None)  # the supervisor found no recent run: the slow guess, and no read
-    assert unseeded.pacer.capacity() == 8 and unseeded._seeded
+    unseeded.pacer.seed(None)  # the supervisor found no recent run: the slow guess, and no read
+    assert unseeded.pacer.capacity() == 8 and unseeded.pacer.seeded
