@@ -118,3 +118,21 @@ def test_patterns_are_precise() -> None:
         assert any(p.search(text) for p in REFERENCES.values()), text
     for text in fine:
         assert not any(p.search(text) for p in REFERENCES.values()), text
+
+
+# A merge's conflict markers, each alone at the start of its line.
+CONFLICT_MARKER = re.compile(r"^(?:<{7}|>{7})(?: .*)?$|^={7}$", re.MULTILINE)
+
+
+def test_no_merge_conflict_left() -> None:
+    """A conflict resolved by committing both sides, markers included, reads as text to
+    every other check (a README's code block, a comment): this one finds it."""
+    found = [
+        f"{path}:{text.count(chr(10), 0, match.start()) + 1}: {match.group(0)}"
+        for path in _tracked()
+        for text in [(ROOT / path).read_text(encoding="utf-8", errors="replace")]
+        for match in CONFLICT_MARKER.finditer(text)
+    ]
+    assert not found, "merge conflict markers left in:\n" + "\n".join(found)
+    assert CONFLICT_MARKER.search("a\n<<<<<<< HEAD\nb") and CONFLICT_MARKER.search("=======\n")
+    assert not CONFLICT_MARKER.search("Title\n=========\n") and not CONFLICT_MARKER.search("x = 1  # =======")
