@@ -11,8 +11,9 @@ import json
 import re
 from collections.abc import Callable, Iterator, Sequence
 from datetime import date, datetime, time
+from functools import cache
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -67,6 +68,30 @@ def _cast(connection: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
     """``%s`` cast to ``field``'s type, for a value in a PostgreSQL ``SELECT`` list, which
     (unlike ``VALUES``) does not take its types from the target columns."""
     return f"%s::{_pg_type(connection, field)}"
+
+
+_MISSING = object()
+M = TypeVar("M", bound=Model)
+
+
+@cache
+def _init_fields(model: type[Model]) -> tuple[tuple[str, Field[Any, Any]], ...]:
+    return tuple((field.attname, field) for field in model._meta.concrete_fields)
+
+
+def unsaved(model: type[M], values: dict[str, Any]) -> M:
+    """What ``model(**values)`` makes (``values`` by attname: ``job_id``, not ``job``), every
+    other field at its default, built from positional values in ``_meta.concrete_fields``
+    order: ``Model.__init__``'s keyword path does several lookups per field, and an enqueue
+    builds an occurrence and its event for every row it writes."""
+    remaining = dict(values)
+    args = []
+    for attname, field in _init_fields(model):
+        value = remaining.pop(attname, _MISSING)
+        args.append(field.get_default() if value is _MISSING else value)
+    if remaining:
+        raise TypeError(f"{model.__name__} has no field {', '.join(sorted(remaining))}")
+    return model(*args)
 
 
 def row_values(objs: Sequence[Model], fields: Sequence[Field[Any, Any]]) -> list[list[Any]]:

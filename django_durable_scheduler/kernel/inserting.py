@@ -14,6 +14,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from ..db import dialect
+from ..db.statements import unsaved
 from ..db.wakeup import notify_new_work
 from ..exceptions import DataCorrupt, IdempotencyPayloadMismatch, JobDisabled
 from ..models import Event, Job, Occurrence, OccurrenceStatus
@@ -72,28 +73,31 @@ class Builder:
         digest = self.digest_of(scheduled_ms, trigger_key)
         scheduled = from_ms(scheduled_ms)
         payload = job.payload if payload is JOB_PAYLOAD else payload
-        return Occurrence(
-            occurrence_id=OCCURRENCE_ID_PREFIX + digest,
-            # By id: a remembered job row may be stale in columns no guard covers.
-            job_id=job.job_id,
-            job_revision=job.revision,
-            idempotency_key=IDEMPOTENCY_KEY_PREFIX + digest,
-            trigger_key=trigger_key,
-            scheduled_for=scheduled,
-            available_at=scheduled if available_ms == scheduled_ms else from_ms(available_ms),
-            status=OccurrenceStatus.QUEUED,
-            max_attempts=job.max_attempts,
-            authority=job.authority,
-            payload=payload,
-            principal_key=self.principal_key,
-            priority=priority,
-            concurrency_key=render_key(self.key_spec, payload),
-            unique_key=unique_key,
-            created_at=now,
-            updated_at=now,
-            trace_context=trace_context,
-            follow_ups=chains.merged(self_chain, follow_ups) if self_chain or follow_ups else None,
-            **links,
+        return unsaved(
+            Occurrence,
+            {
+                "occurrence_id": OCCURRENCE_ID_PREFIX + digest,
+                # By id: a remembered job row may be stale in columns no guard covers.
+                "job_id": job.job_id,
+                "job_revision": job.revision,
+                "idempotency_key": IDEMPOTENCY_KEY_PREFIX + digest,
+                "trigger_key": trigger_key,
+                "scheduled_for": scheduled,
+                "available_at": scheduled if available_ms == scheduled_ms else from_ms(available_ms),
+                "status": OccurrenceStatus.QUEUED,
+                "max_attempts": job.max_attempts,
+                "authority": job.authority,
+                "payload": payload,
+                "principal_key": self.principal_key,
+                "priority": priority,
+                "concurrency_key": render_key(self.key_spec, payload),
+                "unique_key": unique_key,
+                "created_at": now,
+                "updated_at": now,
+                "trace_context": trace_context,
+                "follow_ups": chains.merged(self_chain, follow_ups) if self_chain or follow_ups else None,
+                **links,
+            },
         )
 
     @staticmethod
