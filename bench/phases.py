@@ -33,11 +33,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
 OWNER = "bench-phases"
 
 
-def _timed(call: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, float, float]:
-    """``call``'s return, and the wall and CPU seconds it took."""
+def _timed(call: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, tuple[float, float]]:
+    """``call``'s return, and the (wall, CPU) seconds it took."""
     wall, cpu = time.perf_counter(), time.process_time()
     value = call(*args, **kwargs)
-    return value, time.perf_counter() - wall, time.process_time() - cpu
+    return value, (time.perf_counter() - wall, time.process_time() - cpu)
 
 
 def measure(batch: int, rounds: int, warmup: int) -> dict[str, tuple[float, float]]:
@@ -51,7 +51,7 @@ def measure(batch: int, rounds: int, warmup: int) -> dict[str, tuple[float, floa
     for index in range(warmup + rounds):
         ours.new_run()
         ours.enqueue_many(batch)
-        batch_claimed, *took = _timed(
+        batch_claimed, took = _timed(
             claiming.claim_authorized,
             owner=OWNER,
             lease=60,
@@ -63,10 +63,10 @@ def measure(batch: int, rounds: int, warmup: int) -> dict[str, tuple[float, floa
         if len(claimed) != batch:
             raise SystemExit(f"claimed {len(claimed)} of {batch}: is something else claiming?")
         outcomes = [{"occurrence_id": row.pk, "fence": row.fence, "outcome": "succeeded"} for row in claimed]
-        _, *settled = _timed(kernel.settle_many, outcomes, owner=OWNER)
+        _, settled = _timed(kernel.settle_many, outcomes, owner=OWNER)
         if index >= warmup:
-            samples["claim"].append((took[0], took[1]))
-            samples["settle"].append((settled[0], settled[1]))
+            samples["claim"].append(took)
+            samples["settle"].append(settled)
     return {
         phase: (
             statistics.median(wall for wall, _ in values) / batch,

@@ -312,7 +312,7 @@ class Worker:
     # ------------------------------------------------------------------ loop
 
     def run(self) -> int:
-        self._start()
+        self.start()
         failures = 0
         while not self._stopping.is_set():
             try:
@@ -341,7 +341,10 @@ class Worker:
         self._shutdown()
         return self._exit_code
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """What :meth:`run` does before its first turn: the kinds settled and logged, the
+        claim pace seeded (unless a supervisor seeded it), the wake-up listener, the handler
+        threads and the retention thread started. The worker row comes after the first turn."""
         kinds = self._kinds = self.kinds()
         logger.info(
             "worker %s: concurrency %d, lease %.1f s, kinds %s",

@@ -145,13 +145,15 @@ class Supervisor:
 
     # ------------------------------------------------------------------ the supervisor
 
-    def run(self) -> int:
-        # Built once here, so what a worker imports on its first construction is imported once,
-        # before the forks (building one starts no thread and opens no connection).
+    def prepare(self) -> None:
+        """Before the first fork: one worker built (its imports done once) and the run times read."""
         self._template = self.make_worker(f"{self.base_id or socket.gethostname()}:{os.getpid()}")
+        self._read_recent(self.recent.read)
+
+    def run(self) -> int:
         previous = {signum: signal.signal(signum, self._on_signal) for signum in WATCHED}
         try:
-            self._read_recent(self.recent.read)
+            self.prepare()
             now = time.monotonic()
             for slot in self.slots:
                 slot.start_at = now
@@ -240,7 +242,7 @@ class Supervisor:
         if status != 0 and replace and slot.quick_deaths < 2:  # forked first, then this write
             slot.orphaned = slot.worker_id
         elif status != 0:  # before the clock is read: a back-off starts after this write
-            how += self._abandon(slot.worker_id)
+            how += self.end_leases(slot.worker_id)
         now = time.monotonic()
         if self.signals_seen:
             level = logging.INFO if status == 0 else logging.WARNING
@@ -262,10 +264,9 @@ class Supervisor:
                 delay,
             )
 
-    def _abandon(self, worker_id: str) -> str:
-        """End the leases a dead child held (one transaction, its connection closed again
-        before the next fork); what to add to the line that tells of its death. The recent
-        run times are read again in the same connection when they are RECENT_EVERY old."""
+    def end_leases(self, worker_id: str) -> str:
+        """End a dead child's leases (one transaction, closed before a fork; the recent run
+        times read again when RECENT_EVERY old); what to add to its death's log line."""
         try:
             ended = kernel.abandon(worker_id, using=self.using)
         except DatabaseError as exc:
@@ -281,15 +282,14 @@ class Supervisor:
             if slot.orphaned is None:
                 continue
             dead, slot.orphaned = slot.orphaned, None
-            how = (slot.replacing.pop() if slot.replacing else f"worker {dead}") + self._abandon(dead)
+            how = (slot.replacing.pop() if slot.replacing else f"worker {dead}") + self.end_leases(dead)
             if slot.pid is None:
                 logger.warning("supervisor: %s", how)
             else:
                 logger.warning("supervisor: %s; replaced by pid %d", how, slot.pid)
 
     def _read_recent(self, how: Callable[[list[str], int, str | None], None]) -> None:
-        """Read the recent run times for the children (``how``: read or refresh), the connection
-        closed again before the next fork."""
+        """The children's recent run times (``how``: read or refresh), closed before a fork."""
         try:
             if (template := self._template) is not None:
                 how(template.kinds(), template.concurrency, template.using)

@@ -72,7 +72,7 @@ def test_a_worker_seeded_by_its_supervisor_reads_nothing_at_its_start(clock, mon
     reading.read(["test.ok"], 8, None)
     reading.hand_to(worker.pacer)
     assert worker.pacer.capacity() == 500  # the supervisor's reading sizes its first claim
-    worker._start()
+    worker.start()
     assert reads == []  # and it reads nothing of its own
     unseeded = Worker(worker_id="other", concurrency=8, kinds=["test.ok"], retention=False)
     unseeded.pacer.seed(None)  # the supervisor found no recent run: the slow guess, and no read

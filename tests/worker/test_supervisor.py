@@ -184,12 +184,11 @@ def test_the_supervisor_reads_the_recent_run_times_for_its_children(clock):
         finite=False,
         stopped=[],
     )
-    sup._template = sup.make_worker("w:1")
-    sup._read_recent(sup.recent.read)
+    sup.prepare()
     assert sup.recent.seconds is None and sup.recent.read_at is not None
     run_recently(clock, 200, claims=1, held=0.002)
-    assert sup._abandon("w:2") == ""  # it held nothing; the reading is taken again
+    assert sup.end_leases("w:2") == ""  # it held nothing; the reading is taken again
     assert sup.recent.seconds == pytest.approx(8 * 0.002 / 200)
     read_at = sup.recent.read_at
-    sup._abandon("w:3")  # found some, and not RECENT_EVERY old: not read again
+    sup.end_leases("w:3")  # found some, and not RECENT_EVERY old: not read again
     assert sup.recent.read_at == read_at
