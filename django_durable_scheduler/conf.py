@@ -1,6 +1,9 @@
-"""Typed, lazy settings: read from ``django.conf.settings`` on every access.
+"""Typed, lazy settings: read from ``django.conf.settings`` on first use, then kept.
 
-Reading on access (never at import) keeps ``override_settings`` working in tests.
+Reading on use (never at import) and forgetting on Django's ``setting_changed`` signal keeps
+``override_settings`` (and pytest-django's ``settings``) working; kept, because the clock and
+the claim read them on every operation, and a setting the project leaves out is an
+``AttributeError`` raised and caught inside Django each time it is read.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
 logger = logging.getLogger("django_durable_scheduler")
@@ -161,13 +165,27 @@ def parse_archive(raw: Any) -> dict[str, str] | None:
     return {"storage": storage, "prefix": prefix.strip("/")}
 
 
+PREFIX = "DURABLE_SCHEDULER_"
+
+
 class Settings:
     """``DURABLE_SCHEDULER_<NAME>`` settings with typed defaults."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, Any] = {}
 
     def raw(self, name: str) -> Any:
         """The setting as the project gives it (or its default), unconverted: what the
         system checks judge."""
-        return getattr(django_settings, f"DURABLE_SCHEDULER_{name}", DEFAULTS[name])
+        try:
+            return self._known[name]
+        except KeyError:
+            value = self._known[name] = getattr(django_settings, PREFIX + name, DEFAULTS[name])
+            return value
+
+    def forget(self) -> None:
+        """Read every setting again on its next use (a setting changed)."""
+        self._known.clear()
 
     @property
     def HANDLER_MODULE(self) -> str:  # noqa: N802
@@ -179,10 +197,12 @@ class Settings:
 
     @property
     def CLOCK(self) -> Callable[[], datetime] | None:  # noqa: N802
-        clock = self.raw("CLOCK")
-        if isinstance(clock, str):
-            clock = import_string(clock)
-        return clock  # type: ignore[no-any-return]
+        try:
+            return self._known[" clock"]  # type: ignore[no-any-return]
+        except KeyError:
+            clock = self.raw("CLOCK")
+            clock = self._known[" clock"] = import_string(clock) if isinstance(clock, str) else clock
+            return clock  # type: ignore[no-any-return]
 
     @property
     def DEFAULT_LEASE(self) -> float:  # noqa: N802
@@ -241,6 +261,14 @@ class Settings:
 
 
 settings = Settings()
+
+
+def _changed(*, setting: str, **kwargs: Any) -> None:
+    if setting.startswith(PREFIX):
+        settings.forget()
+
+
+setting_changed.connect(_changed, dispatch_uid="django_durable_scheduler.conf")
 
 
 class DatabaseClock:

@@ -51,6 +51,7 @@ from .pacing import ClaimPacer, claim_ahead
 from .pool import EXIT_STUCK, HandlerPool, tidy_connections
 from .recent import seed_pacer
 from .runs import Held, log_fields
+from .settler import Settler
 
 __all__ = ["EXIT_STUCK", "Waker", "Worker", "claim_ahead", "default_worker_id", "log_fields"]
 
@@ -268,6 +269,7 @@ class Worker:
             pool=self.pool,
             reporter=self.reporter,
         )
+        self.settler = Settler(self.reporter, using)
         self.heartbeat = Heartbeat(
             worker_id=self.worker_id, held=self.held, lease=lease, concurrency=concurrency, using=using
         )
@@ -374,19 +376,24 @@ class Worker:
         if self.pool.all_stuck():
             self._give_up()
             return None
-        self.reporter.flush()
-        free = self._free()
-        # Woken for new work: claim it first, and look after the schedules after.
-        woken = self.waker.announced and free > 0
+        # Woken for new work: claim it first, and look after the schedules after. Either way
+        # not while a settle runs beside the claim: the sweep locks held rows too.
+        woken = self.waker.announced
         if not woken:
             self._maintain()
-        if free > 0 and self._kinds:
-            turn.asked = self.pacer.batch(free)
-            # Cleared before the claim reads: a wake-up from now on gets another turn.
-            self.waker.claiming()
-            turn.claimed = len(self.claim(turn.asked, self._kinds))
-            if turn.claimed:
-                self.pacer.turn_took(time.monotonic() - started, turn.claimed, lock_waited())
+        self.settler.begin()
+        try:
+            free = self._free()
+            if free > 0 and self._kinds:
+                turn.asked = self.pacer.batch(free)
+                # Cleared before the claim reads: a wake-up from now on gets another turn.
+                self.waker.claiming()
+                turn.claimed = len(self.claim(turn.asked, self._kinds))
+        finally:
+            self.settler.end()
+        if turn.claimed:
+            self.pacer.turn_took(time.monotonic() - started, turn.claimed, lock_waited())
+        if turn.asked:
             turn.held = len(self.held)
             if turn.empty:
                 # Empty may mean "locked by another claimer", not "nothing due".
@@ -424,7 +431,12 @@ class Worker:
         return self.pacer.capacity(self.pool.stuck)
 
     def _free(self) -> int:
-        return self.pacer.free(held=len(self.held), processed=self.processed, stuck=self.pool.stuck)
+        return self.pacer.free(
+            held=len(self.held),
+            processed=self.processed,
+            stuck=self.pool.stuck,
+            settling=self.settler.settling,
+        )
 
     def _sleep(self, timeout: float) -> None:
         """Sleep up to ``timeout`` seconds, or until the first run's deadline, unless or until
@@ -443,6 +455,7 @@ class Worker:
         self.pool.drop_queued()
         self.reporter.give_back(self.held.runs(), "after the grace period")
         self.pool.stop()
+        self.settler.close()
         if self._listener is not None:
             listener, thread = self._listener
             listener.stop()

@@ -34,8 +34,6 @@ from datetime import date, datetime
 from functools import lru_cache
 from typing import Any, Final
 
-from croniter import croniter
-
 from ...exceptions import InvalidArgument
 
 __all__ = ["MAX_CRON_LENGTH", "CronSpec", "parse_cron"]
@@ -189,6 +187,10 @@ def _parse_cron_cached(expression: str, field: str) -> CronSpec:
             field, f"{expression!r} can never fire (no selected month has the selected days)"
         )
     normalized = " ".join(parts)
+    # Imported here: importing croniter takes tens of milliseconds, which every process that
+    # starts Django would pay, while only the processes that parse a cron use it.
+    from croniter import croniter
+
     try:
         croniter.expand(normalized)
     except (ValueError, KeyError, IndexError, TypeError) as exc:  # second opinion
