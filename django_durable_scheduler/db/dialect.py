@@ -135,6 +135,24 @@ def write_transaction(using: str | None = None) -> Iterator[str]:
         yield alias
 
 
+def in_list(connection: BaseDatabaseWrapper, column: str, count: int) -> str:
+    """``column`` is one of ``count`` values, which :func:`in_params` gives. On PostgreSQL
+    ``column = ANY(%s)``, the values as one array: the statement's text is then the same for
+    every count and has one parameter, so the driver parses it once and reuses that (psycopg
+    parses a statement of more than 50 parameters again at each run), and the list is adapted
+    in one go. Elsewhere ``column IN (%s, ...)``."""
+    if connection.vendor == "postgresql":
+        return f"{column} = ANY(%s)"
+    return f"{column} IN ({', '.join(['%s'] * count)})"
+
+
+def in_params(connection: BaseDatabaseWrapper, values: Sequence[Any]) -> list[Any]:
+    """The parameters of :func:`in_list` for ``values`` (already as the database takes them)."""
+    if connection.vendor == "postgresql":
+        return [list(values)]
+    return list(values)
+
+
 def settles_beside_claims(alias: str) -> bool:
     """Whether a worker may settle on a second connection while its claim runs (PostgreSQL).
     Neither waits for a lock the other holds: the claim skips locked rows and never touches
@@ -573,8 +591,8 @@ def update_returning(
         conditions.append(f"{sql} = %s")
         params.append(field.get_db_prep_value(value, connection))
     in_sql, in_field = column(where_in[0])
-    conditions.append(f"{in_sql} IN ({', '.join(['%s'] * len(where_in[1]))})")
-    params += [in_field.get_db_prep_value(value, connection) for value in where_in[1]]
+    conditions.append(in_list(connection, in_sql, len(where_in[1])))
+    params += in_params(connection, [in_field.get_db_prep_value(value, connection) for value in where_in[1]])
     returned = ", ".join(column(name)[0] for name in returning)
     with connection.cursor() as cursor:
         cursor.execute(

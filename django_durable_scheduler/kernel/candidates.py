@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from django.db import connections
 
-from ..db.dialect import read_models
+from ..db.dialect import in_params, read_models
 from ..exceptions import InvalidArgument
 from ..models import Occurrence
 from . import claim_sql, concurrency
@@ -216,7 +216,8 @@ def _lock_pool(
         chunk = [row.occurrence_id for row in pool[position : position + limit - len(got)]]
         position += len(chunk)
         sql = claim_sql.lock_statement(alias, vendor, len(chunk))
-        locked = read_models(alias, Occurrence, claim_sql.CLAIM_COLUMNS, sql, [*chunk, at, at])
+        params = [*in_params(connections[alias], chunk), at, at]
+        locked = read_models(alias, Occurrence, claim_sql.CLAIM_COLUMNS, sql, params)
         if gate is None:
             got += locked
         else:  # in rank order: the first of a limit's candidates take its free places

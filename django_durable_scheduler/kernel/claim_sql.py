@@ -24,7 +24,7 @@ from django.db.models import Field, Model
 from django.utils.dateparse import parse_datetime
 
 from .. import conf
-from ..db.dialect import model_columns
+from ..db.dialect import in_list, in_params, model_columns
 from ..models import Event, Job, Occurrence, OccurrenceStatus
 from ..rules.events import OCCURRENCE_CLAIMED, OCCURRENCE_RECLAIMED
 from ..rules.lifecycle import CLAIMABLE_SQL, RECLAIMABLE_SQL, Action, sql_sets
@@ -200,7 +200,7 @@ LIMIT %s
 # autovacuum has analyzed a table that grew).
 LOCK = """
 SELECT {claim_columns} FROM {occurrences}
-WHERE {o.occurrence_id} IN ({ids})
+WHERE {ids}
   AND CASE WHEN {claimable} THEN 1 = 1 WHEN {reclaimable} THEN 1 = 1 ELSE 1 = 0 END
 {for_update}"""
 
@@ -340,7 +340,9 @@ CLAIM_COLUMNS = model_columns(Occurrence, CLAIM_FIELDS)
 def lock_statement(alias: str, vendor: str, ids: int) -> str:
     names = _names(connections[alias])
     columns = ", ".join(getattr(names["o"], field.name) for field in CLAIM_COLUMNS)
-    return LOCK.format(**names, claim_columns=columns, ids=", ".join(["%s"] * ids))
+    return LOCK.format(
+        **names, claim_columns=columns, ids=in_list(connections[alias], names["o"].occurrence_id, ids)
+    )
 
 
 @functools.cache
@@ -359,7 +361,7 @@ def _claim_update(alias: str, vendor: str, ids: int) -> tuple[str, tuple[Field[A
             given.append(field)
         else:
             sets.append(f"{quote(str(field.column))} = {computed.format(**names)}")
-    where = f"{names['o'].occurrence_id} IN ({', '.join(['%s'] * ids)})"
+    where = in_list(connection, names["o"].occurrence_id, ids)
     return f"UPDATE {names['occurrences']} SET {', '.join(sets)} WHERE {where}", tuple(given)
 
 
@@ -370,7 +372,7 @@ def claim_update(alias: str, values: dict[str, Any], ids: list[str]) -> tuple[st
     connection = connections[alias]
     sql, given = _claim_update(alias, connection.vendor, len(ids))
     params = [field.get_db_prep_save(values[field.name], connection) for field in given]
-    return sql, [[*params, *ids]]
+    return sql, [[*params, *in_params(connection, ids)]]
 
 
 def sql_of(alias: str, kinds: list[str] | None = None) -> dict[str, str]:
@@ -393,7 +395,8 @@ def statements(alias: str = "default") -> dict[str, tuple[str, list[Any] | dict[
     found: dict[str, tuple[str, list[Any] | dict[str, Any]]] = {}
     for name, text in sql.items():
         found[name] = (text, params.get(name, [principal, now, True, 8]))
-    found["lock"] = (lock_statement(alias, connections[alias].vendor, 2), ["a", "b", now, now])
+    lock_ids = in_params(connections[alias], ["a", "b"])
+    found["lock"] = (lock_statement(alias, connections[alias].vendor, 2), [*lock_ids, now, now])
     return found
 
 
