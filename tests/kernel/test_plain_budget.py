@@ -79,15 +79,15 @@ STATEMENTS: dict[tuple[str, str], int] = {
 # the claim of a batch of N, its run made, its handler called through the pool, its share of
 # the settle). By database too: each backend's Django code differs.
 CALLS: dict[tuple[str, str], int] = {
-    ("enqueue", "sqlite"): 1027,
-    ("enqueue", "postgresql"): 861,
-    ("enqueue", "mysql"): 2731,
-    ("claim 1", "sqlite"): 2085,
-    ("claim 1", "postgresql"): 2453,
-    ("claim 1", "mysql"): 2582,
-    ("drained occurrence", "sqlite"): 1434,
-    ("drained occurrence", "postgresql"): 1515,
-    ("drained occurrence", "mysql"): 2066,
+    ("enqueue", "sqlite"): 1019,
+    ("enqueue", "postgresql"): 853,
+    ("enqueue", "mysql"): 2723,
+    ("claim 1", "sqlite"): 2043,
+    ("claim 1", "postgresql"): 2478,
+    ("claim 1", "mysql"): 2540,
+    ("drained occurrence", "sqlite"): 1427,
+    ("drained occurrence", "postgresql"): 1527,
+    ("drained occurrence", "mysql"): 2059,
 }
 
 VENDOR = connection.vendor
