@@ -33,6 +33,8 @@ from ..exceptions import InvalidArgument
 from ..models import Occurrence
 from .statements import (
     guarded_statement,
+    in_list,
+    in_params,
     placeholders,
     prepared_row,
     quoted_columns,
@@ -133,24 +135,6 @@ def write_transaction(using: str | None = None) -> Iterator[str]:
         if connection.vendor == "sqlite":
             _lock_waits.seconds = getattr(_lock_waits, "seconds", 0.0) + time.monotonic() - asked
         yield alias
-
-
-def in_list(connection: BaseDatabaseWrapper, column: str, count: int) -> str:
-    """``column`` is one of ``count`` values, which :func:`in_params` gives. On PostgreSQL
-    ``column = ANY(%s)``, the values as one array: the statement's text is then the same for
-    every count and has one parameter, so the driver parses it once and reuses that (psycopg
-    parses a statement of more than 50 parameters again at each run), and the list is adapted
-    in one go. Elsewhere ``column IN (%s, ...)``."""
-    if connection.vendor == "postgresql":
-        return f"{column} = ANY(%s)"
-    return f"{column} IN ({', '.join(['%s'] * count)})"
-
-
-def in_params(connection: BaseDatabaseWrapper, values: Sequence[Any]) -> list[Any]:
-    """The parameters of :func:`in_list` for ``values`` (already as the database takes them)."""
-    if connection.vendor == "postgresql":
-        return [list(values)]
-    return list(values)
 
 
 def settles_beside_claims(alias: str) -> bool:

@@ -115,6 +115,24 @@ def prepared_row(obj: Model, fields: Sequence[Field[Any, Any]], connection: Base
     return [field.get_db_prep_save(value, connection) for field, value in zip(fields, row, strict=True)]
 
 
+def in_list(connection: BaseDatabaseWrapper, column: str, count: int) -> str:
+    """``column`` is one of ``count`` values, which :func:`in_params` gives. On PostgreSQL
+    ``column = ANY(%s)``, the values as one array: the statement's text is then the same for
+    every count and has one parameter, so the driver parses it once and reuses that (psycopg
+    parses a statement of more than 50 parameters again at each run), and the list is adapted
+    in one go. Elsewhere ``column IN (%s, ...)``."""
+    if connection.vendor == "postgresql":
+        return f"{column} = ANY(%s)"
+    return f"{column} IN ({', '.join(['%s'] * count)})"
+
+
+def in_params(connection: BaseDatabaseWrapper, values: Sequence[Any]) -> list[Any]:
+    """The parameters of :func:`in_list` for ``values`` (already as the database takes them)."""
+    if connection.vendor == "postgresql":
+        return [list(values)]
+    return list(values)
+
+
 def placeholders(width: int) -> str:
     return "(" + ", ".join(["%s"] * width) + ")"
 

@@ -12,7 +12,8 @@ from typing import Any, NamedTuple
 
 from django.db import connections
 
-from ..db.dialect import in_params, read_models
+from ..db.dialect import read_models
+from ..db.statements import in_params
 from ..exceptions import InvalidArgument
 from ..models import Occurrence
 from . import claim_sql, concurrency

@@ -24,7 +24,8 @@ from django.db.models import Field, Model
 from django.utils.dateparse import parse_datetime
 
 from .. import conf
-from ..db.dialect import in_list, in_params, model_columns
+from ..db.dialect import model_columns
+from ..db.statements import in_list, in_params
 from ..models import Event, Job, Occurrence, OccurrenceStatus
 from ..rules.events import OCCURRENCE_CLAIMED, OCCURRENCE_RECLAIMED
 from ..rules.lifecycle import CLAIMABLE_SQL, RECLAIMABLE_SQL, Action, sql_sets

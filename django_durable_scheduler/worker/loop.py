@@ -366,7 +366,7 @@ class Worker:
             self.retention.start()
 
     def _turn(self) -> Turn | None:
-        """Settle what finished, then claim up to the free capacity; None when every handler
+        """Maintain, settle and claim (docs/design.md, "Workers"); None when every handler
         thread is stuck (the worker gives up)."""
         turn = Turn()
         started = time.monotonic()
@@ -376,31 +376,25 @@ class Worker:
         if self.pool.all_stuck():
             self._give_up()
             return None
-        # Woken for new work: claim it first, and look after the schedules after. Either way
-        # not while a settle runs beside the claim: the sweep locks held rows too.
+        # Woken for new work: claim first, maintain after; never beside a settle (both lock rows).
         woken = self.waker.announced
         if not woken:
             self._maintain()
-        self.settler.begin()
-        try:
+        with self.settler.beside_the_claim():
             free = self._free()
             if free > 0 and self._kinds:
                 turn.asked = self.pacer.batch(free)
                 # Cleared before the claim reads: a wake-up from now on gets another turn.
                 self.waker.claiming()
                 turn.claimed = len(self.claim(turn.asked, self._kinds))
-        finally:
-            self.settler.end()
         if turn.claimed:
             self.pacer.turn_took(time.monotonic() - started, turn.claimed, lock_waited())
-        if turn.asked:
-            turn.held = len(self.held)
-            if turn.empty:
-                # Empty may mean "locked by another claimer", not "nothing due".
-                turn.drained = not kernel.has_due(kinds=self._kinds, using=self.using)
+        turn.held = len(self.held)
+        if turn.empty:
+            # Empty may mean "locked by another claimer", not "nothing due".
+            turn.drained = not kernel.has_due(kinds=self._kinds, using=self.using)
         if woken:
             self._maintain()
-        turn.held = len(self.held)
         return turn
 
     def _last(self, turn: Turn) -> bool:
@@ -431,12 +425,8 @@ class Worker:
         return self.pacer.capacity(self.pool.stuck)
 
     def _free(self) -> int:
-        return self.pacer.free(
-            held=len(self.held),
-            processed=self.processed,
-            stuck=self.pool.stuck,
-            settling=self.settler.settling,
-        )
+        held, settling = len(self.held), self.settler.settling
+        return self.pacer.free(held=held, processed=self.processed, stuck=self.pool.stuck, settling=settling)
 
     def _sleep(self, timeout: float) -> None:
         """Sleep up to ``timeout`` seconds, or until the first run's deadline, unless or until

@@ -10,7 +10,9 @@ only the claim runs beside a settle. Elsewhere the loop settles, then claims, as
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 
 from django.db import connections
 
@@ -30,6 +32,15 @@ class Settler:
         self._thread: ThreadPoolExecutor | None = None
         self._pending: Future[None] | None = None
         self.settling = 0  # how many outcomes the settle under way has taken
+
+    @contextmanager
+    def beside_the_claim(self) -> Iterator[None]:
+        """Settle what has finished while the block (the claim) runs, and wait for it after."""
+        self.begin()
+        try:
+            yield
+        finally:
+            self.end()
 
     def begin(self) -> None:
         """Settle every finished outcome: on the settle thread, where the claim may run in the
