@@ -137,14 +137,6 @@ def write_transaction(using: str | None = None) -> Iterator[str]:
         yield alias
 
 
-def settles_beside_claims(alias: str) -> bool:
-    """Whether a worker may settle on a second connection while its claim runs (PostgreSQL).
-    Neither waits for a lock the other holds: the claim skips locked rows and never touches
-    the held rows' reservations, the settle touches no principal's rows. SQLite has one
-    writer at a time, and MySQL/MariaDB's gap locks could make the two wait for each other."""
-    return connections[alias].vendor == "postgresql"
-
-
 def supports_skip_locked(alias: str) -> bool:
     features = connections[alias].features
     return bool(features.has_select_for_update and features.has_select_for_update_skip_locked)

@@ -51,7 +51,6 @@ from .pacing import ClaimPacer, claim_ahead
 from .pool import EXIT_STUCK, HandlerPool, tidy_connections
 from .recent import seed_pacer
 from .runs import Held, log_fields
-from .settler import Settler
 
 __all__ = ["EXIT_STUCK", "Waker", "Worker", "claim_ahead", "default_worker_id", "log_fields"]
 
@@ -269,7 +268,6 @@ class Worker:
             pool=self.pool,
             reporter=self.reporter,
         )
-        self.settler = Settler(self.reporter, using)
         self.heartbeat = Heartbeat(
             worker_id=self.worker_id, held=self.held, lease=lease, concurrency=concurrency, using=using
         )
@@ -366,7 +364,7 @@ class Worker:
             self.retention.start()
 
     def _turn(self) -> Turn | None:
-        """Maintain, settle and claim (docs/design.md, "Workers"); None when every handler
+        """Settle what finished, then claim up to the free capacity; None when every handler
         thread is stuck (the worker gives up)."""
         turn = Turn()
         started = time.monotonic()
@@ -376,25 +374,26 @@ class Worker:
         if self.pool.all_stuck():
             self._give_up()
             return None
-        # Woken for new work: claim first, maintain after; never beside a settle (both lock rows).
-        woken = self.waker.announced
+        self.reporter.flush()
+        free = self._free()
+        # Woken for new work: claim it first, and look after the schedules after.
+        woken = self.waker.announced and free > 0
         if not woken:
             self._maintain()
-        with self.settler.beside_the_claim():
-            free = self._free()
-            if free > 0 and self._kinds:
-                turn.asked = self.pacer.batch(free)
-                # Cleared before the claim reads: a wake-up from now on gets another turn.
-                self.waker.claiming()
-                turn.claimed = len(self.claim(turn.asked, self._kinds))
-        if turn.claimed:
-            self.pacer.turn_took(time.monotonic() - started, turn.claimed, lock_waited())
-        turn.held = len(self.held)
-        if turn.empty:
-            # Empty may mean "locked by another claimer", not "nothing due".
-            turn.drained = not kernel.has_due(kinds=self._kinds, using=self.using)
+        if free > 0 and self._kinds:
+            turn.asked = self.pacer.batch(free)
+            # Cleared before the claim reads: a wake-up from now on gets another turn.
+            self.waker.claiming()
+            turn.claimed = len(self.claim(turn.asked, self._kinds))
+            if turn.claimed:
+                self.pacer.turn_took(time.monotonic() - started, turn.claimed, lock_waited())
+            turn.held = len(self.held)
+            if turn.empty:
+                # Empty may mean "locked by another claimer", not "nothing due".
+                turn.drained = not kernel.has_due(kinds=self._kinds, using=self.using)
         if woken:
             self._maintain()
+        turn.held = len(self.held)
         return turn
 
     def _last(self, turn: Turn) -> bool:
@@ -425,8 +424,7 @@ class Worker:
         return self.pacer.capacity(self.pool.stuck)
 
     def _free(self) -> int:
-        held, settling = len(self.held), self.settler.settling
-        return self.pacer.free(held=held, processed=self.processed, stuck=self.pool.stuck, settling=settling)
+        return self.pacer.free(held=len(self.held), processed=self.processed, stuck=self.pool.stuck)
 
     def _sleep(self, timeout: float) -> None:
         """Sleep up to ``timeout`` seconds, or until the first run's deadline, unless or until
@@ -445,7 +443,6 @@ class Worker:
         self.pool.drop_queued()
         self.reporter.give_back(self.held.runs(), "after the grace period")
         self.pool.stop()
-        self.settler.close()
         if self._listener is not None:
             listener, thread = self._listener
             listener.stop()

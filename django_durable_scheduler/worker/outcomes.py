@@ -156,14 +156,13 @@ class OutcomeReporter:
         self.using = using
         self.instruments = instruments
 
-    def flush(self, finished: list[Run] | None = None) -> None:
-        """Settle every finished outcome (or ``finished``, taken from ``held`` by the caller)
-        in one transaction. When the database refuses the batch, each outcome is settled on
-        its own, so that one the database cannot store fails alone rather than stall the
-        rest; while the database does not answer at all they stay pending (their leases are
-        still renewed), this raises the DatabaseError, and the next turn tries again."""
-        if finished is None:
-            finished = self.held.take_finished()
+    def flush(self) -> None:
+        """Settle every finished outcome in one transaction. When the database refuses the
+        batch, each outcome is settled on its own, so that one the database cannot store
+        fails alone rather than stall the rest; while the database does not answer at all
+        they stay pending (their leases are still renewed), this raises the DatabaseError,
+        and the next turn tries again."""
+        finished = self.held.take_finished()
         if not finished:
             return
         items = [settle_item(run) for run in finished]

@@ -145,11 +145,10 @@ class ClaimPacer:
             row_seconds=self._row_seconds,
         )
 
-    def free(self, *, held: int, processed: int, stuck: int = 0, settling: int = 0) -> int:
+    def free(self, *, held: int, processed: int, stuck: int = 0) -> int:
         """How many more occurrences this turn may claim, holding ``held`` and having
-        processed ``processed``, while ``settling`` of those held are being settled: done
-        running, they take no place of the capacity, but count towards --max-occurrences."""
-        free = self.capacity(stuck) - (held - settling)
+        processed ``processed``."""
+        free = self.capacity(stuck) - held
         if self.max_occurrences is not None:
             free = min(free, self.max_occurrences - processed - held)
         return free
