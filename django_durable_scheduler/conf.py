@@ -166,6 +166,7 @@ def parse_archive(raw: Any) -> dict[str, str] | None:
 
 
 PREFIX = "DURABLE_SCHEDULER_"
+_UNREAD: Any = object()
 
 
 class Settings:
@@ -173,6 +174,7 @@ class Settings:
 
     def __init__(self) -> None:
         self._known: dict[str, Any] = {}
+        self._clock: Any = _UNREAD  # CLOCK imported, once read
 
     def raw(self, name: str) -> Any:
         """The setting as the project gives it (or its default), unconverted: what the
@@ -186,6 +188,7 @@ class Settings:
     def forget(self) -> None:
         """Read every setting again on its next use (a setting changed)."""
         self._known.clear()
+        self._clock = _UNREAD
 
     @property
     def HANDLER_MODULE(self) -> str:  # noqa: N802
@@ -197,12 +200,10 @@ class Settings:
 
     @property
     def CLOCK(self) -> Callable[[], datetime] | None:  # noqa: N802
-        try:
-            return self._known[" clock"]  # type: ignore[no-any-return]
-        except KeyError:
+        if self._clock is _UNREAD:
             clock = self.raw("CLOCK")
-            clock = self._known[" clock"] = import_string(clock) if isinstance(clock, str) else clock
-            return clock  # type: ignore[no-any-return]
+            self._clock = import_string(clock) if isinstance(clock, str) else clock
+        return self._clock  # type: ignore[no-any-return]
 
     @property
     def DEFAULT_LEASE(self) -> float:  # noqa: N802

@@ -339,11 +339,10 @@ CLAIM_COLUMNS = model_columns(Occurrence, CLAIM_FIELDS)
 
 @functools.cache
 def lock_statement(alias: str, vendor: str, ids: int) -> str:
-    names = _names(connections[alias])
+    connection = connections[alias]
+    names = _names(connection)
     columns = ", ".join(getattr(names["o"], field.name) for field in CLAIM_COLUMNS)
-    return LOCK.format(
-        **names, claim_columns=columns, ids=in_list(connections[alias], names["o"].occurrence_id, ids)
-    )
+    return LOCK.format(**names, claim_columns=columns, ids=in_list(connection, names["o"].occurrence_id, ids))
 
 
 @functools.cache

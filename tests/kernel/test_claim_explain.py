@@ -19,8 +19,8 @@ from django.db import connection
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import conf
-from django_durable_scheduler.db import dialect
 from django_durable_scheduler.db.dialect import insert_rows
+from django_durable_scheduler.db.statements import in_params
 from django_durable_scheduler.kernel import claim_sql
 from django_durable_scheduler.models import Event, Job, Occurrence, OccurrenceStatus
 from django_durable_scheduler.rules.authority import Principal
@@ -265,7 +265,7 @@ def test_the_lock_reads_the_primary_key_whatever_the_statistics(stale_statistics
     explain = {"postgresql": _explain_postgresql, "sqlite": _explain_sqlite, "mysql": _explain_mysql}
     sql = claim_sql.lock_statement("default", connection.vendor, LOCKED_BATCH)
     now = connection.ops.adapt_datetimefield_value(conf.now())
-    params = [*dialect.in_params(connection, stale_statistics), now, now]
+    params = [*in_params(connection, stale_statistics), now, now]
     indexes, scans = explain[connection.vendor](sql, params)
     assert indexes == [PRIMARY_KEY] and not scans, (indexes, scans, sql)
     key = re.escape(connection.ops.quote_name("occurrence_id"))
