@@ -283,9 +283,11 @@ def _unset(model: type[Model], objs: Sequence[Model]) -> tuple[Field[Any, Any], 
 
 
 @lru_cache(maxsize=256)  # one entry per shape of row written
-def _written(model: type[Model], left: tuple[Field[Any, Any], ...]) -> tuple[Field[Any, Any], ...]:
+def _written(model: type[Model], left: tuple[str, ...]) -> tuple[Field[Any, Any], ...]:
+    """``model``'s insert fields but those named in ``left``: by name, since a field's own
+    hash is computed in Python and each insert looks its shape up here."""
     fields = insert_fields(model)
-    return fields if not left else tuple(field for field in fields if field not in left)
+    return fields if not left else tuple(field for field in fields if field.attname not in left)
 
 
 def _columns(objs: Sequence[Model]) -> tuple[Field[Any, Any], ...]:
@@ -293,11 +295,11 @@ def _columns(objs: Sequence[Model]) -> tuple[Field[Any, Any], ...]:
     left to the database (a field with ``db_default`` that no row sets, a nullable one that
     every row leaves None: :func:`_unset`)."""
     model = type(objs[0])
-    left: list[Field[Any, Any]] = list(_unset(model, objs))
+    left = [field.attname for field in _unset(model, objs)]
     for field in _with_db_default(model):
         unset = [hasattr(getattr(obj, field.attname), "resolve_expression") for obj in objs]
         if all(unset):
-            left.append(field)
+            left.append(field.attname)
         elif any(unset):
             raise ValueError(f"{field.name} is set on some rows and left to its db_default on others")
     return _written(model, tuple(left))

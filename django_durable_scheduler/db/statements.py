@@ -16,6 +16,7 @@ from operator import attrgetter
 from typing import Any, TypeVar
 from uuid import UUID
 
+from django.core.signals import setting_changed
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, JSONField, Model
 
@@ -23,6 +24,7 @@ __all__ = [
     "RECORDS_PER_STATEMENT",
     "guarded_statement",
     "placeholders",
+    "prepare",
     "prepared_row",
     "quoted_columns",
     "recordset_statements",
@@ -51,8 +53,19 @@ def rows_per_statement(connection: BaseDatabaseWrapper, width: int, bound_once: 
     return max(1, min(1000, (limit - bound_once) // max(1, width)))
 
 
+_QUOTED: dict[tuple[str, tuple[str, ...]], str] = {}
+
+
 def quoted_columns(connection: BaseDatabaseWrapper, fields: Sequence[Field[Any, Any]]) -> str:
-    return "(" + ", ".join(connection.ops.quote_name(str(field.column)) for field in fields) + ")"
+    """``(col, ...)`` of ``fields``, quoted; kept per database and shape of row (an insert
+    of one row builds it every time otherwise)."""
+    key = (connection.vendor, tuple(str(field.column) for field in fields))
+    quoted = _QUOTED.get(key)
+    if quoted is None:
+        if len(_QUOTED) >= 256:
+            _QUOTED.clear()
+        quoted = _QUOTED[key] = "(" + ", ".join(connection.ops.quote_name(column) for column in key[1]) + ")"
+    return quoted
 
 
 def _pg_type(connection: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
@@ -109,10 +122,44 @@ def row_values(objs: Sequence[Model], fields: Sequence[Field[Any, Any]]) -> list
     return rows
 
 
+# What numbers and times became, per field class and database (see prepare); bounded.
+_PREPARED: dict[tuple[type, str, type, Any], Any] = {}
+_PREPARED_MAX = 512
+_REMEMBERED_TYPES = frozenset({int, datetime})
+
+
+def prepare(field: Field[Any, Any], value: Any, connection: BaseDatabaseWrapper) -> Any:
+    """``field.get_db_prep_save(value, connection)``, remembered for numbers and times: an
+    insert repeats them (a job's revision and attempts, the time an occurrence's columns
+    share, from one call to the next), and Django takes several microseconds for each. Only
+    values that cannot change in place, by type and value, per field class (this package's
+    fields prepare a value the same whatever the field); forgotten when a setting that
+    decides how times are stored changes (``override_settings``)."""
+    kind = type(value)
+    if kind not in _REMEMBERED_TYPES:
+        return field.get_db_prep_save(value, connection)
+    key = (type(field), connection.alias, kind, value)
+    prepared = _PREPARED.get(key, _PREPARED)
+    if prepared is _PREPARED:
+        prepared = field.get_db_prep_save(value, connection)
+        if len(_PREPARED) >= _PREPARED_MAX:
+            _PREPARED.clear()
+        _PREPARED[key] = prepared
+    return prepared
+
+
+def _forget_prepared(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("USE_TZ", "TIME_ZONE", "DATABASES"):
+        _PREPARED.clear()
+
+
+setting_changed.connect(_forget_prepared, dispatch_uid="django_durable_scheduler.db.statements")
+
+
 def prepared_row(obj: Model, fields: Sequence[Field[Any, Any]], connection: BaseDatabaseWrapper) -> list[Any]:
     """``obj``'s values of ``fields`` as an insert binds them."""
     (row,) = row_values([obj], fields)
-    return [field.get_db_prep_save(value, connection) for field, value in zip(fields, row, strict=True)]
+    return [prepare(field, value, connection) for field, value in zip(fields, row, strict=True)]
 
 
 def in_list(connection: BaseDatabaseWrapper, column: str, count: int) -> str:
@@ -152,11 +199,12 @@ def values_statements(
     tail: str,
 ) -> Iterator[tuple[str, list[Any]]]:
     """The portable insert: ``INSERT ... VALUES (...), (...)``, every value bound."""
-    per_statement = rows_per_statement(connection, len(fields))
+    # One row (an enqueue's event) always fits: no need to ask the database its limit.
+    per_statement = 1 if len(rows) == 1 else rows_per_statement(connection, len(fields))
     for start in range(0, len(rows), per_statement):
         chunk = rows[start : start + per_statement]
         params = [
-            field.get_db_prep_save(value, connection)
+            prepare(field, value, connection)
             for row in chunk
             for field, value in zip(fields, row, strict=True)
         ]

@@ -1,13 +1,16 @@
-"""``statements.unsaved``: the insert paths' instances are the ones ``Model(**values)`` makes."""
+"""``statements.unsaved``: the insert paths' instances are the ones ``Model(**values)`` makes;
+``statements.prepare``: what it remembers is what Django would prepare."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
 import pytest
+from django.db import connection
+from django.test import override_settings
 
-from django_durable_scheduler.db.statements import unsaved
-from django_durable_scheduler.models import Batch, Event, Occurrence
+from django_durable_scheduler.db.statements import prepare, unsaved
+from django_durable_scheduler.models import Batch, Event, Job, Occurrence
 
 NOW = datetime(2026, 1, 5, 12, tzinfo=UTC)
 
@@ -51,3 +54,59 @@ def test_defaults_are_made_per_row():
 def test_an_unknown_name_is_refused():
     with pytest.raises(TypeError, match="Event has no field job, nope"):
         unsaved(Event, {"job": "j", "nope": 1})
+
+
+def _prepared(how, field, value):
+    """What ``how`` prepares (a JSON wrapper's content: psycopg's has no equality), or the type
+    of the error it raises."""
+    try:
+        prepared = how(field, value, connection)
+    except ValueError as exc:
+        return type(exc)
+    return getattr(prepared, "obj", prepared)
+
+
+def _django(field, value, conn):
+    return field.get_db_prep_save(value, conn)
+
+
+@pytest.mark.django_db
+def test_prepare_gives_what_django_gives_each_time():
+    row = unsaved(
+        Occurrence,
+        {
+            "occurrence_id": "occ_p",
+            "job_id": "j",
+            "job_revision": 3,
+            "trigger_key": "t",
+            "scheduled_for": NOW,
+            "available_at": NOW,
+            "authority": {"principal": {"type": "user", "id": "u"}},
+            "created_at": NOW,
+            "updated_at": NOW,
+        },
+    )
+    for _ in range(2):  # the second time from what it remembers
+        for field in Occurrence._meta.concrete_fields:
+            value = getattr(row, field.attname)
+            assert _prepared(prepare, field, value) == _prepared(_django, field, value), field.name
+
+
+@pytest.mark.django_db
+def test_prepare_tells_field_classes_and_types_apart():
+    revision, enabled = Job._meta.get_field("revision"), Job._meta.get_field("enabled")
+    assert prepare(revision, 1, connection) == revision.get_db_prep_save(1, connection)
+    # The same value for a field of another class is prepared by that class.
+    assert prepare(enabled, 1, connection) == enabled.get_db_prep_save(1, connection)
+    # True equals 1, but is not remembered as 1.
+    assert prepare(revision, True, connection) == revision.get_db_prep_save(True, connection)
+
+
+@pytest.mark.django_db
+def test_prepare_forgets_when_the_time_settings_change():
+    # Without USE_TZ, SQLite and MySQL refuse an aware time: a remembered one must not pass.
+    field = Occurrence._meta.get_field("created_at")
+    assert _prepared(prepare, field, NOW) == _prepared(_django, field, NOW)
+    with override_settings(USE_TZ=False):
+        assert _prepared(prepare, field, NOW) == _prepared(_django, field, NOW)
+    assert _prepared(prepare, field, NOW) == _prepared(_django, field, NOW)

@@ -79,15 +79,15 @@ STATEMENTS: dict[tuple[str, str], int] = {
 # the claim of a batch of N, its run made, its handler called through the pool, its share of
 # the settle). By database too: each backend's Django code differs.
 CALLS: dict[tuple[str, str], int] = {
-    ("enqueue", "sqlite"): 1019,
-    ("enqueue", "postgresql"): 853,
-    ("enqueue", "mysql"): 2723,
-    ("claim 1", "sqlite"): 2043,
-    ("claim 1", "postgresql"): 2478,
-    ("claim 1", "mysql"): 2540,
-    ("drained occurrence", "sqlite"): 1427,
-    ("drained occurrence", "postgresql"): 1527,
-    ("drained occurrence", "mysql"): 2059,
+    ("enqueue", "sqlite"): 820,
+    ("enqueue", "postgresql"): 707,
+    ("enqueue", "mysql"): 2492,
+    ("claim 1", "sqlite"): 1909,
+    ("claim 1", "postgresql"): 2374,
+    ("claim 1", "mysql"): 2415,
+    ("drained occurrence", "sqlite"): 1422,
+    ("drained occurrence", "postgresql"): 1521,
+    ("drained occurrence", "mysql"): 1945,
 }
 
 VENDOR = connection.vendor
