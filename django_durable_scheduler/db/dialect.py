@@ -266,20 +266,21 @@ def _nullable(model: type[Model]) -> tuple[tuple[Field[Any, Any], ...], Callable
     return fields, getter or (lambda obj: ())
 
 
-def _unset(model: type[Model], objs: Sequence[Model]) -> tuple[Field[Any, Any], ...]:
-    """The nullable columns (:func:`_nullable`) that are None in every row: left out of the
-    insert, the database writes NULL there anyway. A plain occurrence leaves out every
-    column of the features it does not use (chains, batches, limits, unique keys, traces)."""
+def _unset(model: type[Model], objs: Sequence[Model]) -> list[str]:
+    """The attnames of the nullable columns (:func:`_nullable`) that are None in every row:
+    left out of the insert, the database writes NULL there anyway. A plain occurrence leaves
+    out every column of the features it does not use (chains, batches, limits, unique keys,
+    traces)."""
     fields, get = _nullable(model)
     if not fields:
-        return ()
+        return []
     unset = [i for i, value in enumerate(get(objs[0])) if value is None]
     for obj in objs[1:]:
         if not unset:
             break
         values = get(obj)
         unset = [i for i in unset if values[i] is None]
-    return tuple(fields[i] for i in unset)
+    return [fields[i].attname for i in unset]
 
 
 @lru_cache(maxsize=256)  # one entry per shape of row written
@@ -295,7 +296,7 @@ def _columns(objs: Sequence[Model]) -> tuple[Field[Any, Any], ...]:
     left to the database (a field with ``db_default`` that no row sets, a nullable one that
     every row leaves None: :func:`_unset`)."""
     model = type(objs[0])
-    left = [field.attname for field in _unset(model, objs)]
+    left = _unset(model, objs)
     for field in _with_db_default(model):
         unset = [hasattr(getattr(obj, field.attname), "resolve_expression") for obj in objs]
         if all(unset):

@@ -53,18 +53,22 @@ def rows_per_statement(connection: BaseDatabaseWrapper, width: int, bound_once: 
     return max(1, min(1000, (limit - bound_once) // max(1, width)))
 
 
-_QUOTED: dict[tuple[str, tuple[str, ...]], str] = {}
+_QUOTED: dict[tuple[str, int], tuple[Sequence[Field[Any, Any]], str]] = {}
 
 
 def quoted_columns(connection: BaseDatabaseWrapper, fields: Sequence[Field[Any, Any]]) -> str:
     """``(col, ...)`` of ``fields``, quoted; kept per database and shape of row (an insert
     of one row builds it every time otherwise)."""
-    key = (connection.vendor, tuple(str(field.column) for field in fields))
-    quoted = _QUOTED.get(key)
-    if quoted is None:
-        if len(_QUOTED) >= 256:
-            _QUOTED.clear()
-        quoted = _QUOTED[key] = "(" + ", ".join(connection.ops.quote_name(column) for column in key[1]) + ")"
+    # By the fields' identity (the insert paths pass the tuples dialect keeps per shape), the
+    # tuple kept with the text so that a reused id is never taken for another shape.
+    key = (connection.vendor, id(fields))
+    kept = _QUOTED.get(key)
+    if kept is not None and kept[0] is fields:
+        return kept[1]
+    if len(_QUOTED) >= 256:
+        _QUOTED.clear()
+    quoted = "(" + ", ".join(connection.ops.quote_name(str(field.column)) for field in fields) + ")"
+    _QUOTED[key] = (fields, quoted)
     return quoted
 
 
@@ -330,7 +334,7 @@ def _json_converter(field: Field[Any, Any], connection: BaseDatabaseWrapper) -> 
     return convert
 
 
-_GUARDED: dict[tuple[Any, ...], str] = {}
+_GUARDED: dict[tuple[Any, ...], tuple[Any, Any, str]] = {}
 
 
 def guarded_statement(
@@ -344,12 +348,12 @@ def guarded_statement(
 ) -> str:
     """The statement of :func:`.dialect.insert_guarded`, built once per database, columns and shape."""
     then_model = type(then[0]) if then else None
-    # By the columns' names: hashing the fields themselves costs more than the statement saves.
-    names = tuple(field.attname for field in fields), tuple(field.attname for field in then_fields)
-    key = (connection.alias, model, names, guard_sql, then_model, len(then), notify)
-    sql = _GUARDED.get(key)
-    if sql is not None:
-        return sql
+    # By the field tuples' identity (dialect keeps one per shape of row; hashing the fields
+    # themselves costs more than the statement saves), checked against the tuples kept.
+    key = (connection.alias, model, id(fields), id(then_fields), guard_sql, then_model, len(then), notify)
+    kept = _GUARDED.get(key)
+    if kept is not None and kept[0] is fields and kept[1] is then_fields:
+        return kept[2]
     quote = connection.ops.quote_name
     table, columns = quote(model._meta.db_table), quoted_columns(connection, fields)
     if connection.vendor == "sqlite":
@@ -379,5 +383,5 @@ def guarded_statement(
         sql = f"WITH {', '.join(parts)} SELECT (SELECT COUNT(*) FROM o), (SELECT COUNT(*) FROM g){counted}"
     if len(_GUARDED) > 256:
         _GUARDED.clear()
-    _GUARDED[key] = sql
+    _GUARDED[key] = (fields, then_fields, sql)
     return sql
