@@ -53,14 +53,14 @@ def rows_per_statement(connection: BaseDatabaseWrapper, width: int, bound_once: 
     return max(1, min(1000, (limit - bound_once) // max(1, width)))
 
 
-_QUOTED: dict[tuple[str, int], tuple[Sequence[Field[Any, Any]], str]] = {}
+_QUOTED: dict[tuple[str, int], tuple[tuple[Field[Any, Any], ...], str]] = {}
 
 
-def quoted_columns(connection: BaseDatabaseWrapper, fields: Sequence[Field[Any, Any]]) -> str:
+def quoted_columns(connection: BaseDatabaseWrapper, fields: tuple[Field[Any, Any], ...]) -> str:
     """``(col, ...)`` of ``fields``, quoted; kept per database and shape of row (an insert
     of one row builds it every time otherwise)."""
-    # By the fields' identity (the insert paths pass the tuples dialect keeps per shape), the
-    # tuple kept with the text so that a reused id is never taken for another shape.
+    # By the tuple's identity (the insert paths pass the tuples dialect keeps per shape; a
+    # tuple cannot change), kept with the text so that a reused id is never taken for another.
     key = (connection.vendor, id(fields))
     kept = _QUOTED.get(key)
     if kept is not None and kept[0] is fields:
@@ -137,10 +137,11 @@ def prepare(field: Field[Any, Any], value: Any, connection: BaseDatabaseWrapper)
     insert repeats them (a job's revision and attempts, the time an occurrence's columns
     share, from one call to the next), and Django takes several microseconds for each. Only
     values that cannot change in place, by type and value, per field class (this package's
-    fields prepare a value the same whatever the field); forgotten when a setting that
-    decides how times are stored changes (``override_settings``)."""
+    fields prepare a value the same whatever the field), and only aware times (two naive ones
+    that compare equal may differ in ``fold``, and so in the instant Django makes of them);
+    forgotten when a setting that decides how times are stored changes (``override_settings``)."""
     kind = type(value)
-    if kind not in _REMEMBERED_TYPES:
+    if kind not in _REMEMBERED_TYPES or (kind is datetime and value.tzinfo is None):
         return field.get_db_prep_save(value, connection)
     key = (type(field), connection.alias, kind, value)
     prepared = _PREPARED.get(key, _PREPARED)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from django.db import connection
+from django.db import connection, models
 from django.test import override_settings
 
 from django_durable_scheduler.db.statements import prepare, unsaved
@@ -94,12 +94,16 @@ def test_prepare_gives_what_django_gives_each_time():
 
 @pytest.mark.django_db
 def test_prepare_tells_field_classes_and_types_apart():
+    # One time, remembered for a DateTimeField, then asked for a DateField: a date.
+    moment = Occurrence._meta.get_field("created_at")
+    day = models.DateField()
+    assert prepare(moment, NOW, connection) == moment.get_db_prep_save(NOW, connection)
+    assert prepare(day, NOW, connection) == day.get_db_prep_save(NOW, connection)
+    assert prepare(day, NOW, connection) != prepare(moment, NOW, connection)
+    # 1 remembered for an integer field, then asked for a boolean one: True, a bool.
     revision, enabled = Job._meta.get_field("revision"), Job._meta.get_field("enabled")
-    assert prepare(revision, 1, connection) == revision.get_db_prep_save(1, connection)
-    # The same value for a field of another class is prepared by that class.
-    assert prepare(enabled, 1, connection) == enabled.get_db_prep_save(1, connection)
-    # True equals 1, but is not remembered as 1.
-    assert prepare(revision, True, connection) == revision.get_db_prep_save(True, connection)
+    assert type(prepare(revision, 1, connection)) is type(revision.get_db_prep_save(1, connection))
+    assert type(prepare(enabled, 1, connection)) is type(enabled.get_db_prep_save(1, connection))
 
 
 @pytest.mark.django_db
@@ -110,3 +114,22 @@ def test_prepare_forgets_when_the_time_settings_change():
     with override_settings(USE_TZ=False):
         assert _prepared(prepare, field, NOW) == _prepared(_django, field, NOW)
     assert _prepared(prepare, field, NOW) == _prepared(_django, field, NOW)
+
+
+@pytest.mark.django_db
+@pytest.mark.filterwarnings("ignore:DateTimeField .* received a naive datetime")
+def test_prepare_does_not_remember_naive_times():
+    # 01:30 happens twice on that night in New York; fold tells which, equality does not.
+    field = Occurrence._meta.get_field("created_at")
+    first, second = datetime(2026, 11, 1, 1, 30), datetime(2026, 11, 1, 1, 30, fold=1)
+    with override_settings(TIME_ZONE="America/New_York"):
+        for value in (first, second):
+            assert _instant(prepare, field, value) == _instant(_django, field, value)
+        assert _instant(_django, field, first) != _instant(_django, field, second)
+
+
+def _instant(how, field, value):
+    """What ``how`` prepares, an aware time as its instant (two aware times of one zone compare
+    by their wall clock, fold aside: PostgreSQL's are passed as they are)."""
+    prepared = _prepared(how, field, value)
+    return prepared.timestamp() if isinstance(prepared, datetime) else prepared
