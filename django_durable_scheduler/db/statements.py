@@ -18,7 +18,16 @@ from uuid import UUID
 
 from django.core.signals import setting_changed
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Field, JSONField, Model
+from django.db.models import (
+    CharField,
+    DateField,
+    DateTimeField,
+    Field,
+    ForeignKey,
+    JSONField,
+    Model,
+    TextField,
+)
 
 __all__ = [
     "RECORDS_PER_STATEMENT",
@@ -92,8 +101,20 @@ M = TypeVar("M", bound=Model)
 
 
 @cache
-def _init_fields(model: type[Model]) -> tuple[tuple[str, Field[Any, Any]], ...]:
-    return tuple((field.attname, field) for field in model._meta.concrete_fields)
+def _init_fields(model: type[Model]) -> tuple[tuple[str, Field[Any, Any], Any], ...]:
+    """Per concrete field: its attname, the field, and its default where Django gives the same
+    object every time (no default, or one that is not callable, and no ``db_default``), else
+    ``_MISSING``: a callable default or a database default is made again for each row."""
+    return tuple(
+        (
+            field.attname,
+            field,
+            _MISSING
+            if (field.has_default() and callable(field.default)) or field.has_db_default()
+            else field.get_default(),
+        )
+        for field in model._meta.concrete_fields
+    )
 
 
 def unsaved(model: type[M], values: dict[str, Any]) -> M:
@@ -103,9 +124,11 @@ def unsaved(model: type[M], values: dict[str, Any]) -> M:
     builds an occurrence and its event for every row it writes."""
     remaining = dict(values)
     args = []
-    for attname, field in _init_fields(model):
+    for attname, field, default in _init_fields(model):
         value = remaining.pop(attname, _MISSING)
-        args.append(field.get_default() if value is _MISSING else value)
+        if value is _MISSING:
+            value = field.get_default() if default is _MISSING else default
+        args.append(value)
     if remaining:
         raise TypeError(f"{model.__name__} has no field {', '.join(sorted(remaining))}")
     return model(*args)
@@ -114,9 +137,8 @@ def unsaved(model: type[M], values: dict[str, Any]) -> M:
 def row_values(objs: Sequence[Model], fields: Sequence[Field[Any, Any]]) -> list[list[Any]]:
     """Per object, its values of ``fields`` as ``save()`` takes them for an insert: what
     ``pre_save`` gives (so ``auto_now_add`` and the like get their values), read directly
-    where a field's ``pre_save`` is the base one that reads the attribute."""
-    get = attrgetter(*(field.attname for field in fields))
-    computed = [(i, field) for i, field in enumerate(fields) if type(field).pre_save is not Field.pre_save]
+    where a field's ``pre_save`` only reads the attribute."""
+    get, computed = _readers(tuple(fields))
     rows = []
     for obj in objs:
         row = list(get(obj)) if len(fields) > 1 else [get(obj)]
@@ -124,6 +146,39 @@ def row_values(objs: Sequence[Model], fields: Sequence[Field[Any, Any]]) -> list
             row[i] = field.pre_save(obj, True)
         rows.append(row)
     return rows
+
+
+_READERS: dict[int, tuple[tuple[Field[Any, Any], ...], Any, list[tuple[int, Field[Any, Any]]]]] = {}
+
+
+def _readers(
+    fields: tuple[Field[Any, Any], ...],
+) -> tuple[Callable[[Model], Any], list[tuple[int, Field[Any, Any]]]]:
+    """The getter of ``fields``' attributes and the fields whose ``pre_save`` must run, kept
+    by the tuple's identity (the insert paths pass the tuples dialect keeps per shape)."""
+    kept = _READERS.get(id(fields))
+    if kept is not None and kept[0] is fields:
+        return kept[1], kept[2]
+    if len(_READERS) >= 256:
+        _READERS.clear()
+    get = attrgetter(*(field.attname for field in fields))
+    computed = [(i, field) for i, field in enumerate(fields) if not _reads_attribute(field)]
+    _READERS[id(fields)] = (fields, get, computed)
+    return get, computed
+
+
+def _reads_attribute(field: Field[Any, Any]) -> bool:
+    """Whether ``field.pre_save`` of a new row only reads the attribute: the base one, or
+    Django's date and time fields without ``auto_now``/``auto_now_add`` (each row's times
+    would otherwise cost a call apiece)."""
+    pre_save = type(field).pre_save
+    if pre_save is Field.pre_save:
+        return True
+    return (
+        pre_save in (DateField.pre_save, DateTimeField.pre_save)
+        and not getattr(field, "auto_now", False)
+        and not getattr(field, "auto_now_add", False)
+    )
 
 
 # What numbers and times became, per field class and database (see prepare); bounded.
@@ -139,8 +194,11 @@ def prepare(field: Field[Any, Any], value: Any, connection: BaseDatabaseWrapper)
     values that cannot change in place, by type and value, per field class (this package's
     fields prepare a value the same whatever the field), and only aware times (two naive ones
     that compare equal may differ in ``fold``, and so in the instant Django makes of them);
-    forgotten when a setting that decides how times are stored changes (``override_settings``)."""
+    forgotten when a setting that decides how times are stored changes (``override_settings``).
+    A non-empty str for a text field, or a key to one, is what Django binds as it is."""
     kind = type(value)
+    if kind is str and value and _takes_text_as_is(field):
+        return value
     if kind not in _REMEMBERED_TYPES or (kind is datetime and value.tzinfo is None):
         return field.get_db_prep_save(value, connection)
     key = (type(field), connection.alias, kind, value)
@@ -151,6 +209,25 @@ def prepare(field: Field[Any, Any], value: Any, connection: BaseDatabaseWrapper)
             _PREPARED.clear()
         _PREPARED[key] = prepared
     return prepared
+
+
+# Django's text fields, which prepare a str as it is (``to_python`` returns it), and whether a
+# field is one of them or a foreign key to one (by the field's identity: fields live as long
+# as their model).
+_TEXT_FIELDS = (CharField, TextField)
+_TAKES_TEXT: dict[int, tuple[Field[Any, Any], bool]] = {}
+
+
+def _takes_text_as_is(field: Field[Any, Any]) -> bool:
+    kept = _TAKES_TEXT.get(id(field))
+    if kept is not None and kept[0] is field:
+        return kept[1]
+    target = field.target_field if type(field) is ForeignKey else field
+    as_is = type(target) in _TEXT_FIELDS
+    if len(_TAKES_TEXT) >= 1024:
+        _TAKES_TEXT.clear()
+    _TAKES_TEXT[id(field)] = (field, as_is)
+    return as_is
 
 
 def _forget_prepared(*, setting: str, **kwargs: Any) -> None:

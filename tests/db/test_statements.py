@@ -1,5 +1,6 @@
 """``statements.unsaved``: the insert paths' instances are the ones ``Model(**values)`` makes;
-``statements.prepare``: what it remembers is what Django would prepare."""
+``statements.row_values``: what ``save()`` would take from them; ``statements.prepare``: what it
+remembers or passes as it is, is what Django would prepare."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from datetime import UTC, datetime
 import pytest
 from django.db import connection, models
 from django.test import override_settings
+from django.test.utils import isolate_apps
 
-from django_durable_scheduler.db.statements import prepare, unsaved
+from django_durable_scheduler.db.statements import prepare, row_values, unsaved
 from django_durable_scheduler.models import Batch, Event, Job, Occurrence
 
 NOW = datetime(2026, 1, 5, 12, tzinfo=UTC)
@@ -51,6 +53,41 @@ def test_defaults_are_made_per_row():
     assert first.data == {} and first.data is not second.data
 
 
+@isolate_apps("tests.testapp")
+def test_defaults_that_are_not_callable_are_the_objects_django_gives():
+    # Django hands every row the same object for a plain default: so does unsaved().
+    class Defaulted(models.Model):  # noqa: DJ008
+        shared = models.JSONField(default=list(("a",)))
+        made = models.JSONField(default=list)
+        name = models.CharField(max_length=10)
+
+        class Meta:
+            app_label = "testapp"
+
+    first, second = unsaved(Defaulted, {}), Defaulted()
+    assert first.shared is second.shared and first.made == [] and first.made is not second.made
+    assert first.name == second.name == ""
+
+
+@isolate_apps("tests.testapp")
+def test_row_values_runs_pre_save_where_it_sets_a_value():
+    class Stamped(models.Model):  # noqa: DJ008
+        made = models.DateTimeField(auto_now_add=True)
+        touched = models.DateField(auto_now=True)
+        given = models.DateTimeField()
+        day = models.DateField()
+
+        class Meta:
+            app_label = "testapp"
+
+    row = Stamped(given=NOW, day=NOW.date())
+    fields = tuple(field for field in Stamped._meta.concrete_fields if not field.primary_key)
+    for _ in range(2):  # the second time from the readers kept for these fields
+        ((made, touched, given, day),) = row_values([row], fields)
+        assert made is not None and made == row.made and touched == row.touched
+        assert given is NOW and day == NOW.date()
+
+
 def test_an_unknown_name_is_refused():
     with pytest.raises(TypeError, match="Event has no field job, nope"):
         unsaved(Event, {"job": "j", "nope": 1})
@@ -86,10 +123,23 @@ def test_prepare_gives_what_django_gives_each_time():
             "updated_at": NOW,
         },
     )
+    event = unsaved(Event, {"job_id": "j", "occurrence_id": "occ_p", "event_type": "x", "occurred_at": NOW})
     for _ in range(2):  # the second time from what it remembers
-        for field in Occurrence._meta.concrete_fields:
-            value = getattr(row, field.attname)
-            assert _prepared(prepare, field, value) == _prepared(_django, field, value), field.name
+        for made in (row, event):
+            for field in type(made)._meta.concrete_fields:
+                value = getattr(made, field.attname)
+                assert _prepared(prepare, field, value) == _prepared(_django, field, value), field.name
+
+
+@pytest.mark.django_db
+def test_prepare_passes_only_text_of_text_fields_as_it_is():
+    trigger, job = Occurrence._meta.get_field("trigger_key"), Occurrence._meta.get_field("job")
+    revision = Occurrence._meta.get_field("job_revision")
+    assert prepare(trigger, "t", connection) == "t" and prepare(job, "j", connection) == "j"
+    # An empty key is the database's business (some take it for NULL); a number field's text is
+    # converted by Django.
+    assert prepare(job, "", connection) == job.get_db_prep_save("", connection)
+    assert prepare(revision, "3", connection) == revision.get_db_prep_save("3", connection) == 3
 
 
 @pytest.mark.django_db

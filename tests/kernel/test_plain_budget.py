@@ -79,15 +79,15 @@ STATEMENTS: dict[tuple[str, str], int] = {
 # the claim of a batch of N, its run made, its handler called through the pool, its share of
 # the settle). By database too: each backend's Django code differs.
 CALLS: dict[tuple[str, str], int] = {
-    ("enqueue", "sqlite"): 788,
-    ("enqueue", "postgresql"): 683,
-    ("enqueue", "mysql"): 2451,
-    ("claim 1", "sqlite"): 1889,
-    ("claim 1", "postgresql"): 2354,
-    ("claim 1", "mysql"): 2394,
-    ("drained occurrence", "sqlite"): 1419,
-    ("drained occurrence", "postgresql"): 1519,
-    ("drained occurrence", "mysql"): 1943,
+    ("enqueue", "sqlite"): 671,
+    ("enqueue", "postgresql"): 566,
+    ("enqueue", "mysql"): 2334,
+    ("claim 1", "sqlite"): 1823,
+    ("claim 1", "postgresql"): 2288,
+    ("claim 1", "mysql"): 2328,
+    ("drained occurrence", "sqlite"): 1397,
+    ("drained occurrence", "postgresql"): 1497,
+    ("drained occurrence", "mysql"): 1859,
 }
 
 VENDOR = connection.vendor
