@@ -4,10 +4,12 @@ W1 runs each system a few times in a run of many workloads; a change of a few pe
 enqueue is lost in its spread. This times only ``kernel.enqueue`` of a no-op (the same call as
 W1's, through bench/systems.py), a fresh process per sample, the two code copies alternating for
 ``--rounds``, each on a fresh database of its own built by its own migrations, and prints the
-wall and CPU time per call, medians and ranges, and main's ratio. Run it inside .venv-bench:
+wall and CPU time per call, medians and ranges, and main's ratio. ``--bulk N`` times W1's bulk
+enqueue instead (``kernel.enqueue_many`` of N per call), per occurrence. Run it inside .venv-bench:
 
     .venv-bench/bin/python -m bench.enqueue_ab --baseline 03da7b9 --db sqlite --rounds 8
     .venv-bench/bin/python -m bench.enqueue_ab --baseline 7777f16 --db postgres --rounds 8
+    .venv-bench/bin/python -m bench.enqueue_ab --baseline 03da7b9 --db sqlite --bulk 2000
 
 The baseline's copy is exported into ``.bench-baselines/`` as bench/run.py's ``--baseline`` does.
 """
@@ -27,9 +29,14 @@ from .baselines import ROOT, resolve
 PG_URL = "postgres://postgres@127.0.0.1:5432/dschbench_ab"
 
 
-def sample(code: Path, url: str, calls: int) -> tuple[float, float]:
+def sample(code: Path, url: str, calls: int, bulk: int = 0) -> tuple[float, float]:
     """One process: Django set up on ``url`` with the package at ``code``, ``calls`` enqueues
-    after a warm-up; (wall, CPU) microseconds per call."""
+    after a warm-up (with ``bulk``, calls of ``enqueue_many`` of that many, ``calls`` occurrences
+    in all at least); (wall, CPU) microseconds per occurrence."""
+    if bulk:
+        times, count, call = max(1, -(-calls // bulk)), bulk, f"ours.enqueue_many({bulk})"
+    else:
+        times, count, call = calls, 1, "ours.enqueue_noop(i)"
     script = f"""
 import os, sys, time
 sys.path[:0] = [{str(code)!r}, {str(ROOT)!r}]
@@ -44,13 +51,15 @@ from bench import systems
 ours = systems.Ours()
 ours.setup()
 ours.run = time.time_ns() % 10**12
-for i in range(100):
-    ours.enqueue_noop(i)
-ours.run += 1
+for i in range(2):
+    {call}
+    ours.run += 1
 wall, cpu = time.perf_counter(), time.process_time()
-for i in range({calls}):
-    ours.enqueue_noop(i)
-print((time.perf_counter() - wall) / {calls} * 1e6, (time.process_time() - cpu) / {calls} * 1e6)
+for i in range({times}):
+    {call}
+    ours.run += 1
+made = {times * count}
+print((time.perf_counter() - wall) / made * 1e6, (time.process_time() - cpu) / made * 1e6)
 """
     env = {**os.environ, "DATABASE_URL": url, "PYTHONSAFEPATH": "1"}
     out = subprocess.run([sys.executable, "-c", script], env=env, check=True, capture_output=True, text=True)
@@ -78,6 +87,7 @@ def main() -> None:
     parser.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--calls", type=int, default=1500, help="enqueues timed per sample")
+    parser.add_argument("--bulk", type=int, default=0, help="time enqueue_many of this many instead")
     args = parser.parse_args()
     (baseline,) = resolve([args.baseline])
     # Both copies byte-compiled first, as bench/run.py does: see bench/README, "Running them".
@@ -89,10 +99,13 @@ def main() -> None:
         times: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
         for _ in range(args.rounds):
             for side, (code, url) in sides.items():
-                times[side].append(sample(code, url, args.calls))
+                times[side].append(sample(code, url, args.calls, args.bulk))
         for side in sides:
             _database(args.db, side, directory, create=False)
-    print(f"{args.db}: one-by-one enqueue, us per call, {args.rounds} samples of {args.calls} each")
+    what = "one-by-one enqueue, us per call"
+    if args.bulk:
+        what = f"bulk enqueue of {args.bulk}, us per occurrence"
+    print(f"{args.db}: {what}, {args.rounds} samples of {args.calls} each")
     for side, samples in times.items():
         wall = [w for w, _ in samples]
         cpu = [c for _, c in samples]

@@ -31,6 +31,7 @@ from django.db.models import DateField, Field, Model, QuerySet
 
 from ..exceptions import InvalidArgument
 from ..models import Occurrence
+from . import kept
 from .statements import (
     guarded_statement,
     in_list,
@@ -217,9 +218,7 @@ def read_models(
     connection = connections[alias]
     converters = _converters(connection, alias, fields)
     names = [field.attname for field in fields]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
+    rows = kept.fetch(connection, sql, params)  # from a kept plan where the worker keeps them
     found = []
     for row in rows:
         values = list(row)

@@ -18,7 +18,7 @@ from typing import Any
 from django.db import connections
 
 from .. import conf
-from ..db import dialect
+from ..db import dialect, kept
 from ..exceptions import (
     AuthorityBudgetExhausted,
     AuthorityBudgetStateInvalid,
@@ -147,18 +147,15 @@ def _lock_usage(keys: list[Key], alias: str, *, lock: bool = True) -> dict[tuple
     principal = f"{quote('principal_type')}, {quote('principal_id')}"
     lock_clause = " FOR UPDATE" if lock and connection.features.has_select_for_update else ""
     usages: dict[tuple[str, str], AuthorityUsage] = {}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {quote(str(AuthorityUsage._meta.pk.column))}, {principal}, {quote('runs')},"
-            f" {quote('units')}, {quote('mismatch')} FROM {quote(AuthorityUsage._meta.db_table)}"
-            f" WHERE {match} ORDER BY {principal}{lock_clause}",
-            params,
-        )
-        for pk, principal_type, principal_id, runs, units, seen in cursor.fetchall():
-            seen = json.loads(seen) if isinstance(seen, str | bytes) else seen  # a driver's JSON as text
-            usages[principal_type, principal_id] = AuthorityUsage(
-                pk=pk, runs=runs, units=units, mismatch=seen
-            )
+    sql = (
+        f"SELECT {quote(str(AuthorityUsage._meta.pk.column))}, {principal}, {quote('runs')},"
+        f" {quote('units')}, {quote('mismatch')} FROM {quote(AuthorityUsage._meta.db_table)}"
+        f" WHERE {match} ORDER BY {principal}{lock_clause}"
+    )
+    # From a kept plan where the worker keeps them: a claim sends it every time.
+    for pk, principal_type, principal_id, runs, units, seen in kept.fetch(connection, sql, params):
+        seen = json.loads(seen) if isinstance(seen, str | bytes) else seen  # a driver's JSON as text
+        usages[principal_type, principal_id] = AuthorityUsage(pk=pk, runs=runs, units=units, mismatch=seen)
     return usages
 
 

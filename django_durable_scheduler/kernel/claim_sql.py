@@ -24,6 +24,7 @@ from django.db.models import Field, Model
 from django.utils.dateparse import parse_datetime
 
 from .. import conf
+from ..db import kept
 from ..db.dialect import model_columns
 from ..db.statements import in_list, in_params
 from ..models import Event, Job, Occurrence, OccurrenceStatus
@@ -414,9 +415,9 @@ def as_datetime(value: Any) -> datetime:
 
 
 def fetch(alias: str, sql: str, params: list[Any] | dict[str, Any]) -> list[tuple[Any, ...]]:
-    with connections[alias].cursor() as cursor:
-        cursor.execute(sql, params)
-        return list(cursor.fetchall())
+    """The rows of one of these reads, from the plan the connection keeps where the worker
+    has it keep them (``db.kept``)."""
+    return kept.fetch(connections[alias], sql, params)
 
 
 def cursor_params() -> dict[str, Any]:

@@ -39,7 +39,7 @@ from types import FrameType
 from django.db import DatabaseError, connections
 
 from .. import conf, kernel, registry
-from ..db import wakeup
+from ..db import kept, wakeup
 from ..db.dialect import alias_for, lock_waited
 from ..housekeeping.retention.thread import RetentionThread
 from ..models import Occurrence
@@ -78,6 +78,20 @@ def _listen(
         thread.start()
         return listener, thread
     return None
+
+
+def _keep_plans(
+    listener: tuple[wakeup.Listener | wakeup.SocketListener, threading.Thread] | None, using: str | None
+) -> bool:
+    """Once the wake-up listener has proven that the route to the server keeps a session, let
+    the loop thread's connection keep the plans of the claim's reads (``db.kept``); whether
+    that question is settled."""
+    if listener is None or not listener[0].delivered.is_set():
+        return False
+    alias = alias_for(using)
+    if kept.keep_on(alias):
+        logger.info("keeping the plans of the claim's reads on database '%s'", alias)
+    return True
 
 
 class Waker:
@@ -278,6 +292,7 @@ class Worker:
         self._signals = StopOnSignal(self.stop, grace)
         self._kinds: list[str] = []
         self._listener: tuple[wakeup.Listener | wakeup.SocketListener, threading.Thread] | None = None
+        self._keeping = False  # whether _keep_plans has been done
         self._exit_code = 0
 
     @property
@@ -375,6 +390,7 @@ class Worker:
             self._give_up()
             return None
         self.reporter.flush()
+        self._keeping = self._keeping or _keep_plans(self._listener, self.using)
         free = self._free()
         # Woken for new work: claim it first, and look after the schedules after.
         woken = self.waker.announced and free > 0

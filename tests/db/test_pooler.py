@@ -2,7 +2,8 @@
 worker finds that out at start (a test notification that does not arrive), says so in one
 WARNING line and polls; ``DURABLE_SCHEDULER_LISTEN = False`` skips LISTEN altogether. On
 a direct PostgreSQL connection the same test notification arrives and the worker says it
-listens. tests/run.py's ``pgbouncer`` leg runs this module and the crash tests through a real
+listens, and that its connection keeps the plans of the claim's reads (``db.kept``), which it
+does nowhere else. tests/run.py's ``pgbouncer`` leg runs this module and the crash tests through a real
 PgBouncer in transaction mode (DSCH_POOLER=pgbouncer)."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 BEHIND_POOLER = os.environ.get("DSCH_POOLER") == "pgbouncer"
 NOT_DELIVERED = "did not deliver a test notification"
 LISTENING = "listening for wake-ups"
+KEEPING = "keeping the plans of the claim's reads"
 
 
 @pytest.fixture
@@ -55,6 +57,8 @@ def test_a_worker_tells_whether_listen_delivers(workers):
     assert wait_for(lambda: all_succeeded_once(ids), timeout=60), worker.output()
     log = worker.output(20000)
     assert (NOT_DELIVERED in log) == BEHIND_POOLER and (LISTENING in log) != BEHIND_POOLER, log
+    # Plans are kept only where the delivered notification proved that sessions are kept.
+    assert (KEEPING in log) != BEHIND_POOLER, log
     assert "Traceback" not in log, log
 
 
@@ -65,7 +69,8 @@ def test_listen_off_polls_only(workers):
     ids = enqueue("polled", 20)
     assert wait_for(lambda: all_succeeded_once(ids), timeout=60), worker.output()
     log = worker.output(20000)
-    assert NOT_DELIVERED not in log and LISTENING not in log and "Traceback" not in log, log
+    assert NOT_DELIVERED not in log and LISTENING not in log and KEEPING not in log, log
+    assert "Traceback" not in log, log
 
 
 def test_processes_sharing_the_pool_run_each_occurrence_once(workers):

@@ -1,0 +1,134 @@
+"""``db.kept``: the claim's reads run from plans their connection keeps, on PostgreSQL once the
+worker has opted its connection in; the same rows as text, prepared once per connection, made
+again after a new connection or an error, and nowhere else (other databases, psycopg's own
+server-side binding)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from django.db import DatabaseError, connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
+
+import django_durable_scheduler as scheduler
+from django_durable_scheduler.db import kept
+from django_durable_scheduler.kernel import claiming
+
+from ..conftest import AUTHORITY
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+POSTGRES = connection.vendor == "postgresql"
+only_postgres = pytest.mark.skipif(not POSTGRES, reason="plans are kept on PostgreSQL only")
+
+READ = "SELECT %s::int + 1 AS n, %s::text AS t WHERE %s::text LIKE 'a%%'"
+NAMED = "SELECT %(n)s::int + 1, %(t)s::text, %(n)s::int * 2"
+
+
+@pytest.fixture
+def keeping():
+    assert kept.keep_on(connection.alias) == POSTGRES
+    yield
+    if kept.keeps(connection.alias):
+        kept.keep_off(connection.alias)
+
+
+def prepared() -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements WHERE name LIKE 'dsch_%%'")
+        return {name for (name,) in cursor.fetchall()}
+
+
+def sent(block) -> list[str]:
+    with CaptureQueriesContext(connection) as queries:
+        block()
+    return [query["sql"].split(" ")[0] for query in queries.captured_queries]
+
+
+@only_postgres
+def test_a_read_is_prepared_once_and_then_executed(keeping):
+    # Outside a transaction the PREPARE has one of its own (inside one, a savepoint).
+    assert sent(lambda: kept.fetch(connections["default"], READ, [1, "x", "ab"])) == [
+        "BEGIN",
+        "PREPARE",
+        "COMMIT",
+        "EXECUTE",
+    ]
+    assert sent(lambda: kept.fetch(connections["default"], READ, [2, "y", "ab"])) == ["EXECUTE"]
+    assert kept.fetch(connections["default"], READ, [2, "y", "ab"]) == [(3, "y")]
+    assert kept.fetch(connections["default"], READ, [2, "y", "b"]) == []  # "%%" is the one % of LIKE
+    assert kept.fetch(connections["default"], NAMED, {"n": 4, "t": "z"}) == [(5, "z", 8)]
+    assert len(prepared()) == 2
+
+
+@only_postgres
+def test_the_rows_are_those_of_the_text(keeping):
+    plain = []
+    for params in ([1, "x", "ab"], [7, "it's", "a"]):
+        with connection.cursor() as cursor:
+            cursor.execute(READ, params)
+            plain.append(cursor.fetchall())
+    assert [
+        kept.fetch(connections["default"], READ, params) for params in ([1, "x", "ab"], [7, "it's", "a"])
+    ] == plain
+
+
+@only_postgres
+def test_a_new_connection_prepares_again(keeping):
+    kept.fetch(connections["default"], READ, [1, "x", "ab"])
+    connection.close()
+    assert "PREPARE" in sent(lambda: kept.fetch(connections["default"], READ, [1, "x", "ab"]))
+    assert len(prepared()) == 1
+
+
+@only_postgres
+def test_after_an_error_the_plans_are_made_again(keeping):
+    kept.fetch(connections["default"], READ, [1, "x", "ab"])
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")  # what a pooler's reset or DISCARD ALL does behind its back
+    with pytest.raises(DatabaseError), transaction.atomic():
+        kept.fetch(connections["default"], READ, [1, "x", "ab"])
+    # The next one drops what the server may still hold, and prepares again.
+    assert sent(lambda: kept.fetch(connections["default"], READ, [1, "x", "ab"])) == [
+        "DEALLOCATE",
+        "BEGIN",
+        "PREPARE",
+        "COMMIT",
+        "EXECUTE",
+    ]
+    assert kept.fetch(connections["default"], READ, [5, "x", "ab"]) == [(6, "x")]
+
+
+@only_postgres
+def test_a_statement_that_cannot_be_prepared_runs_as_text(keeping, caplog):
+    # A parameter whose type nothing tells: PREPARE refuses it, text binding does not.
+    untyped = "SELECT %s IS NULL"
+    with caplog.at_level(logging.WARNING, logger="django_durable_scheduler"), transaction.atomic():
+        assert kept.fetch(connections["default"], untyped, [None]) == [(True,)]
+        assert kept.fetch(connections["default"], READ, [1, "x", "ab"]) == [
+            (2, "x")
+        ]  # the transaction is usable
+    assert "could not keep a plan on database 'default'" in caplog.text
+    assert not kept.keeps("default") and not prepared()
+
+
+@only_postgres
+def test_a_claim_from_kept_plans_is_the_claim(keeping):
+    scheduler.ensure_policy(AUTHORITY)
+    scheduler.create_job("kept", "test.ok", authority=AUTHORITY)
+    ids = [
+        scheduler.enqueue("kept", scheduled_for=1_700_000_000_000 + i, trigger_key="t")[0].pk
+        for i in range(3)
+    ]
+    first = claiming.claim_batch(owner="w", lease=60, limit=2, kinds=["test.ok"])
+    assert prepared()  # the principals with work, their candidates, the lock of the rows
+    second = claiming.claim_batch(owner="w", lease=60, limit=2, kinds=["test.ok"])
+    assert sorted(o.pk for o in first + second) == sorted(ids) and len(first) == 2
+
+
+def test_nothing_is_kept_elsewhere_or_with_server_side_binding(monkeypatch):
+    if POSTGRES:
+        monkeypatch.setitem(connection.settings_dict, "OPTIONS", {"server_side_binding": True})
+    assert not kept.keep_on("default") and not kept.keeps("default")
+    assert sent(lambda: kept.fetch(connections["default"], "SELECT %s + 1", [1])) == ["SELECT"]
