@@ -68,10 +68,11 @@ def keep_on(alias: str) -> bool:
 
 def keep_off(alias: str) -> None:
     """Stop keeping plans on this thread's connection to ``alias`` (those kept are dropped)."""
-    kept = _kept(connections[alias])
-    _KEPT.pop(id(connections[alias]), None)
+    connection = connections[alias]
+    kept = _kept(connection)
+    _KEPT.pop(id(connection), None)
     if kept is not None and kept.names:
-        with connections[alias].cursor() as cursor:
+        with connection.cursor() as cursor:
             cursor.execute("DEALLOCATE ALL")
 
 

@@ -211,23 +211,14 @@ def prepare(field: Field[Any, Any], value: Any, connection: BaseDatabaseWrapper)
     return prepared
 
 
-# Django's text fields, which prepare a str as it is (``to_python`` returns it), and whether a
-# field is one of them or a foreign key to one (by the field's identity: fields live as long
-# as their model).
+# Django's text fields, which prepare a str as it is (``to_python`` returns it).
 _TEXT_FIELDS = (CharField, TextField)
-_TAKES_TEXT: dict[int, tuple[Field[Any, Any], bool]] = {}
 
 
 def _takes_text_as_is(field: Field[Any, Any]) -> bool:
-    kept = _TAKES_TEXT.get(id(field))
-    if kept is not None and kept[0] is field:
-        return kept[1]
+    """Whether ``field`` is one of Django's text fields, or a foreign key to one."""
     target = field.target_field if type(field) is ForeignKey else field
-    as_is = type(target) in _TEXT_FIELDS
-    if len(_TAKES_TEXT) >= 1024:
-        _TAKES_TEXT.clear()
-    _TAKES_TEXT[id(field)] = (field, as_is)
-    return as_is
+    return type(target) in _TEXT_FIELDS
 
 
 def _forget_prepared(*, setting: str, **kwargs: Any) -> None:

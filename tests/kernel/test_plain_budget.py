@@ -79,15 +79,15 @@ STATEMENTS: dict[tuple[str, str], int] = {
 # the claim of a batch of N, its run made, its handler called through the pool, its share of
 # the settle). By database too: each backend's Django code differs.
 CALLS: dict[tuple[str, str], int] = {
-    ("enqueue", "sqlite"): 671,
-    ("enqueue", "postgresql"): 566,
-    ("enqueue", "mysql"): 2334,
-    ("claim 1", "sqlite"): 1828,
-    ("claim 1", "postgresql"): 2293,
-    ("claim 1", "mysql"): 2333,
+    ("enqueue", "sqlite"): 658,
+    ("enqueue", "postgresql"): 553,
+    ("enqueue", "mysql"): 2321,
+    ("claim 1", "sqlite"): 1815,
+    ("claim 1", "postgresql"): 2280,
+    ("claim 1", "mysql"): 2320,
     ("drained occurrence", "sqlite"): 1397,
     ("drained occurrence", "postgresql"): 1497,
-    ("drained occurrence", "mysql"): 1859,
+    ("drained occurrence", "mysql"): 1840,
 }
 
 VENDOR = connection.vendor
