@@ -67,13 +67,9 @@ def keep_on(alias: str) -> bool:
 
 
 def keep_off(alias: str) -> None:
-    """Stop keeping plans on this thread's connection to ``alias`` (those kept are dropped)."""
-    connection = connections[alias]
-    kept = _kept(connection)
-    _KEPT.pop(id(connection), None)
-    if kept is not None and kept.names:
-        with connection.cursor() as cursor:
-            cursor.execute("DEALLOCATE ALL")
+    """Stop keeping plans on this thread's connection to ``alias``: what it prepared stays in
+    its server session, unused, until the session ends (no statement to send at shutdown)."""
+    _KEPT.pop(id(connections[alias]), None)
 
 
 def keeps(alias: str) -> bool:

@@ -94,6 +94,19 @@ def _keep_plans(
     return True
 
 
+def _stop_listening(
+    listener: tuple[wakeup.Listener | wakeup.SocketListener, threading.Thread] | None, using: str | None
+) -> None:
+    """Stop the wake-up listener, and the keeping of plans that it allowed: the loop thread's
+    connection outlives the worker (a worker run in a thread of a longer process)."""
+    if listener is None:
+        return
+    listening, thread = listener
+    listening.stop()
+    thread.join(timeout=5)
+    kept.keep_off(alias_for(using))
+
+
 class Waker:
     """What ends the loop's sleep: ``event`` (set by ``ring()``: a finished handler, stop(), a
     deadline) and the wake-up ``announce()`` latches until a claim starts (``claiming()``)."""
@@ -459,10 +472,7 @@ class Worker:
         self.pool.drop_queued()
         self.reporter.give_back(self.held.runs(), "after the grace period")
         self.pool.stop()
-        if self._listener is not None:
-            listener, thread = self._listener
-            listener.stop()
-            thread.join(timeout=5)
+        _stop_listening(self._listener, self.using)
         if self.retention is not None:
             self.retention.stop()
         self.heartbeat.stop()
