@@ -428,7 +428,13 @@ def guard_for(alias: str, obj: Model, names: Sequence[str]) -> tuple[str, list[A
 
 
 def insert_guarded(
-    alias: str, obj: Model, guard: tuple[str, list[Any]], *, then: Sequence[Model] = (), notify: bool = False
+    alias: str,
+    obj: Model,
+    guard: tuple[str, list[Any]],
+    *,
+    then: Sequence[Model] = (),
+    notify: bool = False,
+    keep_plan: bool = False,
 ) -> bool:
     """Insert ``obj`` only while the ``guard`` row (from :func:`guard_for`) still holds its
     values, skipping it if a row with one of its unique keys exists; if inserted, also the
@@ -438,8 +444,9 @@ def insert_guarded(
     without reading the job again.
 
     PostgreSQL: one statement (the guard, the inserts and ``pg_notify`` in one ``WITH``),
-    atomic by itself, so it needs no transaction of its own. SQLite: the insert, then the
-    rest, so the caller runs it inside a write transaction."""
+    atomic by itself, so it needs no transaction of its own; with ``keep_plan``, its plan is
+    kept when it runs alone (``kept.fetch``). SQLite: the insert, then the rest, so the caller
+    runs it inside a write transaction."""
     connection = connections[alias]
     fields = _columns([obj])
     then_fields = _columns(then) if then else ()
@@ -467,9 +474,7 @@ def insert_guarded(
         params += prepared_row(item, then_fields, connection)
     if notify:
         params.append(CHANNEL)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        count, guard_held, *_ = cursor.fetchone()
+    count, guard_held, *_ = kept.fetch(connection, sql, params, alone=keep_plan)[0]
     if not guard_held:
         raise GuardFailed
     if count:

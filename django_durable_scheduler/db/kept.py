@@ -37,11 +37,15 @@ MAX_KEPT = 64
 
 class _Kept:
     """What one connection has prepared, and whether the server may hold names it has not
-    (after an error: they are dropped before the next ``PREPARE``)."""
+    (after an error: they are dropped before the next ``PREPARE``). ``proven``: opted in by
+    :func:`keep_on`; otherwise it keeps only statements run alone (see :func:`fetch`), each
+    from its second run on (``seen``), so that a connection used once pays no ``PREPARE``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, proven: bool) -> None:
         self.names: set[str] = set()
+        self.seen: set[str] = set()
         self.unsure = False
+        self.proven = proven
 
 
 # Per connection of this process that keeps plans (a DatabaseWrapper belongs to one thread),
@@ -61,8 +65,11 @@ def keep_on(alias: str) -> bool:
     connection = connections[alias]
     if connection.vendor != "postgresql" or connection.settings_dict["OPTIONS"].get("server_side_binding"):
         return False
-    if _kept(connection) is None:
-        _KEPT[id(connection)] = (connection, _Kept())
+    kept = _kept(connection)
+    if kept is None:
+        _KEPT[id(connection)] = (connection, _Kept(proven=True))
+    else:
+        kept.proven = True
     return True
 
 
@@ -77,11 +84,21 @@ def keeps(alias: str) -> bool:
 
 
 def fetch(
-    connection: BaseDatabaseWrapper, sql: str, params: list[Any] | dict[str, Any]
+    connection: BaseDatabaseWrapper, sql: str, params: list[Any] | dict[str, Any], *, alone: bool = False
 ) -> list[tuple[Any, ...]]:
     """The rows of ``sql`` with ``params`` (``%s`` or ``%(name)s`` placeholders) on
-    ``connection``, run from the plan it keeps where it keeps plans, else as any statement."""
+    ``connection``, run from the plan it keeps where it keeps plans, else as any statement.
+
+    ``alone``: the caller sends this statement many times, and where the connection is in
+    autocommit it is a transaction by itself; then it is kept on any PostgreSQL connection,
+    opted in or not, unless the caller knows the route to the server drops sessions (it
+    passes False then: the wake-up listener is off, as behind a transaction-mode pooler).
+    Should a pooler show itself anyway (a name the server does not know, or knows already),
+    nothing is kept alone on that database again in this process, and the statement runs as
+    text: in autocommit, the failed one wrote nothing."""
     kept = _kept(connection) if _KEPT else None  # no lookup where nothing keeps plans
+    if kept is None or not kept.proven:
+        kept = _alone(connection, kept) if alone else None
     if kept is not None:
         rows = _from_plan(connection, kept, sql, params)
         if rows is not None:
@@ -96,9 +113,11 @@ def _from_plan(
 ) -> list[tuple[Any, ...]] | None:
     """Run ``sql`` from its kept plan, preparing it first if needed; None if it cannot be
     prepared (the caller runs it as text)."""
-    text, names = _numbered(sql)
-    values = [params[name] for name in names] if isinstance(params, dict) else list(params)
-    name = "dsch_" + hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:24]
+    name, text, execute, names = _numbered(sql)
+    values = [params[key] for key in names] if isinstance(params, dict) else list(params)
+    if name not in kept.names and not kept.proven and name not in kept.seen:
+        kept.seen.add(name)
+        return None
     with connection.cursor() as cursor:
         if kept.unsure or (name not in kept.names and len(kept.names) >= MAX_KEPT):
             cursor.execute("DEALLOCATE ALL")
@@ -106,15 +125,17 @@ def _from_plan(
             kept.unsure = False
         if name not in kept.names and not _prepare(connection, kept, name, text):
             return None
-        arguments = f"({', '.join(['%s'] * len(values))})" if values else ""
         try:
-            cursor.execute(f"EXECUTE {name}{arguments}", values)
+            cursor.execute(execute, values)
             return list(cursor.fetchall())
-        except DatabaseError:
+        except DatabaseError as error:
             # The server may have lost it (DISCARD ALL, a pooler's reset) or the transaction
             # failed: prepare again, from a clean slate, next time.
             kept.names.clear()
             kept.unsure = True
+            if not kept.proven and _sqlstate(error) == _UNKNOWN_NAME:
+                _shared_route(connection, "a statement prepared on it was not found")
+                return None
             raise
 
 
@@ -123,9 +144,16 @@ def _prepare(connection: BaseDatabaseWrapper, kept: _Kept, name: str, text: str)
     that a failure leaves the transaction usable; on failure the connection stops keeping
     plans, with one warning, and the statement runs as text."""
     try:
-        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-            cursor.execute(f"PREPARE {name} AS {text}")
-    except DatabaseError:
+        if kept.proven:
+            with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+                cursor.execute(f"PREPARE {name} AS {text}")
+        else:  # in autocommit: a failure leaves nothing to roll back
+            with connection.cursor() as cursor:
+                cursor.execute(f"PREPARE {name} AS {text}")
+    except DatabaseError as error:
+        if not kept.proven:
+            _shared_route(connection, f"preparing a statement failed ({_sqlstate(error)})")
+            return False
         logger.warning(
             "could not keep a plan on database '%s'; its statements run as text from now on",
             connection.alias,
@@ -137,13 +165,55 @@ def _prepare(connection: BaseDatabaseWrapper, kept: _Kept, name: str, text: str)
     return True
 
 
+# SQLSTATE of an ``EXECUTE`` whose name the server session does not hold.
+_UNKNOWN_NAME = "26000"
+
+# Databases on which a statement kept alone met a pooler that does not keep sessions.
+_SHARED_ROUTES: set[str] = set()
+
+
+def _alone(connection: BaseDatabaseWrapper, kept: _Kept | None) -> _Kept | None:
+    """The keeping of a statement run alone on ``connection``, if it may keep one now."""
+    if kept is None:
+        if (
+            connection.vendor != "postgresql"
+            or connection.alias in _SHARED_ROUTES
+            or connection.settings_dict["OPTIONS"].get("server_side_binding")
+        ):
+            return None
+        kept = _Kept(proven=False)
+        _KEPT[id(connection)] = (connection, kept)
+    # Django's own flag, which get_autocommit() reads after connecting (False inside atomic).
+    autocommit = connection.autocommit if connection.connection is not None else connection.get_autocommit()
+    return kept if autocommit else None
+
+
+def _shared_route(connection: BaseDatabaseWrapper, why: str) -> None:
+    """Keep nothing alone on ``connection``'s database from now on, saying so once."""
+    _SHARED_ROUTES.add(connection.alias)
+    for key, (other, kept) in list(_KEPT.items()):
+        if other.alias == connection.alias and not kept.proven:
+            del _KEPT[key]
+    logger.warning(
+        "database '%s' does not keep sessions (%s), as behind a transaction-mode pooler: its "
+        "statements run as text from now on; set DURABLE_SCHEDULER_LISTEN = False for such a route",
+        connection.alias,
+        why,
+    )
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    return getattr(error.__cause__, "sqlstate", None)
+
+
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s|%%")
-_NUMBERED: dict[str, tuple[str, list[str]]] = {}
+_NUMBERED: dict[str, tuple[str, str, str, list[str]]] = {}
 
 
-def _numbered(sql: str) -> tuple[str, list[str]]:
-    """``sql`` with its placeholders as ``$1``, ``$2``... (``%%`` as ``%``), and for named
-    ones the names in the order of their numbers (a name used twice keeps its number)."""
+def _numbered(sql: str) -> tuple[str, str, str, list[str]]:
+    """For ``sql``: the name of its plan, its text with the placeholders as ``$1``, ``$2``...
+    (``%%`` as ``%``), the ``EXECUTE`` that runs it, and for named placeholders the names in
+    the order of their numbers (a name used twice keeps its number)."""
     found = _NUMBERED.get(sql)
     if found is not None:
         return found
@@ -162,16 +232,20 @@ def _numbered(sql: str) -> tuple[str, list[str]]:
         return f"${names.index(match.group(1)) + 1}"
 
     text = _PLACEHOLDER.sub(number, sql)
+    name = "dsch_" + hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:24]
+    arity = len(names) or count
+    execute = f"EXECUTE {name}({', '.join(['%s'] * arity)})" if arity else f"EXECUTE {name}"
     if len(_NUMBERED) >= 256:
         _NUMBERED.clear()
-    _NUMBERED[sql] = (text, names)
-    return text, names
+    _NUMBERED[sql] = found = (name, text, execute, names)
+    return found
 
 
 def _new_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
     kept = _kept(connection)
     if kept is not None:
         kept.names.clear()
+        kept.seen.clear()
         kept.unsure = False
 
 

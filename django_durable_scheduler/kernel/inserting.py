@@ -13,6 +13,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from .. import conf
 from ..db import dialect
 from ..db.statements import unsaved
 from ..db.wakeup import notify_new_work
@@ -193,7 +194,10 @@ def insert_occurrence(
     )
     event = build.event(occurrence)
     if guard is not None:
-        created = dialect.insert_guarded(alias, occurrence, guard, then=[event], notify=True)
+        # Its plan kept unless the route to the server may not keep sessions (LISTEN off).
+        created = dialect.insert_guarded(
+            alias, occurrence, guard, then=[event], notify=True, keep_plan=conf.settings.LISTEN
+        )
     elif dialect.can_skip_conflicts(alias):
         created = bool(dialect.insert_rows(alias, [occurrence], skip_conflicts=True))
         if created:

@@ -14,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 import django_durable_scheduler as scheduler
 from django_durable_scheduler.db import kept
 from django_durable_scheduler.kernel import claiming
+from django_durable_scheduler.models import Event, Occurrence
 
 from ..conftest import AUTHORITY
 
@@ -132,3 +133,106 @@ def test_nothing_is_kept_elsewhere_or_with_server_side_binding(monkeypatch):
         monkeypatch.setitem(connection.settings_dict, "OPTIONS", {"server_side_binding": True})
     assert not kept.keep_on("default") and not kept.keeps("default")
     assert sent(lambda: kept.fetch(connections["default"], "SELECT %s + 1", [1])) == ["SELECT"]
+
+
+# ------------------------------------------------- statements run alone (the enqueue's insert)
+
+
+@pytest.fixture
+def alone(monkeypatch):
+    """Keeping alone from a clean slate: no database known to drop sessions, nothing kept."""
+    monkeypatch.setattr(kept, "_SHARED_ROUTES", set())
+    kept.keep_off(connection.alias)
+    yield
+    kept.keep_off(connection.alias)
+
+
+def fetch_alone(sql: str = READ, params=(1, "x", "ab")):
+    return kept.fetch(connections["default"], sql, list(params), alone=True)
+
+
+@only_postgres
+def test_a_statement_run_alone_is_kept_from_its_second_run(alone):
+    assert sent(fetch_alone) == ["SELECT"]  # a connection that runs it once pays no PREPARE
+    assert sent(fetch_alone) == ["PREPARE", "EXECUTE"]  # in autocommit: no transaction around it
+    assert sent(lambda: fetch_alone(params=(4, "y", "ab"))) == ["EXECUTE"]
+    assert fetch_alone(params=(4, "y", "ab")) == [(5, "y")] and len(prepared()) == 1
+    # Inside the caller's transaction it is not alone: text, as any statement.
+    with transaction.atomic():
+        assert sent(fetch_alone) == ["SELECT"]
+    # Nor where the caller says the route may drop sessions, nor on a claim's read.
+    assert sent(lambda: kept.fetch(connections["default"], READ, [1, "x", "ab"])) == ["SELECT"]
+
+
+@only_postgres
+def test_a_name_the_server_lost_means_a_pooler_and_the_statement_runs_as_text(alone, caplog):
+    fetch_alone()
+    fetch_alone()
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")  # what another server connection of a pooler looks like
+    with caplog.at_level(logging.WARNING, logger="django_durable_scheduler"):
+        assert fetch_alone(params=(8, "z", "ab")) == [(9, "z")]
+    assert "database 'default' does not keep sessions" in caplog.text
+    # Nothing is kept alone on that database again, on this connection or a new one.
+    assert sent(fetch_alone) == ["SELECT"]
+    connection.close()
+    assert [sent(fetch_alone) for _ in range(3)] == [["SELECT"]] * 3
+    assert not prepared()
+
+
+@only_postgres
+def test_a_name_the_server_holds_already_means_a_pooler_too(alone, caplog):
+    fetch_alone()
+    name, text, *_ = kept._numbered(READ)
+    assert kept._kept(connections["default"]).seen == {name}
+    with connection.cursor() as cursor:  # prepared by another client of the same server session
+        cursor.execute(f"PREPARE {name} AS {text}")
+    with caplog.at_level(logging.WARNING, logger="django_durable_scheduler"):
+        assert fetch_alone(params=(2, "x", "ab")) == [(3, "x")]
+    assert "does not keep sessions" in caplog.text
+    assert sent(fetch_alone) == ["SELECT"]
+
+
+@only_postgres
+def test_an_error_of_the_statement_itself_is_raised_and_the_next_run_starts_clean(alone):
+    failing = "SELECT 1 / %s::int"
+    kept.fetch(connections["default"], failing, [1], alone=True)
+    kept.fetch(connections["default"], failing, [1], alone=True)
+    with pytest.raises(DatabaseError):
+        kept.fetch(connections["default"], failing, [0], alone=True)
+    assert sent(lambda: kept.fetch(connections["default"], failing, [2], alone=True)) == [
+        "DEALLOCATE",
+        "PREPARE",
+        "EXECUTE",
+    ]
+    assert kept.fetch(connections["default"], failing, [1], alone=True) == [(1,)]
+
+
+@only_postgres
+def test_the_enqueue_of_a_known_job_keeps_its_insert(alone, settings):
+    scheduler.ensure_policy(AUTHORITY)
+    job = scheduler.create_job("alone", "test.ok", authority=AUTHORITY)
+
+    def enqueue(i: int, payload=None):
+        extra = {} if payload is None else {"payload": payload}
+        return scheduler.enqueue("alone", scheduled_for=1_700_000_000_000 + i, trigger_key="t", **extra)
+
+    enqueue(0)  # reads the job, and remembers it
+    runs = [sent(lambda i=i: enqueue(i)) for i in (1, 2, 3)]
+    assert [[s for s in run if s in ("WITH", "PREPARE", "EXECUTE")] for run in runs] == [
+        ["WITH"],
+        ["PREPARE", "EXECUTE"],
+        ["EXECUTE"],
+    ]
+    # The kept insert dedupes, refuses another payload for an identity, and sees a job changed.
+    occurrence, deduplicated = enqueue(3)
+    assert deduplicated and Occurrence.objects.filter(job_id="alone").count() == 4
+    with pytest.raises(scheduler.IdempotencyPayloadMismatch):
+        enqueue(3, payload={"other": 1})
+    scheduler.update_job("alone", expected_revision=job.revision, max_attempts=7)
+    assert enqueue(4)[0].max_attempts == 7
+    assert Event.objects.filter(occurrence_id=occurrence.pk, event_type="occurrence_enqueued").count() == 1
+    # With LISTEN off (a route that may drop sessions), nothing is kept.
+    settings.DURABLE_SCHEDULER_LISTEN = False
+    kept.keep_off(connection.alias)
+    assert [s for i in (5, 6, 7) for s in sent(lambda i=i: enqueue(i))].count("PREPARE") == 0

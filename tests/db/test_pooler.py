@@ -79,3 +79,35 @@ def test_processes_sharing_the_pool_run_each_occurrence_once(workers):
     for worker in started:
         assert worker.wait(120) == 0, worker.output()
     assert all_succeeded_once(ids)
+
+
+@pytest.mark.skipif(not BEHIND_POOLER, reason="needs PgBouncer in transaction mode")
+def test_an_enqueue_behind_the_pooler_finds_it_out_and_runs_as_text(caplog):
+    """A user who left LISTEN on behind a transaction-mode pooler: the enqueue's kept insert
+    lands on a server connection that never saw its PREPARE, and runs as text from then on."""
+    import psycopg
+
+    from django_durable_scheduler.db import kept
+
+    kept.keep_off(connection.alias)
+    scheduler.create_job("alone", "test.ok", authority=granted("pooler"))
+    ids = [
+        scheduler.enqueue("alone", scheduled_for=1_700_000_000_000 + i, trigger_key="t")[0].pk
+        for i in (0, 1, 2)
+    ]
+    settings = connection.settings_dict
+    with psycopg.connect(
+        host=settings["HOST"], port=settings["PORT"], user=settings["USER"], dbname=settings["NAME"]
+    ) as other:
+        # PgBouncer hands out the server connection used last: the other client's transaction
+        # takes the one that holds the insert's PREPARE.
+        other.execute("SELECT 1")
+        with caplog.at_level("WARNING", logger="django_durable_scheduler"):
+            ids += [
+                scheduler.enqueue("alone", scheduled_for=1_700_000_000_000 + i, trigger_key="t")[0].pk
+                for i in (3, 4, 5)
+            ]
+        other.rollback()
+    assert "does not keep sessions" in caplog.text
+    assert Occurrence.objects.filter(pk__in=ids).count() == 6 == len(set(ids))
+    assert Event.objects.filter(occurrence_id__in=ids, event_type="occurrence_enqueued").count() == 6
