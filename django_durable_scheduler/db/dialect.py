@@ -123,6 +123,14 @@ def lock_waited() -> float:
     return waited
 
 
+def is_deadlock(exc: BaseException) -> bool:
+    """Whether ``exc`` is the database undoing a transaction to break a deadlock (MySQL/MariaDB
+    error 1213, PostgreSQL SQLSTATE 40P01): nothing of it stayed, and trying again is safe."""
+    cause = exc.__cause__
+    code = exc.args[0] if exc.args else None
+    return code == 1213 or getattr(cause, "sqlstate", getattr(cause, "pgcode", None)) == "40P01"
+
+
 @contextmanager
 def write_transaction(using: str | None = None) -> Iterator[str]:
     """One kernel transaction on ``using`` (yields its alias); inside a caller's transaction,

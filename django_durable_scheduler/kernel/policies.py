@@ -27,7 +27,7 @@ from typing import Any
 from django.db import IntegrityError, OperationalError, connections, transaction
 
 from .. import conf
-from ..db.dialect import alias_for, write_transaction
+from ..db.dialect import alias_for, is_deadlock, write_transaction
 from ..exceptions import AuthorityPolicyConflict, InvalidArgument
 from ..models import AuthorityPolicy, AuthorityPolicyRevision
 from ..rules.authority import (
@@ -157,13 +157,6 @@ def _conflict(principal: Principal, expected: int, actual: int) -> AuthorityPoli
     )
 
 
-def _is_deadlock(exc: OperationalError) -> bool:
-    cause = exc.__cause__
-    code = exc.args[0] if exc.args else None
-    # MySQL/MariaDB: 1213 deadlock; PostgreSQL: SQLSTATE 40P01 deadlock_detected.
-    return code == 1213 or getattr(cause, "sqlstate", getattr(cause, "pgcode", None)) == "40P01"
-
-
 def change_policy(
     principal_type: str,
     principal_id: str,
@@ -198,7 +191,7 @@ def change_policy(
         try:
             return _change_policy(change, alias)
         except OperationalError as exc:
-            if retries <= 0 or not _is_deadlock(exc):
+            if retries <= 0 or not is_deadlock(exc):
                 raise
             retries -= 1
 

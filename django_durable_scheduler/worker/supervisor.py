@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from django.db import DatabaseError, connections
 
 from .. import kernel
+from ..db.dialect import is_deadlock
 from .loop import Worker
 from .recent import RecentReading
 
@@ -58,6 +59,8 @@ GRACE_MARGIN = 30.0
 # How old the supervisor's reading of the recent run times may get before a death has it read
 # them again: they change slowly, and deaths may come every second.
 RECENT_EVERY = 10.0
+# How many times ending a dead child's leases is tried when the database breaks a deadlock.
+DEADLOCK_TRIES = 3
 STOPS = (signal.SIGTERM, signal.SIGINT)
 WATCHED = (*STOPS, signal.SIGCHLD)
 
@@ -267,11 +270,16 @@ class Supervisor:
     def end_leases(self, worker_id: str) -> str:
         """End a dead child's leases (one transaction, closed before a fork; the recent run
         times read again when RECENT_EVERY old); what to add to its death's log line."""
-        try:
-            ended = kernel.abandon(worker_id, using=self.using)
-        except DatabaseError as exc:
-            connections.close_all()
-            return f" (its leases expire on their own: {exc})"
+        for attempt in range(DEADLOCK_TRIES):
+            try:
+                ended = kernel.abandon(worker_id, using=self.using)
+                break
+            except DatabaseError as exc:
+                # Its locks can meet a claim's (MariaDB's gap locks); the loser is undone whole.
+                if attempt + 1 < DEADLOCK_TRIES and is_deadlock(exc):
+                    continue
+                connections.close_all()
+                return f" (its leases expire on their own: {exc})"
         self._read_recent(self.recent.refresh)  # none yet: the dead child's runs may be the first
         return f", {ended} of its leases ended" if ended else ""
 

@@ -192,3 +192,40 @@ def test_the_supervisor_reads_the_recent_run_times_for_its_children(clock):
     read_at = sup.recent.read_at
     sup.end_leases("w:3")  # found some, and not RECENT_EVERY old: not read again
     assert sup.recent.read_at == read_at
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deadlock_ending_a_dead_childs_leases_is_tried_again(monkeypatch, caplog):
+    """The database may undo the ending as a deadlock's loser (MariaDB's gap locks meet a
+    claim's): tried again, the work comes back at once instead of at its lease's end."""
+    from django.db import OperationalError
+
+    import django_durable_scheduler as scheduler
+    from django_durable_scheduler import kernel
+    from django_durable_scheduler.kernel import claiming
+
+    from ..conftest import AUTHORITY
+
+    scheduler.ensure_policy(AUTHORITY)
+    scheduler.create_job("dl", "test.ok", authority=AUTHORITY)
+    scheduler.enqueue("dl", scheduled_for=1_700_000_000_000, trigger_key="t")
+    (claimed,) = claiming.claim_batch(owner="w:9", lease=600, limit=1, kinds=["test.ok"])
+    abandon, failures = kernel.abandon, []
+
+    def deadlocked_first(owner, **kwargs):
+        if not failures:
+            failures.append(owner)  # as Django raises MySQL's 1213, the transaction undone
+            raise OperationalError(1213, "Deadlock found when trying to get lock; try restarting transaction")
+        return abandon(owner, **kwargs)
+
+    monkeypatch.setattr(kernel, "abandon", deadlocked_first)
+    sup = Supervisor(
+        processes=1,
+        make_worker=lambda name: supervisor.Worker(worker_id=name, concurrency=1, kinds=["test.ok"]),
+        worker_id="w",
+        grace=1,
+        finite=False,
+        stopped=[],
+    )
+    assert sup.end_leases("w:9") == ", 1 of its leases ended" and failures == ["w:9"]
+    assert Event.objects.filter(occurrence_id=claimed.pk, event_type="occurrence_abandoned").count() == 1
