@@ -36,6 +36,7 @@ from .statements import (
     guarded_statement,
     in_list,
     in_params,
+    one_row_insert,
     placeholders,
     prepared_row,
     quoted_columns,
@@ -469,9 +470,13 @@ def insert_guarded(
                 cursor.execute(guard[0], guard_params)
                 if cursor.fetchone() is None:
                     raise GuardFailed
+            for item in then if inserted else ():
+                cursor.execute(
+                    one_row_insert(connection, type(item), then_fields),
+                    prepared_row(item, then_fields, connection),
+                )
         if inserted:
-            mark_saved([obj], alias)
-            insert_rows(alias, then)
+            mark_saved([obj, *then], alias)
             if notify:
                 from .wakeup import notify_new_work
 

@@ -263,6 +263,26 @@ def returning_pk(connection: BaseDatabaseWrapper, model: type[Model]) -> str:
     return f" ON CONFLICT DO NOTHING RETURNING {connection.ops.quote_name(str(pk.column))}"
 
 
+_ONE_ROW: dict[tuple[Any, ...], tuple[Any, str]] = {}
+
+
+def one_row_insert(
+    connection: BaseDatabaseWrapper, model: type[Model], fields: tuple[Field[Any, Any], ...]
+) -> str:
+    """``INSERT INTO <table> (<fields>) VALUES (%s, ...)``, built once per database and shape of
+    row (by the fields tuple's identity, as :func:`guarded_statement`)."""
+    key = (connection.alias, model, id(fields))
+    kept = _ONE_ROW.get(key)
+    if kept is not None and kept[0] is fields:
+        return kept[1]
+    table = connection.ops.quote_name(model._meta.db_table)
+    sql = f"INSERT INTO {table} {quoted_columns(connection, fields)} VALUES {placeholders(len(fields))}"
+    if len(_ONE_ROW) > 256:
+        _ONE_ROW.clear()
+    _ONE_ROW[key] = (fields, sql)
+    return sql
+
+
 def values_statements(
     connection: BaseDatabaseWrapper,
     table: str,

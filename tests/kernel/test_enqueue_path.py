@@ -353,3 +353,19 @@ def test_bulk_keeps_payloads_that_python_equality_confuses(clock):
     # Rows alike in every column but the first still each get a row.
     same = [{"scheduled_for": clock(), "trigger_key": f"s{i}", "payload": {"v": 1}} for i in range(3)]
     assert [dedup for _, dedup in scheduler.enqueue_many("job-f", same)] == [False] * 3
+
+
+def test_a_returned_payload_changed_by_the_caller_changes_no_later_enqueue(clock):
+    # The occurrences that take their job's payload each get one of their own.
+    _make(payload={"to": ["a"]})
+    first, _ = scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="a")
+    second, _ = scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="b")
+    first.payload["to"].append("x")
+    second.payload["cc"] = 1
+    third, _ = scheduler.enqueue("job-f", scheduled_for=clock(), trigger_key="c")
+    assert third.payload == {"to": ["a"]}
+    assert Occurrence.objects.get(pk=third.pk).payload == {"to": ["a"]}
+    assert Job.objects.get(pk="job-f").payload == {"to": ["a"]}
+    rows = scheduler.enqueue_many("job-f", [{"scheduled_for": clock(), "trigger_key": k} for k in "de"])
+    rows[0][0].payload["to"].clear()
+    assert rows[1][0].payload == {"to": ["a"]}
