@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import weakref
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
@@ -49,13 +50,19 @@ class _Kept:
 
 
 # Per connection of this process that keeps plans (a DatabaseWrapper belongs to one thread),
-# by its identity: a read on a connection that keeps none pays one lookup.
-_KEPT: dict[int, tuple[BaseDatabaseWrapper, _Kept]] = {}
+# by its identity: a read on a connection that keeps none pays one lookup. Held weakly, and
+# dropped with the connection: a web server may start a thread, so a connection, per request.
+_KEPT: dict[int, tuple[weakref.ref[BaseDatabaseWrapper], _Kept]] = {}
 
 
 def _kept(connection: BaseDatabaseWrapper) -> _Kept | None:
     entry = _KEPT.get(id(connection))
-    return entry[1] if entry is not None and entry[0] is connection else None
+    return entry[1] if entry is not None and entry[0]() is connection else None
+
+
+def _add(connection: BaseDatabaseWrapper, kept: _Kept) -> None:
+    key = id(connection)
+    _KEPT[key] = (weakref.ref(connection, lambda _: _KEPT.pop(key, None)), kept)
 
 
 def keep_on(alias: str) -> bool:
@@ -67,7 +74,7 @@ def keep_on(alias: str) -> bool:
         return False
     kept = _kept(connection)
     if kept is None:
-        _KEPT[id(connection)] = (connection, _Kept(proven=True))
+        _add(connection, _Kept(proven=True))
     else:
         kept.proven = True
     return True
@@ -182,7 +189,7 @@ def _alone(connection: BaseDatabaseWrapper, kept: _Kept | None) -> _Kept | None:
         ):
             return None
         kept = _Kept(proven=False)
-        _KEPT[id(connection)] = (connection, kept)
+        _add(connection, kept)
     # Django's own flag, which get_autocommit() reads after connecting (False inside atomic).
     autocommit = connection.autocommit if connection.connection is not None else connection.get_autocommit()
     return kept if autocommit else None
@@ -191,9 +198,10 @@ def _alone(connection: BaseDatabaseWrapper, kept: _Kept | None) -> _Kept | None:
 def _shared_route(connection: BaseDatabaseWrapper, why: str) -> None:
     """Keep nothing alone on ``connection``'s database from now on, saying so once."""
     _SHARED_ROUTES.add(connection.alias)
-    for key, (other, kept) in list(_KEPT.items()):
-        if other.alias == connection.alias and not kept.proven:
-            del _KEPT[key]
+    for key, (ref, kept) in list(_KEPT.items()):
+        other = ref()
+        if other is not None and other.alias == connection.alias and not kept.proven:
+            _KEPT.pop(key, None)
     logger.warning(
         "database '%s' does not keep sessions (%s), as behind a transaction-mode pooler: its "
         "statements run as text from now on; set DURABLE_SCHEDULER_LISTEN = False for such a route",

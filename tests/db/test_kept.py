@@ -236,3 +236,21 @@ def test_the_enqueue_of_a_known_job_keeps_its_insert(alone, settings):
     settings.DURABLE_SCHEDULER_LISTEN = False
     kept.keep_off(connection.alias)
     assert [s for i in (5, 6, 7) for s in sent(lambda i=i: enqueue(i))].count("PREPARE") == 0
+
+
+@only_postgres
+def test_what_a_connection_keeps_goes_with_it(alone):
+    # A web server may start a thread, so a connection, per request: none of them is held here.
+    import gc
+
+    other = connections.create_connection("default")
+    try:
+        kept.fetch(other, READ, [1, "x", "ab"], alone=True)
+        assert kept.fetch(other, READ, [1, "x", "ab"], alone=True) == [(2, "x")]
+        assert kept._kept(other) is not None and kept._kept(other).names
+    finally:
+        other.close()
+    entries = len(kept._KEPT)
+    del other
+    gc.collect()
+    assert len(kept._KEPT) == entries - 1
