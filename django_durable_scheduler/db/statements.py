@@ -435,7 +435,7 @@ def guarded_statement(
     then_fields: tuple[Field[Any, Any], ...],
     notify: bool,
 ) -> str:
-    """The statement of :func:`.dialect.insert_guarded`, built once per database, columns and shape."""
+    """The statement of :func:`.guarded.insert_guarded`, built once per database, columns and shape."""
     then_model = type(then[0]) if then else None
     # By the field tuples' identity (dialect keeps one per shape of row; hashing the fields
     # themselves costs more than the statement saves), checked against the tuples kept.

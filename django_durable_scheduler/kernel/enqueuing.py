@@ -5,7 +5,7 @@ writer of occurrence state; each change is a transition of ``lifecycle.TRANSITIO
 An occurrence's identity is derived from its job's revision, its slot and trigger key
 (``identity.py``), so enqueueing the same slot twice finds the first occurrence instead of
 writing a second. Every occurrence is built as a model instance (its other columns take the
-model's defaults) and written by ``dialect.insert_rows``/``insert_guarded``, whose column
+model's defaults) and written by ``dialect.insert_rows``/``guarded.insert_guarded``, whose column
 lists come from the model: a field added to ``Occurrence`` needs no edit here.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 from django.db import IntegrityError, connections
 
 from .. import conf
-from ..db import dialect
+from ..db import dialect, guarded
 from ..db.wakeup import notify_new_work
 from ..exceptions import DataCorrupt, InvalidArgument, InvalidState, JobDisabled, NotFound
 from ..models import Batch, BatchStatus, Job, Occurrence
@@ -74,7 +74,7 @@ class _Remembered:
         guard = self.guards.get(default_payload)
         if guard is None:
             names = (*_JOB_GUARD, "payload") if default_payload else _JOB_GUARD
-            guard = self.guards[default_payload] = dialect.guard_for(alias, self.job, names)
+            guard = self.guards[default_payload] = guarded.guard_for(alias, self.job, names)
         return guard
 
 
@@ -83,7 +83,7 @@ _REMEMBERED_MAX = 1024
 
 
 def _remember(alias: str, job: Job) -> None:
-    if dialect.supports_guarded_insert(alias):
+    if guarded.supports_guarded_insert(alias):
         if len(_REMEMBERED) >= _REMEMBERED_MAX:
             _REMEMBERED.clear()
         _REMEMBERED[(alias, job.job_id)] = _Remembered(job)
@@ -159,7 +159,7 @@ def enqueue(
                 return insert_occurrence(remembered.job, guard=guard, builder=remembered.builder, **args)
             with dialect.write_transaction(alias):
                 return insert_occurrence(remembered.job, guard=guard, builder=remembered.builder, **args)
-        except (dialect.GuardFailed, InvalidArgument):
+        except (guarded.GuardFailed, InvalidArgument):
             # A job changed since: also one whose old key template cannot key this payload
             # (nothing is written before the key is computed). The current row decides.
             _REMEMBERED.pop((alias, job_id), None)

@@ -15,7 +15,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from .. import conf
-from ..db import dialect
+from ..db import dialect, guarded
 from ..db.statements import unsaved
 from ..db.wakeup import notify_new_work
 from ..exceptions import DataCorrupt, IdempotencyPayloadMismatch, JobDisabled
@@ -171,9 +171,9 @@ def insert_occurrence(
     """Insert a queued occurrence of ``job`` with its event and wake workers, or find the one
     with its identity: ``(occurrence, deduplicated)``. Inside the caller's write
     transaction, except with ``guard`` on PostgreSQL (one statement, see
-    ``dialect.insert_guarded``). ``guard``: ``job`` is a remembered row, not one read in this
+    ``guarded.insert_guarded``). ``guard``: ``job`` is a remembered row, not one read in this
     transaction; insert only if the stored row still has what the occurrence copies from it
-    (else ``dialect.GuardFailed``, nothing written). ``builder``: one of ``job``'s, kept
+    (else ``guarded.GuardFailed``, nothing written). ``builder``: one of ``job``'s, kept
     by the caller. ``trace_context``: the caller's (``tracing.capture()``), for the runs' spans;
     a schedule's slots, materialized by a worker, have no caller and carry none. ``unique_key``:
     the key a unique or debounced enqueue gives it. ``follow_ups``, ``chain_as_stored`` and
@@ -201,7 +201,7 @@ def insert_occurrence(
     event = build.event(occurrence)
     if guard is not None:
         # Its plan kept unless the route to the server may not keep sessions (LISTEN off).
-        created = dialect.insert_guarded(
+        created = guarded.insert_guarded(
             alias, occurrence, guard, then=[event], notify=True, keep_plan=conf.settings.LISTEN
         )
     elif dialect.can_skip_conflicts(alias):

@@ -113,6 +113,18 @@ def die_with_parent(parent: int, stop: Callable[[], None]) -> None:
     threading.Thread(target=watch, name="dsch-parent", daemon=True).start()
 
 
+def _abandon(worker_id: str, using: str | None) -> int:
+    """``kernel.abandon``, tried again when the database breaks a deadlock: its locks can meet
+    a claim's (MariaDB's gap locks), and the loser's transaction is undone whole."""
+    for _ in range(DEADLOCK_TRIES - 1):
+        try:
+            return kernel.abandon(worker_id, using=using)
+        except DatabaseError as exc:
+            if not is_deadlock(exc):
+                raise
+    return kernel.abandon(worker_id, using=using)
+
+
 class Supervisor:
     """Runs ``processes`` children, each ``make_worker(worker_id).run()``; ``run()`` returns
     the supervisor's exit code. ``stopped`` holds the stop signals received so far (the
@@ -270,16 +282,11 @@ class Supervisor:
     def end_leases(self, worker_id: str) -> str:
         """End a dead child's leases (one transaction, closed before a fork; the recent run
         times read again when RECENT_EVERY old); what to add to its death's log line."""
-        for attempt in range(DEADLOCK_TRIES):
-            try:
-                ended = kernel.abandon(worker_id, using=self.using)
-                break
-            except DatabaseError as exc:
-                # Its locks can meet a claim's (MariaDB's gap locks); the loser is undone whole.
-                if attempt + 1 < DEADLOCK_TRIES and is_deadlock(exc):
-                    continue
-                connections.close_all()
-                return f" (its leases expire on their own: {exc})"
+        try:
+            ended = _abandon(worker_id, self.using)
+        except DatabaseError as exc:
+            connections.close_all()
+            return f" (its leases expire on their own: {exc})"
         self._read_recent(self.recent.refresh)  # none yet: the dead child's runs may be the first
         return f", {ended} of its leases ended" if ended else ""
 

@@ -91,7 +91,7 @@ def exercise(tag: str) -> dict:
 def enqueue_steps(tag: str, facts: dict[str, Any]) -> set[str]:
     """enqueue, enqueue_many and a new job's first enqueue; the ids of the rows they inserted."""
     import django_durable_scheduler as scheduler
-    from django_durable_scheduler.db import dialect
+    from django_durable_scheduler.db import guarded
     from django_durable_scheduler.kernel import enqueuing
     from django_durable_scheduler.models import Occurrence
 
@@ -103,7 +103,7 @@ def enqueue_steps(tag: str, facts: dict[str, Any]) -> set[str]:
         "deduplicated": [d1, d2, d3],
         "same_row": again.pk == one.pk,
         "remembered": remembered,
-        "guarded_insert": dialect.supports_guarded_insert("default"),
+        "guarded_insert": guarded.supports_guarded_insert("default"),
     }
     items = [{"scheduled_for": BASE_MS + 2000 + i, "trigger_key": f"{tag}-m{i}"} for i in range(49)]
     items.insert(17, {"scheduled_for": BASE_MS, "trigger_key": "t0"})  # seeded before the migration
