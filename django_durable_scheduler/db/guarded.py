@@ -82,11 +82,10 @@ def insert_guarded(
                 cursor.execute(guard[0], guard_params)
                 if cursor.fetchone() is None:
                     raise GuardFailed
-            for item in then if inserted else ():
-                cursor.execute(
-                    one_row_insert(connection, type(item), then_fields),
-                    prepared_row(item, then_fields, connection),
-                )
+            elif then:  # its events, on the same cursor
+                insert = one_row_insert(connection, type(then[0]), then_fields)
+                for item in then:
+                    cursor.execute(insert, prepared_row(item, then_fields, connection))
         if inserted:
             mark_saved([obj, *then], alias)
             if notify:

@@ -19,6 +19,7 @@ error, when they are dropped on the server too before the next one is prepared.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
@@ -70,7 +71,7 @@ def keep_on(alias: str) -> bool:
     where the route to the server is known to keep a session (see the module). False where it
     does not apply: not PostgreSQL, or psycopg prepares by itself (``server_side_binding``)."""
     connection = connections[alias]
-    if connection.vendor != "postgresql" or connection.settings_dict["OPTIONS"].get("server_side_binding"):
+    if not _applies(connection):
         return False
     kept = _kept(connection)
     if kept is None:
@@ -78,6 +79,13 @@ def keep_on(alias: str) -> bool:
     else:
         kept.proven = True
     return True
+
+
+def _applies(connection: BaseDatabaseWrapper) -> bool:
+    """PostgreSQL, where psycopg does not prepare by itself (no ``server_side_binding``)."""
+    return connection.vendor == "postgresql" and not connection.settings_dict["OPTIONS"].get(
+        "server_side_binding"
+    )
 
 
 def keep_off(alias: str) -> None:
@@ -121,10 +129,10 @@ def _from_plan(
     """Run ``sql`` from its kept plan, preparing it first if needed; None if it cannot be
     prepared (the caller runs it as text)."""
     name, text, execute, names = _numbered(sql)
-    values = [params[key] for key in names] if isinstance(params, dict) else list(params)
     if name not in kept.names and not kept.proven and name not in kept.seen:
         kept.seen.add(name)
         return None
+    values = [params[key] for key in names] if isinstance(params, dict) else list(params)
     with connection.cursor() as cursor:
         if kept.unsure or (name not in kept.names and len(kept.names) >= MAX_KEPT):
             cursor.execute("DEALLOCATE ALL")
@@ -150,13 +158,11 @@ def _prepare(connection: BaseDatabaseWrapper, kept: _Kept, name: str, text: str)
     """``PREPARE`` ``text`` as ``name``, in a savepoint (inside the caller's transaction) so
     that a failure leaves the transaction usable; on failure the connection stops keeping
     plans, with one warning, and the statement runs as text."""
+    # Alone, the connection is in autocommit: a failure leaves nothing to roll back.
+    savepoint = transaction.atomic(using=connection.alias) if kept.proven else contextlib.nullcontext()
     try:
-        if kept.proven:
-            with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-                cursor.execute(f"PREPARE {name} AS {text}")
-        else:  # in autocommit: a failure leaves nothing to roll back
-            with connection.cursor() as cursor:
-                cursor.execute(f"PREPARE {name} AS {text}")
+        with savepoint, connection.cursor() as cursor:
+            cursor.execute(f"PREPARE {name} AS {text}")
     except DatabaseError as error:
         if not kept.proven:
             _shared_route(connection, f"preparing a statement failed ({_sqlstate(error)})")
@@ -182,11 +188,7 @@ _SHARED_ROUTES: set[str] = set()
 def _alone(connection: BaseDatabaseWrapper, kept: _Kept | None) -> _Kept | None:
     """The keeping of a statement run alone on ``connection``, if it may keep one now."""
     if kept is None:
-        if (
-            connection.vendor != "postgresql"
-            or connection.alias in _SHARED_ROUTES
-            or connection.settings_dict["OPTIONS"].get("server_side_binding")
-        ):
+        if connection.alias in _SHARED_ROUTES or not _applies(connection):
             return None
         kept = _Kept(proven=False)
         _add(connection, kept)

@@ -85,8 +85,10 @@ def _keep_plans(
 ) -> bool:
     """Once the wake-up listener has proven that the route to the server keeps a session, let
     the loop thread's connection keep the plans of the claim's reads (``db.kept``); whether
-    that question is settled."""
-    if listener is None or not listener[0].delivered.is_set():
+    that question is settled (at once without a LISTEN connection: nothing will prove it)."""
+    if listener is None or not isinstance(listener[0], wakeup.Listener):
+        return True
+    if not listener[0].delivered.is_set():
         return False
     alias = alias_for(using)
     if kept.keep_on(alias):
