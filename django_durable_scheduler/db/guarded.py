@@ -1,25 +1,139 @@
-"""The guarded insert: a row inserted only while another row still holds the values it was
-built from, without reading that row first. An enqueue of a job this process has read before
-uses it (``kernel.enqueuing``): the occurrence copies the job's columns, and the insert happens
-only while the stored job still has them, so it writes exactly what a fresh read would have.
+"""The inserts the ORM cannot say, in one place: rows skipped when their unique keys exist,
+with the keys of those that went in (``INSERT ... ON CONFLICT DO NOTHING RETURNING``, which
+``bulk_create(ignore_conflicts=True)`` does not report), and the guarded insert: a row
+inserted only while another row still holds the values it was built from, without reading
+that row first. An enqueue of a job this process has read before uses it
+(``kernel.enqueuing``): the occurrence copies the job's columns, and the insert happens only
+while the stored job still has them, so it writes exactly what a fresh read would have.
+
+Every statement takes its table, columns and values from the model: ``_meta.get_fields()``,
+each field's ``pre_save`` and ``get_db_prep_save``, as ``save()`` does.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 from django.db import connections
-from django.db.models import Field, Model
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import (
+    AutoField,
+    BigAutoField,
+    CharField,
+    Field,
+    GeneratedField,
+    Model,
+    SmallAutoField,
+    TextField,
+)
 
-from . import kept
-from .dialect import can_skip_conflicts, mark_saved, written_columns
-from .statements import guarded_statement, one_row_insert, prepared_row
+from .dialect import can_skip_conflicts, concrete_fields, mark_saved, placeholders
 from .wakeup import CHANNEL, notify_new_work
+
+_AUTO_FIELDS = (AutoField, BigAutoField, SmallAutoField)
 
 
 class GuardFailed(Exception):
     """The guard row of :func:`insert_guarded` no longer holds the expected values."""
+
+
+@cache
+def insert_fields(model: type[Model]) -> tuple[Field[Any, Any], ...]:
+    """The columns an insert of ``model`` writes: every concrete field but an auto-increment
+    key and a generated column (what ``save()`` leaves to the database)."""
+    return tuple(
+        field
+        for field in concrete_fields(model)
+        if not isinstance(field, GeneratedField)
+        and not (field.primary_key and isinstance(field, _AUTO_FIELDS))
+    )
+
+
+def _row(obj: Model, fields: Sequence[Field[Any, Any]], connection: BaseDatabaseWrapper) -> list[Any]:
+    """``obj``'s values of ``fields`` as ``save()`` binds them for an insert."""
+    return [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
+
+
+def _insert_sql(connection: BaseDatabaseWrapper, model: type[Model], rows: int) -> str:
+    quote = connection.ops.quote_name
+    fields = insert_fields(model)
+    columns = ", ".join(quote(str(field.column)) for field in fields)
+    values = ", ".join([placeholders(len(fields))] * rows)
+    return f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES {values}"
+
+
+def _conflicts_skipped(connection: BaseDatabaseWrapper, model: type[Model]) -> str:
+    pk = model._meta.pk
+    assert pk is not None
+    return f" ON CONFLICT DO NOTHING RETURNING {connection.ops.quote_name(str(pk.column))}"
+
+
+def _max_parameters(connection: BaseDatabaseWrapper) -> int:
+    """How many parameters one statement may bind: SQLite's own limit as its connection
+    reports it (``sqlite3.Connection.getlimit``, Python 3.11+), which is usually far above the
+    999 Django assumes; elsewhere Django's figure, or PostgreSQL's 65,535."""
+    if connection.vendor == "sqlite":
+        connection.ensure_connection()
+        getlimit = getattr(connection.connection, "getlimit", None)
+        if getlimit is not None:
+            return int(getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+    return int(connection.features.max_query_params or 65535)
+
+
+def insert_new(alias: str, objs: Sequence[Model]) -> set[Any]:
+    """Insert those of ``objs`` (all of one model) whose unique keys are not taken yet, and
+    return their primary keys (only where :func:`.dialect.can_skip_conflicts`; elsewhere the
+    caller inserts each in a savepoint)."""
+    if not objs:
+        return set()
+    connection = connections[alias]
+    if not can_skip_conflicts(alias):
+        raise ValueError(f"no insert that skips conflicts on {connection.vendor}")
+    model = type(objs[0])
+    fields = insert_fields(model)
+    per_statement = max(1, min(1000, _max_parameters(connection) // len(fields)))
+    inserted: set[Any] = set()
+    with connection.cursor() as cursor:
+        for start in range(0, len(objs), per_statement):
+            chunk = objs[start : start + per_statement]
+            sql = _insert_sql(connection, model, len(chunk)) + _conflicts_skipped(connection, model)
+            # SQLite: "ON CONFLICT" after "VALUES" is read as the insert's, as wanted.
+            cursor.execute(sql, [value for obj in chunk for value in _row(obj, fields, connection)])
+            inserted.update(row[0] for row in cursor.fetchall())
+    pk_name = model._meta.pk.attname
+    mark_saved([obj for obj in objs if getattr(obj, pk_name) in inserted], alias)
+    return inserted
+
+
+# A write that returns nothing, with its parameters: what :func:`insert_after` sends first.
+Write = tuple[str, list[Any]]
+
+
+def insert_after(alias: str, writes: Sequence[Write], objs: Sequence[Model]) -> None:
+    """Run ``writes`` (``UPDATE`` statements returning nothing), then insert ``objs`` (all of
+    one model), in the caller's transaction. On PostgreSQL, in one round trip: the writes go
+    as data-modifying ``WITH`` clauses of the insert (each runs once, to completion, whatever
+    the insert reads of it; the insert reads none). Elsewhere one after the other, the rows
+    by ``bulk_create``."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql" or not objs or not writes:
+        with connection.cursor() as cursor:
+            for sql, params in writes:
+                cursor.execute(sql, params)
+        if objs:
+            type(objs[0])._default_manager.db_manager(alias).bulk_create(objs)
+        return
+    model = type(objs[0])
+    fields = insert_fields(model)
+    clauses = ", ".join(f"w{n} AS ({sql})" for n, (sql, _) in enumerate(writes))
+    params = [value for _, write_params in writes for value in write_params]
+    params += [value for obj in objs for value in _row(obj, fields, connection)]
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH {clauses} {_insert_sql(connection, model, len(objs))}", params)
+    mark_saved(objs, alias)
 
 
 def supports_guarded_insert(alias: str) -> bool:
@@ -48,57 +162,104 @@ def guard_for(alias: str, obj: Model, names: Sequence[str]) -> tuple[str, list[A
     return f"SELECT 1 FROM {quote(meta.db_table)} WHERE {' AND '.join(conditions)}", params
 
 
+def _typed(connection: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
+    """``%s`` for a value of ``field`` in a PostgreSQL ``SELECT`` list, which (unlike
+    ``VALUES``) does not take its types from the target columns: cast to the column's type,
+    but for text, which the column takes as it is (a cast to ``varchar(n)`` would cut a
+    value too long silently, where the column refuses it)."""
+    target = field.target_field if field.is_relation else field  # type: ignore[attr-defined]
+    if isinstance(target, CharField | TextField):
+        return "%s::text"
+    return f"%s::{field.db_type(connection)}"
+
+
+@cache
+def _guarded_sql(
+    alias: str, model: type[Model], guard_sql: str, then: type[Model] | None, then_rows: int
+) -> str:
+    """The statement of :func:`insert_guarded` on PostgreSQL: the guard, the insert and its
+    ``then`` rows and the wake-up in one ``WITH``, so one round trip that is atomic by itself."""
+    connection = connections[alias]
+    quote = connection.ops.quote_name
+    fields = insert_fields(model)
+    columns = ", ".join(quote(str(field.column)) for field in fields)
+    select = ", ".join(_typed(connection, field) for field in fields)
+    parts = [
+        f"g AS ({guard_sql})",
+        f"o AS (INSERT INTO {quote(model._meta.db_table)} ({columns}) SELECT {select} FROM g"
+        " ON CONFLICT DO NOTHING RETURNING 1)",
+    ]
+    if then is not None:
+        then_fields = insert_fields(then)
+        then_columns = ", ".join(quote(str(field.column)) for field in then_fields)
+        then_select = ", ".join(_typed(connection, field) for field in then_fields)
+        rows = " UNION ALL ".join([f"SELECT {then_select} FROM o"] * then_rows)
+        parts.append(f"t AS (INSERT INTO {quote(then._meta.db_table)} ({then_columns}) {rows})")
+    # Delivered by PostgreSQL only if (and when) the transaction commits.
+    parts.append("n AS (SELECT pg_notify(%s, '') FROM o)")
+    counts = "(SELECT COUNT(*) FROM o), (SELECT COUNT(*) FROM g), (SELECT COUNT(*) FROM n)"
+    return f"WITH {', '.join(parts)} SELECT {counts}"
+
+
 def insert_guarded(
-    alias: str,
-    obj: Model,
-    guard: tuple[str, list[Any]],
-    *,
-    then: Sequence[Model] = (),
-    notify: bool = False,
-    keep_plan: bool = False,
+    alias: str, obj: Model, guard: tuple[str, list[Any]], *, then: Sequence[Model] = ()
 ) -> bool:
     """Insert ``obj`` only while the ``guard`` row (from :func:`guard_for`) still holds its
     values, skipping it if a row with one of its unique keys exists; if inserted, also the
-    rows ``then`` (its events) and, with ``notify``, a wake-up of listening workers. True if
+    rows ``then`` (its events, all of one model) and a wake-up of listening workers. True if
     inserted, False if a row was there; :class:`GuardFailed` (nothing written) if the guard
-    row changed. The enqueue of a job this process has read before uses it to insert
-    without reading the job again.
+    row changed.
 
-    PostgreSQL: one statement (the guard, the inserts and ``pg_notify`` in one ``WITH``),
-    atomic by itself, so it needs no transaction of its own; with ``keep_plan``, its plan is
-    kept when it runs alone (``kept.fetch``). SQLite: the insert, then the rest, so the caller
-    runs it inside a write transaction."""
+    PostgreSQL: one statement, atomic by itself, so it needs no transaction of its own.
+    SQLite: the insert, then the rest, so the caller runs it inside a write transaction."""
     connection = connections[alias]
-    fields = written_columns([obj])
-    then_fields = written_columns(then) if then else ()
-    sql = guarded_statement(connection, type(obj), fields, guard[0], then, then_fields, notify)
-    row = prepared_row(obj, fields, connection)
-    guard_params = guard[1]
-    if connection.vendor == "sqlite":
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [*row, *guard_params])
-            inserted = cursor.fetchone() is not None
-            if not inserted:
-                cursor.execute(guard[0], guard_params)
-                if cursor.fetchone() is None:
-                    raise GuardFailed
-            elif then:  # its events, on the same cursor
-                insert = one_row_insert(connection, type(then[0]), then_fields)
-                for item in then:
-                    cursor.execute(insert, prepared_row(item, then_fields, connection))
-        if inserted:
-            mark_saved([obj, *then], alias)
-            if notify:
-                notify_new_work(alias)
-        return inserted
-    params: list[Any] = [*guard_params, *row]
-    for item in then:
-        params += prepared_row(item, then_fields, connection)
-    if notify:
-        params.append(CHANNEL)
-    count, guard_held, *_ = kept.fetch(connection, sql, params, alone=keep_plan)[0]
-    if not guard_held:
+    model = type(obj)
+    row = _row(obj, insert_fields(model), connection)
+    guard_sql, guard_params = guard
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            inserted = _insert_guarded_sqlite(cursor, connection, obj, row, guard)
+        else:
+            then_model = type(then[0]) if then else None
+            params: list[Any] = [*guard_params, *row]
+            for item in then:
+                params += _row(item, insert_fields(type(item)), connection)
+            params.append(CHANNEL)
+            cursor.execute(_guarded_sql(alias, model, guard_sql, then_model, len(then)), params)
+            count, guard_held, _ = cursor.fetchone()
+            if not guard_held:
+                raise GuardFailed
+            inserted = bool(count)
+    if not inserted:
+        return False
+    mark_saved([obj], alias)
+    if connection.vendor != "sqlite":
+        mark_saved(then, alias)
+        return True
+    if then:
+        type(then[0])._default_manager.db_manager(alias).bulk_create(then)
+    notify_new_work(alias)
+    return True
+
+
+def _insert_guarded_sqlite(
+    cursor: Any, connection: BaseDatabaseWrapper, obj: Model, row: list[Any], guard: tuple[str, list[Any]]
+) -> bool:
+    """SQLite's guarded insert: ``INSERT ... SELECT ... WHERE EXISTS (guard)``, and when
+    nothing went in, the guard again to tell a row already there from a changed guard row."""
+    model = type(obj)
+    quote = connection.ops.quote_name
+    fields = insert_fields(model)
+    columns = ", ".join(quote(str(field.column)) for field in fields)
+    # "WHERE EXISTS" also tells SQLite's parser that ON CONFLICT belongs to the INSERT.
+    sql = (
+        f"INSERT INTO {quote(model._meta.db_table)} ({columns}) SELECT {', '.join(['%s'] * len(fields))}"
+        f" WHERE EXISTS ({guard[0]}){_conflicts_skipped(connection, model)}"
+    )
+    cursor.execute(sql, [*row, *guard[1]])
+    if cursor.fetchone() is not None:
+        return True
+    cursor.execute(guard[0], guard[1])
+    if cursor.fetchone() is None:
         raise GuardFailed
-    if count:
-        mark_saved([obj, *then], alias)
-    return bool(count)
+    return False

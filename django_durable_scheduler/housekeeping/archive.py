@@ -28,6 +28,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Model
 
 from .. import conf
+from ..db import dialect
 
 FORMAT = 1
 APP_LABEL = "durable_scheduler"
@@ -58,7 +59,7 @@ class Sink:
         """Write ``rows`` of ``model`` for ``period`` as one file, read it back to check its
         row count and checksum, and return its name in the storage; ``ArchiveError`` (and no
         file left behind, where it can be deleted) when any of that fails."""
-        fields = model._meta.concrete_fields
+        fields = dialect.concrete_fields(model)
         header = {
             "archive": FORMAT,
             "model": model._meta.label,
@@ -161,7 +162,7 @@ def read(storage: Storage, name: str) -> Contents:
         model = apps.get_model(label)
     except LookupError as exc:
         raise ArchiveError(f"{name} holds rows of {label}, which this app does not have") from exc
-    fields = {field.attname: field for field in model._meta.concrete_fields}
+    fields = {field.attname: field for field in dialect.concrete_fields(model)}
     rows = [
         model(**{key: fields[key].to_python(value) for key, value in row.items() if key in fields})
         for row in lines[1:]

@@ -33,6 +33,7 @@ from typing import Any, Protocol, TypeVar
 from django.db import OperationalError, connections, transaction
 from django.db.models import QuerySet
 
+from ..db import dialect
 from ..exceptions import InvalidArgument
 from ..models import Event, Occurrence
 
@@ -190,7 +191,7 @@ def _literal(moment: datetime) -> str:
 
 
 def _columns(quote: Any) -> str:
-    return ", ".join(quote(f.column) for f in Event._meta.concrete_fields)
+    return ", ".join(quote(f.column) for f in dialect.concrete_fields(Event))
 
 
 def _retrying(step: Callable[[], T]) -> T:

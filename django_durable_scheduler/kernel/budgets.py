@@ -16,9 +16,10 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections
+from django.db.models import Field
 
 from .. import conf
-from ..db import dialect, kept
+from ..db import dialect, guarded
 from ..exceptions import (
     AuthorityBudgetExhausted,
     AuthorityBudgetStateInvalid,
@@ -152,8 +153,10 @@ def _lock_usage(keys: list[Key], alias: str, *, lock: bool = True) -> dict[tuple
         f" {quote('units')}, {quote('mismatch')} FROM {quote(AuthorityUsage._meta.db_table)}"
         f" WHERE {match} ORDER BY {principal}{lock_clause}"
     )
-    # From a kept plan where the worker keeps them: a claim sends it every time.
-    for pk, principal_type, principal_id, runs, units, seen in kept.fetch(connection, sql, params):
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchall()
+    for pk, principal_type, principal_id, runs, units, seen in found:
         seen = json.loads(seen) if isinstance(seen, str | bytes) else seen  # a driver's JSON as text
         usages[principal_type, principal_id] = AuthorityUsage(pk=pk, runs=runs, units=units, mismatch=seen)
     return usages
@@ -280,7 +283,10 @@ def _usage_rows(keys: list[Key], now: datetime, alias: str) -> dict[tuple[str, s
             AuthorityUsage(**dict(zip(_KEY_FIELDS, key, strict=True)), runs=0, units=0, updated_at=now)
             for key in missing
         ]
-        dialect.insert_rows(alias, rows, skip_conflicts=dialect.can_skip_conflicts(alias))
+        if dialect.can_skip_conflicts(alias):
+            guarded.insert_new(alias, rows)
+        else:
+            dialect.insert(alias, rows)
     if several:
         return _lock_usage(keys, alias)
     if missing:
@@ -304,7 +310,8 @@ def _check_empty(
             usage.mismatch = _mismatch_record((0, 0), _recount(key, alias)[1], now)
             usage.verified_at = now
             marked.append(usage)
-    dialect.update_rows(alias, marked, ["mismatch", "verified_at"])
+    if marked:
+        AuthorityUsage.objects.using(alias).bulk_update(marked, ["mismatch", "verified_at"])
 
 
 def charge(
@@ -342,9 +349,25 @@ def charge(
             usage.runs, usage.units, usage.updated_at = runs, units, now
             changed.append(usage)
     # The usage rows and the reservations in one round trip where the database can.
-    counted = dialect.update_statement(alias, changed, ["runs", "units", "updated_at"]) if changed else None
-    dialect.insert_rows(alias, fresh, after=counted)
+    guarded.insert_after(alias, [_usage_update(alias, usage) for usage in changed], fresh)
     return results
+
+
+def _usage_update(alias: str, usage: AuthorityUsage) -> guarded.Write:
+    """The write of one charged window's new counts (its row locked by this transaction)."""
+    connection = connections[alias]
+    quote = connection.ops.quote_name
+    meta = AuthorityUsage._meta
+    sets, params = [], []
+    for name in ("runs", "units", "updated_at"):
+        field = meta.get_field(name)
+        assert isinstance(field, Field)
+        sets.append(f"{quote(str(field.column))} = %s")
+        params.append(field.get_db_prep_save(getattr(usage, name), connection))
+    pk = meta.pk
+    assert pk is not None
+    sql = f"UPDATE {quote(meta.db_table)} SET {', '.join(sets)} WHERE {quote(str(pk.column))} = %s"
+    return sql, [*params, pk.get_db_prep_value(usage.pk, connection)]
 
 
 def settle_reservations(

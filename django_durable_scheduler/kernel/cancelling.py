@@ -23,7 +23,7 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from .. import conf
-from ..db.dialect import alias_for, insert_rows, write_transaction
+from ..db.dialect import alias_for, insert, write_transaction
 from ..exceptions import InvalidArgument, InvalidState
 from ..models import PENDING_STATUSES, Batch, Occurrence, OccurrenceStatus
 from ..rules.events import BATCH_CANCELLED, new_event
@@ -149,7 +149,7 @@ def cancel_pending(
                 data={"reason": reason, "previousStatus": previous, **data},
             )
         )
-    insert_rows(alias, events)
+    insert(alias, events)
     reached_terminal(rows, now, alias)
 
 

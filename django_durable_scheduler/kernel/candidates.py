@@ -12,8 +12,7 @@ from typing import Any, NamedTuple
 
 from django.db import connections
 
-from ..db.dialect import read_models
-from ..db.statements import in_params
+from ..db.dialect import in_params, read_models
 from ..exceptions import InvalidArgument
 from ..models import Occurrence
 from . import claim_sql, concurrency
@@ -218,7 +217,7 @@ def _lock_pool(
         position += len(chunk)
         sql = claim_sql.lock_statement(alias, vendor, len(chunk))
         params = [*in_params(connections[alias], chunk), at, at]
-        locked = read_models(alias, Occurrence, claim_sql.CLAIM_COLUMNS, sql, params)
+        locked = read_models(alias, Occurrence, sql, params)
         if gate is None:
             got += locked
         else:  # in rank order: the first of a limit's candidates take its free places

@@ -24,9 +24,7 @@ from django.db.models import Field, Model
 from django.utils.dateparse import parse_datetime
 
 from .. import conf
-from ..db import kept
-from ..db.dialect import model_columns
-from ..db.statements import in_list, in_params
+from ..db.dialect import concrete_fields, in_list, in_params, model_columns
 from ..models import Event, Job, Occurrence, OccurrenceStatus
 from ..rules.events import OCCURRENCE_CLAIMED, OCCURRENCE_RECLAIMED
 from ..rules.lifecycle import CLAIMABLE_SQL, RECLAIMABLE_SQL, Action, sql_sets
@@ -284,7 +282,7 @@ def _names(connection: BaseDatabaseWrapper) -> dict[str, Any]:
     def columns(model: type[Model]) -> SimpleNamespace:
         table = quote(model._meta.db_table)
         found = {}
-        for field in model._meta.concrete_fields:
+        for field in concrete_fields(model):
             found[field.name] = found[field.attname] = f"{table}.{quote(str(field.column))}"
         return SimpleNamespace(**found)
 
@@ -334,7 +332,7 @@ def _statements(alias: str, vendor: str, kinds: int | None) -> dict[str, str]:
     }
 
 
-# CLAIM_FIELDS in the model's order, the order ``dialect.read_models`` reads them in.
+# The claim's columns of the occurrence, which ``dialect.read_models`` matches by name.
 CLAIM_COLUMNS = model_columns(Occurrence, CLAIM_FIELDS)
 
 
@@ -366,14 +364,14 @@ def _claim_update(alias: str, vendor: str, ids: int) -> tuple[str, tuple[Field[A
     return f"UPDATE {names['occurrences']} SET {', '.join(sets)} WHERE {where}", tuple(given)
 
 
-def claim_update(alias: str, values: dict[str, Any], ids: list[str]) -> tuple[str, list[list[Any]]]:
+def claim_update(alias: str, values: dict[str, Any], ids: list[str]) -> tuple[str, list[Any]]:
     """The write of the claim's ``values`` (``lifecycle.writes``) to the rows ``ids``, which
     the transaction has locked: one statement, built once per alias and size, for
-    ``dialect.insert_rows`` to send with the claim's events."""
+    ``guarded.insert_after`` to send with the claim's events."""
     connection = connections[alias]
     sql, given = _claim_update(alias, connection.vendor, len(ids))
     params = [field.get_db_prep_save(values[field.name], connection) for field in given]
-    return sql, [[*params, *in_params(connection, ids)]]
+    return sql, [*params, *in_params(connection, ids)]
 
 
 def sql_of(alias: str, kinds: list[str] | None = None) -> dict[str, str]:
@@ -415,9 +413,10 @@ def as_datetime(value: Any) -> datetime:
 
 
 def fetch(alias: str, sql: str, params: list[Any] | dict[str, Any]) -> list[tuple[Any, ...]]:
-    """The rows of one of these reads, from the plan the connection keeps where the worker
-    has it keep them (``db.kept``)."""
-    return kept.fetch(connections[alias], sql, params)
+    """The rows of one of these reads."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
 
 
 def cursor_params() -> dict[str, Any]:

@@ -16,7 +16,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .. import conf
-from ..db.dialect import alias_for, insert_rows, write_transaction
+from ..db import guarded
+from ..db.dialect import alias_for, write_transaction
 from ..exceptions import InvalidArgument
 from ..models import Occurrence, OccurrenceStatus
 from ..rules.events import new_event
@@ -145,7 +146,7 @@ def claim_planned(
         )
         applied(Action.CLAIM, row, values)
     # The UPDATE and its events in one round trip where the database can.
-    insert_rows(alias, events, after=update)
+    guarded.insert_after(alias, [update], events)
     return rows
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 from django.db.models import Q
 
-from ..db import dialect
+from ..db import dialect, guarded
 from ..exceptions import InvalidArgument
 from ..models import AuthorityPolicy, ConcurrencySlot, Occurrence, OccurrenceStatus
 from ..rules.authority import Principal
@@ -169,7 +169,7 @@ class Gate:
             for key in missing
         ]
         if dialect.can_skip_conflicts(self.alias):
-            dialect.insert_rows(self.alias, rows, skip_conflicts=True)
+            guarded.insert_new(self.alias, rows)
             return
         for row in rows:  # MySQL/MariaDB: one savepoint each, a row another claim made is kept
             try:
@@ -210,7 +210,7 @@ class Gate:
             for key in sorted(self.changed)
         ]
         if rows:
-            dialect.update_rows(self.alias, rows, ["holders", "updated_at"])
+            ConcurrencySlot.objects.using(self.alias).bulk_update(rows, ["holders", "updated_at"])
 
 
 def _holds(holder: list[Any], state: dict[str, tuple[int, bool]]) -> bool:

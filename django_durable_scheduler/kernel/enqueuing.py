@@ -5,8 +5,8 @@ writer of occurrence state; each change is a transition of ``lifecycle.TRANSITIO
 An occurrence's identity is derived from its job's revision, its slot and trigger key
 (``identity.py``), so enqueueing the same slot twice finds the first occurrence instead of
 writing a second. Every occurrence is built as a model instance (its other columns take the
-model's defaults) and written by ``dialect.insert_rows``/``guarded.insert_guarded``, whose column
-lists come from the model: a field added to ``Occurrence`` needs no edit here.
+model's defaults) and written by ``dialect.insert`` or one of ``guarded``'s inserts, whose
+column lists come from the model: a field added to ``Occurrence`` needs no edit here.
 """
 
 from __future__ import annotations
@@ -270,7 +270,7 @@ def enqueue_many(
         rows = [build.occurrence(*item, now, 0, trace_context, None, follow_ups, **links) for item in parsed]
         fresh, firsts = _split_fresh(job, rows)
         if dialect.can_skip_conflicts(alias):
-            inserted = dialect.insert_rows(alias, _in_key_order(fresh), skip_conflicts=True)
+            inserted = guarded.insert_new(alias, _in_key_order(fresh))
             present = _present(alias, [pk for pk in fresh if pk not in inserted])
             if len(present) + len(inserted) != len(fresh):
                 raise IntegrityError("occurrences were neither inserted nor found")
@@ -279,14 +279,14 @@ def enqueue_many(
             # locked, so a racing enqueue of the same identity fails this one loudly.
             present = _present(alias, list(fresh))
             inserted = {pk for pk in fresh if pk not in present}
-            dialect.insert_rows(alias, [row for row in _in_key_order(fresh) if row.pk in inserted])
+            dialect.insert(alias, [row for row in _in_key_order(fresh) if row.pk in inserted])
         results = _judge_present(job, rows, firsts, present)
         new = [row for row in _in_key_order(fresh) if row.pk in inserted]
         if joined is not None:
             for prior in present.values():
                 batches.not_a_member_elsewhere(prior, joined)
             batches.grew(joined, len(new), alias)
-        dialect.insert_rows(alias, [build.event(row) for row in new])
+        dialect.insert(alias, [build.event(row) for row in new])
         if new:
             notify_new_work(alias)
             count_enqueued(job.kind, job.authority, len(new))

@@ -14,9 +14,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from .. import conf
 from ..db import dialect, guarded
-from ..db.statements import unsaved
 from ..db.wakeup import notify_new_work
 from ..exceptions import DataCorrupt, IdempotencyPayloadMismatch, JobDisabled
 from ..models import Event, Job, Occurrence, OccurrenceStatus
@@ -80,31 +78,28 @@ class Builder:
         digest = self.digest_of(scheduled_ms, trigger_key)
         scheduled = from_ms(scheduled_ms)
         payload = pickle.loads(self.job_payload) if payload is JOB_PAYLOAD else payload
-        return unsaved(
-            Occurrence,
-            {
-                "occurrence_id": OCCURRENCE_ID_PREFIX + digest,
-                # By id: a remembered job row may be stale in columns no guard covers.
-                "job_id": job.job_id,
-                "job_revision": job.revision,
-                "idempotency_key": IDEMPOTENCY_KEY_PREFIX + digest,
-                "trigger_key": trigger_key,
-                "scheduled_for": scheduled,
-                "available_at": scheduled if available_ms == scheduled_ms else from_ms(available_ms),
-                "status": OccurrenceStatus.QUEUED,
-                "max_attempts": job.max_attempts,
-                "authority": job.authority,
-                "payload": payload,
-                "principal_key": self.principal_key,
-                "priority": priority,
-                "concurrency_key": render_key(self.key_spec, payload),
-                "unique_key": unique_key,
-                "created_at": now,
-                "updated_at": now,
-                "trace_context": trace_context,
-                "follow_ups": chains.merged(self_chain, follow_ups) if self_chain or follow_ups else None,
-                **links,
-            },
+        return Occurrence(
+            occurrence_id=OCCURRENCE_ID_PREFIX + digest,
+            # By id: a remembered job row may be stale in columns no guard covers.
+            job_id=job.job_id,
+            job_revision=job.revision,
+            idempotency_key=IDEMPOTENCY_KEY_PREFIX + digest,
+            trigger_key=trigger_key,
+            scheduled_for=scheduled,
+            available_at=scheduled if available_ms == scheduled_ms else from_ms(available_ms),
+            status=OccurrenceStatus.QUEUED,
+            max_attempts=job.max_attempts,
+            authority=job.authority,
+            payload=payload,
+            principal_key=self.principal_key,
+            priority=priority,
+            concurrency_key=render_key(self.key_spec, payload),
+            unique_key=unique_key,
+            created_at=now,
+            updated_at=now,
+            trace_context=trace_context,
+            follow_ups=chains.merged(self_chain, follow_ups) if self_chain or follow_ups else None,
+            **links,
         )
 
     @staticmethod
@@ -200,25 +195,22 @@ def insert_occurrence(
     )
     event = build.event(occurrence)
     if guard is not None:
-        # Its plan kept unless the route to the server may not keep sessions (LISTEN off).
-        created = guarded.insert_guarded(
-            alias, occurrence, guard, then=[event], notify=True, keep_plan=conf.settings.LISTEN
-        )
+        created = guarded.insert_guarded(alias, occurrence, guard, then=[event])
     elif dialect.can_skip_conflicts(alias):
-        created = bool(dialect.insert_rows(alias, [occurrence], skip_conflicts=True))
+        created = bool(guarded.insert_new(alias, [occurrence]))
         if created:
-            dialect.insert_rows(alias, [event])
+            dialect.insert(alias, [event])
             notify_new_work(alias)
     else:
         try:
             # A savepoint, so that losing an insert race leaves the transaction usable.
             with transaction.atomic(using=alias):
-                dialect.insert_rows(alias, [occurrence])
+                dialect.insert(alias, [occurrence])
             created = True
         except IntegrityError:
             created = False
         if created:
-            dialect.insert_rows(alias, [event])
+            dialect.insert(alias, [event])
             notify_new_work(alias)
     if not created:
         return found(job, occurrence, alias)

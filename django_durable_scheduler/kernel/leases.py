@@ -23,7 +23,7 @@ from django.db.models.functions import Greatest
 from .. import conf
 from ..db.dialect import (
     alias_for,
-    insert_rows,
+    insert,
     lock_rows,
     write_transaction,
 )
@@ -107,7 +107,7 @@ def _dead_letter_rows(rows: Sequence[Occurrence], now: datetime, alias: str, *, 
             settle_reservations(ids, OccurrenceStatus.DEAD_LETTER, outcome, now, alias)
         else:
             settle_cancelled(ids, CANCELLED_WHILE_RUNNING, now, alias)
-    insert_rows(alias, events)
+    insert(alias, events)
     reached_terminal(rows, now, alias)
 
 
@@ -233,7 +233,7 @@ def _renew_chunk(
         if renewed:
             values = writes(Action.RENEW, now, lease_expires_at=Greatest(F("lease_expires_at"), wanted))
             Occurrence.objects.using(alias).filter(pk__in=[row.pk for row in renewed]).update(**values)
-        insert_rows(
+        insert(
             alias,
             [
                 new_event(
@@ -301,7 +301,7 @@ def abandon(owner: str, *, using: str | None = None) -> int:
         if not rows:
             return 0
         leases.update(**writes(Action.ABANDON, now, lease_expires_at=now))
-        insert_rows(
+        insert(
             alias,
             [
                 new_event(

@@ -13,7 +13,7 @@ from datetime import datetime
 from django.db.models import Count, Min, Q
 
 from .. import conf
-from ..db.dialect import alias_for, insert_rows, lock_rows, write_transaction
+from ..db.dialect import alias_for, insert, lock_rows, write_transaction
 from ..models import PENDING_STATUSES, Job, Occurrence, OccurrenceStatus
 from ..rules.events import SLOT_SKIPPED, new_event
 from ..rules.schedules import plan_slots
@@ -71,7 +71,7 @@ def _materialize_job(job: Job, now: datetime, alias: str) -> int:
             alias=alias,
         )
         written += not deduplicated
-    insert_rows(
+    insert(
         alias,
         [new_event(job.job_id, SLOT_SKIPPED, now, data=skipped.event_data()) for skipped in plan.skipped],
     )

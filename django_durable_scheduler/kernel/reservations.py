@@ -276,7 +276,7 @@ def _policies_statement(alias: str, count: int, clause: str) -> str:
     connection = connections[alias]
     quote = connection.ops.quote_name
     meta = AuthorityPolicy._meta
-    column = {field.name: quote(str(field.column)) for field in meta.concrete_fields}
+    column = {field.name: quote(str(field.column)) for field in dialect.concrete_fields(AuthorityPolicy)}
     ptype, pid = column["principal_type"], column["principal_id"]
     match = " OR ".join([f"({ptype} = %s AND {pid} = %s)"] * count)
     return (
@@ -299,13 +299,7 @@ def _lock_policies(keys: set[Principal], alias: str, *, shared: bool = False) ->
         clause = "FOR UPDATE" if connections[alias].features.has_select_for_update else ""
     sql = _policies_statement(alias, len(keys), clause)
     params = [part for key in sorted(keys) for part in key]
-    return {
-        Principal.of_row(p): p
-        for p in dialect.read_models(alias, AuthorityPolicy, _POLICY_COLUMNS, sql, params)
-    }
-
-
-_POLICY_COLUMNS = tuple(AuthorityPolicy._meta.concrete_fields)
+    return {Principal.of_row(p): p for p in dialect.read_models(alias, AuthorityPolicy, sql, params)}
 
 
 # A verdict in progress: (index of the item, the locked occurrence, why it is refused).

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 from .. import conf
-from ..db.dialect import insert_rows, write_transaction
+from ..db.dialect import insert, write_transaction
 from ..exceptions import InvalidArgument, LeaseLost
 from ..models import TERMINAL_STATUSES, Job, Occurrence, OccurrenceStatus
 from ..rules.events import new_event
@@ -318,7 +318,7 @@ def _settle_held(
     reserved: dict[str, dict[str, Any]] = {}
     for status, outcome_data, ids in terminal.values():
         reserved.update(settle_reservations(ids, status, outcome_data, now, alias))
-    insert_rows(
+    insert(
         alias,
         [
             new_event(

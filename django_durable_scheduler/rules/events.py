@@ -8,7 +8,6 @@ from datetime import datetime
 from typing import Any
 
 from ..db.dialect import alias_for
-from ..db.statements import unsaved
 from ..exceptions import InvalidArgument
 from ..models import Event, Occurrence
 from .validation import normalize_bool, normalize_identifier, normalize_int
@@ -77,17 +76,14 @@ def new_event(
     data: dict[str, Any] | None = None,
 ) -> Event:
     """An unsaved event (the caller saves it inside its transaction, alone or in bulk)."""
-    return unsaved(
-        Event,
-        {
-            "job_id": job_id,
-            "occurrence_id": occurrence_id,
-            "event_type": event_type,
-            "occurred_at": at,
-            "owner_id": owner_id,
-            "fence": fence,
-            "data": data or {},
-        },
+    return Event(
+        job_id=job_id,
+        occurrence_id=occurrence_id,
+        event_type=event_type,
+        occurred_at=at,
+        owner_id=owner_id,
+        fence=fence,
+        data=data or {},
     )
 
 

@@ -39,7 +39,7 @@ from types import FrameType
 from django.db import DatabaseError, connections
 
 from .. import conf, kernel, registry
-from ..db import kept, wakeup
+from ..db import dialect, wakeup
 from ..db.dialect import alias_for, lock_waited
 from ..housekeeping.retention.thread import RetentionThread
 from ..models import Occurrence
@@ -80,33 +80,28 @@ def _listen(
     return None
 
 
-def _keep_plans(
-    listener: tuple[wakeup.Listener | wakeup.SocketListener, threading.Thread] | None, using: str | None
-) -> bool:
-    """Once the wake-up listener has proven that the route to the server keeps a session, let
-    the loop thread's connection keep the plans of the claim's reads (``db.kept``); whether
-    that question is settled (at once without a LISTEN connection: nothing will prove it)."""
-    if listener is None or not isinstance(listener[0], wakeup.Listener):
-        return True
-    if not listener[0].delivered.is_set():
-        return False
-    alias = alias_for(using)
-    if kept.keep_on(alias):
-        logger.info("keeping the plans of the claim's reads on database '%s'", alias)
-    return True
+def _log_preparation(alias: str) -> None:
+    """Say once whether psycopg prepares the loop's statements, which decides what a claim
+    costs on PostgreSQL (docs/scaling.md, "Prepared statements")."""
+    threshold = dialect.prepare_threshold(alias)
+    if threshold is not None:
+        logger.info("database '%s': psycopg prepares statements run %d times", alias, threshold)
+    elif connections[alias].vendor == "postgresql":
+        logger.info(
+            "database '%s': statements go as text (see `manage.py check --deploy --tag durable_scheduler`)",
+            alias,
+        )
 
 
 def _stop_listening(
     listener: tuple[wakeup.Listener | wakeup.SocketListener, threading.Thread] | None, using: str | None
 ) -> None:
-    """Stop the wake-up listener, and the keeping of plans that it allowed: the loop thread's
-    connection outlives the worker (a worker run in a thread of a longer process)."""
+    """Stop the wake-up listener and wait for its thread."""
     if listener is None:
         return
     listening, thread = listener
     listening.stop()
     thread.join(timeout=5)
-    kept.keep_off(alias_for(using))
 
 
 class Waker:
@@ -307,7 +302,6 @@ class Worker:
         self._signals = StopOnSignal(self.stop, grace)
         self._kinds: list[str] = []
         self._listener: tuple[wakeup.Listener | wakeup.SocketListener, threading.Thread] | None = None
-        self._keeping = False  # whether _keep_plans has been done
         self._exit_code = 0
 
     @property
@@ -383,6 +377,7 @@ class Worker:
             self.lease,
             kinds,
         )
+        _log_preparation(alias_for(self.using))
         if not self.pacer.seeded:  # a supervisor may have read it for all its workers
             seed_pacer(self.pacer, kinds, self.concurrency, self.using)
         # Listening before the first heartbeat: a worker that shows as started already hears
@@ -405,7 +400,6 @@ class Worker:
             self._give_up()
             return None
         self.reporter.flush()
-        self._keeping = self._keeping or _keep_plans(self._listener, self.using)
         free = self._free()
         # Woken for new work: claim it first, and look after the schedules after.
         woken = self.waker.announced and free > 0

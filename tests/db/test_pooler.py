@@ -2,8 +2,8 @@
 worker finds that out at start (a test notification that does not arrive), says so in one
 WARNING line and polls; ``DURABLE_SCHEDULER_LISTEN = False`` skips LISTEN altogether. On
 a direct PostgreSQL connection the same test notification arrives and the worker says it
-listens, and that its connection keeps the plans of the claim's reads (``db.kept``), which it
-does nowhere else. tests/run.py's ``pgbouncer`` leg runs this module and the crash tests through a real
+listens. Nothing is prepared unless the database's OPTIONS ask psycopg to
+(``server_side_binding`` and ``prepare_threshold``), and the worker says which at start. tests/run.py's ``pgbouncer`` leg runs this module and the crash tests through a real
 PgBouncer in transaction mode (DSCH_POOLER=pgbouncer)."""
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 BEHIND_POOLER = os.environ.get("DSCH_POOLER") == "pgbouncer"
 NOT_DELIVERED = "did not deliver a test notification"
 LISTENING = "listening for wake-ups"
-KEEPING = "keeping the plans of the claim's reads"
+PREPARED = "psycopg prepares statements"
+AS_TEXT = "statements go as text"
 
 
 @pytest.fixture
@@ -57,8 +58,9 @@ def test_a_worker_tells_whether_listen_delivers(workers):
     assert wait_for(lambda: all_succeeded_once(ids), timeout=60), worker.output()
     log = worker.output(20000)
     assert (NOT_DELIVERED in log) == BEHIND_POOLER and (LISTENING in log) != BEHIND_POOLER, log
-    # Plans are kept only where the delivered notification proved that sessions are kept.
-    assert (KEEPING in log) != BEHIND_POOLER, log
+    # Prepared only where the settings ask psycopg to (never on the pooler's leg).
+    prepared = bool(connection.settings_dict["OPTIONS"].get("prepare_threshold"))
+    assert (PREPARED in log) == prepared and (AS_TEXT in log) != prepared, log
     assert "Traceback" not in log, log
 
 
@@ -69,7 +71,7 @@ def test_listen_off_polls_only(workers):
     ids = enqueue("polled", 20)
     assert wait_for(lambda: all_succeeded_once(ids), timeout=60), worker.output()
     log = worker.output(20000)
-    assert NOT_DELIVERED not in log and LISTENING not in log and KEEPING not in log, log
+    assert NOT_DELIVERED not in log and LISTENING not in log , log
     assert "Traceback" not in log, log
 
 
@@ -82,32 +84,29 @@ def test_processes_sharing_the_pool_run_each_occurrence_once(workers):
 
 
 @pytest.mark.skipif(not BEHIND_POOLER, reason="needs PgBouncer in transaction mode")
-def test_an_enqueue_behind_the_pooler_finds_it_out_and_runs_as_text(caplog):
-    """A user who left LISTEN on behind a transaction-mode pooler: the enqueue's kept insert
-    lands on a server connection that never saw its PREPARE, and runs as text from then on."""
+def test_enqueues_behind_the_pooler_prepare_nothing(caplog):
+    """Enqueues outside a transaction, each on whatever server connection the pooler hands
+    out, while another client holds one: none prepares a statement, so none can meet a server
+    connection that lacks it; all are written, with their events, and nothing is logged."""
     import psycopg
 
-    from django_durable_scheduler.db import kept
-
-    kept.keep_off(connection.alias)
     scheduler.create_job("alone", "test.ok", authority=granted("pooler"))
-    ids = [
-        scheduler.enqueue("alone", scheduled_for=1_700_000_000_000 + i, trigger_key="t")[0].pk
-        for i in (0, 1, 2)
-    ]
     settings = connection.settings_dict
-    with psycopg.connect(
-        host=settings["HOST"], port=settings["PORT"], user=settings["USER"], dbname=settings["NAME"]
-    ) as other:
-        # PgBouncer hands out the server connection used last: the other client's transaction
-        # takes the one that holds the insert's PREPARE.
-        other.execute("SELECT 1")
-        with caplog.at_level("WARNING", logger="django_durable_scheduler"):
-            ids += [
-                scheduler.enqueue("alone", scheduled_for=1_700_000_000_000 + i, trigger_key="t")[0].pk
-                for i in (3, 4, 5)
-            ]
+    ids = []
+    with (
+        psycopg.connect(
+            host=settings["HOST"], port=settings["PORT"], user=settings["USER"], dbname=settings["NAME"]
+        ) as other,
+        caplog.at_level("WARNING", logger="django_durable_scheduler"),
+    ):
+        for i in range(12):
+            if i == 6:
+                other.execute("SELECT 1")  # the other client's transaction takes a server connection
+            ids.append(scheduler.enqueue("alone", scheduled_for=1_700_000_000_000 + i, trigger_key="t")[0].pk)
         other.rollback()
-    assert "does not keep sessions" in caplog.text
-    assert Occurrence.objects.filter(pk__in=ids).count() == 6 == len(set(ids))
-    assert Event.objects.filter(occurrence_id__in=ids, event_type="occurrence_enqueued").count() == 6
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert cursor.fetchone() == (0,)
+    assert caplog.text == ""
+    assert Occurrence.objects.filter(pk__in=ids).count() == 12 == len(set(ids))
+    assert Event.objects.filter(occurrence_id__in=ids, event_type="occurrence_enqueued").count() == 12

@@ -370,7 +370,7 @@ def test_rows_are_deleted_in_statements_the_database_accepts(job, clock):
     from django_durable_scheduler.db import dialect
     from django_durable_scheduler.rules.events import new_event
 
-    dialect.insert_rows(connection.alias, [new_event("job-a", "probe", clock()) for _ in range(2_500)])
+    dialect.insert(connection.alias, [new_event("job-a", "probe", clock()) for _ in range(2_500)])
     ids = sorted(Event.objects.filter(event_type="probe").values_list("pk", flat=True))
     doomed = [*ids[:2_400], max(ids) + 1_000]  # and one that does not exist
     assert dialect.delete_rows(connection.alias, Event, "event_id", doomed) == 2_400

@@ -19,8 +19,7 @@ from django.db import connection
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import conf
-from django_durable_scheduler.db.dialect import insert_rows
-from django_durable_scheduler.db.statements import in_params
+from django_durable_scheduler.db.dialect import in_params, insert
 from django_durable_scheduler.kernel import claim_sql
 from django_durable_scheduler.models import Event, Job, Occurrence, OccurrenceStatus
 from django_durable_scheduler.rules.authority import Principal
@@ -127,7 +126,7 @@ def busy_table(clock):
         )
         template.save()
         _copy(template)
-        insert_rows(
+        insert(
             "default", _occurrences(job, DUE // PRINCIPALS, f"d{n}-", at=now, status=OccurrenceStatus.QUEUED)
         )
     with connection.cursor() as cursor:
@@ -251,7 +250,7 @@ def stale_statistics(clock):
         else:
             cursor.execute("ANALYZE")
     due = _occurrences(job, DUE, "d-", at=now, status=OccurrenceStatus.QUEUED)
-    insert_rows("default", due)
+    insert("default", due)
     return [row.pk for row in due[:LOCKED_BATCH]]
 
 

@@ -280,7 +280,9 @@ def test_bulk_larger_than_one_statement_skips_present_rows(clock):
     assert Occurrence.objects.count() == 2400
     assert Event.objects.filter(event_type="occurrence_enqueued").count() == 2400
     if FAST:
-        assert len(_writes(ctx)) < 20  # a few multi-row statements, not one per row
+        # A few multi-row statements, not one per row (the events' bulk_create binds at most
+        # 999 parameters a statement on SQLite before Django 6: 20 of them here).
+        assert len(_writes(ctx)) < 40
 
 
 def test_bulk_payload_mismatch_with_a_present_row_writes_nothing(clock):
@@ -312,7 +314,7 @@ def test_bulk_of_a_disabled_or_missing_job_writes_nothing(clock):
 
 
 def test_inserted_objects_are_marked_as_save_marks_them(clock):
-    """dialect.insert_rows sets the documented Model._state flags as save() and a read do, so a
+    """The inserts set the documented Model._state flags as save() and a read do, so a
     returned occurrence behaves as one read from the database (a Django change here fails)."""
     _make()
     ((occ, dedup),) = scheduler.enqueue_many("job-f", [{"scheduled_for": clock(), "trigger_key": "m"}])
@@ -328,13 +330,13 @@ def test_inserted_objects_are_marked_as_save_marks_them(clock):
 
 def test_insert_columns_come_from_the_model():
     """Every concrete column but the auto-increment key, in the model's order."""
-    from django_durable_scheduler.db.dialect import insert_fields
+    from django_durable_scheduler.db.guarded import insert_fields
 
     assert [f.attname for f in insert_fields(Occurrence)] == [
-        f.attname for f in Occurrence._meta.concrete_fields
+        f.attname for f in Occurrence._meta.get_fields() if f.concrete
     ]
     assert [f.attname for f in insert_fields(Event)] == [
-        f.attname for f in Event._meta.concrete_fields if f.attname != "event_id"
+        f.attname for f in Event._meta.get_fields() if f.concrete and f.attname != "event_id"
     ]
 
 

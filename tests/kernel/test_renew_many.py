@@ -119,7 +119,10 @@ def statements(clock, n: int, first: int) -> int:
 def test_a_bounded_number_of_statements_however_many_are_held(job, clock):
     one = statements(clock, 1, first=0)
     many = statements(clock, 200, first=1)
-    assert one == many
+    # The events go by bulk_create, which splits them where Django's bound on one statement's
+    # parameters says (999 on SQLite before Django 6: 200 events are two statements there).
+    per_statement = (connection.features.max_query_params or 65535) // 7
+    assert many - one == (200 - 1) // per_statement
     assert one <= 5  # savepoint, write lock (SQLite), UPDATE, SELECT (MariaDB), INSERT, release
 
 

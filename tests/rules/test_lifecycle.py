@@ -558,7 +558,7 @@ def test_every_occurrence_write_takes_its_columns_from_the_table():
     assert not problems, "occurrence writes outside the lifecycle table:\n" + "\n".join(problems)
     # claim, settle (grouped), release/defer, deny, the sweep, renew, record_execution, cancel,
     # request_cancel, run_now and debounce: found, so judged (new rows are inserted by
-    # dialect.insert_rows, not by a save the check would see).
+    # dialect.insert and db.guarded, not by a save the check would see).
     assert seen >= 11, f"the check looked at only {seen} occurrence writes"
 
 
