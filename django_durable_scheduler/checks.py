@@ -8,6 +8,9 @@
 - ``W002`` enabled jobs of a kind no handler is registered for in this process (database
   check: runs only when databases are given, e.g. ``manage.py check --database default``).
 - ``W003`` enabled jobs whose principal has no authority policy (database check).
+- ``I001`` (``check --deploy``) a PostgreSQL database on which psycopg prepares nothing.
+- ``W004`` (``check --deploy``) one on which it prepares, while ``DURABLE_SCHEDULER_LISTEN =
+  False`` says the route is a transaction-mode pooler.
 
 All are tagged ``durable_scheduler`` (``manage.py check --tag durable_scheduler``).
 """
@@ -21,7 +24,7 @@ from importlib import import_module
 from typing import Any
 
 from django.apps import apps
-from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.checks import CheckMessage, Error, Info, Tags, register
 from django.core.checks import Warning as CheckWarning
 from django.db import DatabaseError, connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -479,6 +482,48 @@ def check_jobs_have_policies(app_configs: Any = None, **kwargs: Any) -> list[Che
                     ),
                     obj=principal.label,
                     id="durable_scheduler.W003",
+                )
+            )
+    return messages
+
+
+@register(TAG, deploy=True)
+def check_prepared_statements(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    # Settings only, for ``check --deploy``: whether psycopg prepares the statements a worker
+    # sends on every claim, and whether a setting says the route may not keep them.
+    messages: list[CheckMessage] = []
+    for alias in kwargs.get("databases") or list(connections):
+        conn = connections[alias]
+        if conn.vendor != "postgresql":
+            continue
+        options = conn.settings_dict.get("OPTIONS", {})
+        prepares = options.get("server_side_binding") is True and options.get("prepare_threshold") is not None
+        if not prepares:
+            messages.append(
+                Info(
+                    f"PostgreSQL database '{alias}': psycopg prepares no statement (Django's default), so a "
+                    "worker's claim is parsed and planned on every call.",
+                    hint=(
+                        f"For the workers, on a direct connection or through PgBouncer 1.21+ with "
+                        f"max_prepared_statements: DATABASES['{alias}']['OPTIONS'] = "
+                        "{'server_side_binding': True, 'prepare_threshold': 5}, or the same on an alias of "
+                        "their own (runscheduler --database). Not behind an older transaction-mode pooler."
+                    ),
+                    id="durable_scheduler.I001",
+                )
+            )
+        elif not conf.settings.LISTEN:
+            messages.append(
+                CheckWarning(
+                    f"PostgreSQL database '{alias}' prepares statements, and "
+                    "DURABLE_SCHEDULER_LISTEN = False "
+                    "says the route to it is a transaction-mode pooler.",
+                    hint=(
+                        "A pooler hands a prepared statement on only from PgBouncer 1.21 with "
+                        "max_prepared_statements set; with an older one, take 'server_side_binding' and "
+                        f"'prepare_threshold' out of DATABASES['{alias}']['OPTIONS']."
+                    ),
+                    id="durable_scheduler.W004",
                 )
             )
     return messages

@@ -221,6 +221,41 @@ def test_w001_on_a_plain_check_covers_every_configured_database(monkeypatch):
     ]
 
 
+PREPARED = {"server_side_binding": True, "prepare_threshold": 5}
+
+
+@pytest.mark.parametrize(
+    ("vendor", "options", "listen", "expected"),
+    [
+        ("postgresql", {}, True, ["durable_scheduler.I001"]),
+        ("postgresql", {"server_side_binding": True}, True, ["durable_scheduler.I001"]),
+        ("postgresql", {"prepare_threshold": 5}, True, ["durable_scheduler.I001"]),
+        ("postgresql", PREPARED, True, []),
+        ("postgresql", PREPARED, False, ["durable_scheduler.W004"]),
+        ("postgresql", {}, False, ["durable_scheduler.I001"]),
+        ("sqlite", {}, True, []),
+        ("mysql", {}, False, []),
+    ],
+)
+def test_i001_w004_prepared_statements(monkeypatch, settings, vendor, options, listen, expected):
+    settings.DURABLE_SCHEDULER_LISTEN = listen
+    fake_connections(monkeypatch, vendor, options)
+    messages = checks.check_prepared_statements(databases=["main"])
+    assert ids(messages) == expected
+    if expected == ["durable_scheduler.I001"]:
+        assert "DATABASES['main']['OPTIONS'] = {'server_side_binding': True, 'prepare_threshold': 5}" in (
+            messages[0].hint
+        )
+        assert "PgBouncer 1.21" in messages[0].hint
+
+
+def test_i001_only_on_check_deploy(monkeypatch, db):
+    # A settings check for deployment: a plain `check` (and every runserver) stays quiet.
+    fake_connections(monkeypatch, "postgresql", {})
+    assert "durable_scheduler.I001" not in _printed_by("check", "--tag", "durable_scheduler")
+    assert "durable_scheduler.I001" in _printed_by("check", "--deploy", "--tag", "durable_scheduler")
+
+
 def _printed_by(command: str, *args: str, **options: object) -> str:
     out, err = StringIO(), StringIO()
     call_command(command, *args, stdout=out, stderr=err, **options)

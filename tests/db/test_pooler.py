@@ -71,7 +71,7 @@ def test_listen_off_polls_only(workers):
     ids = enqueue("polled", 20)
     assert wait_for(lambda: all_succeeded_once(ids), timeout=60), worker.output()
     log = worker.output(20000)
-    assert NOT_DELIVERED not in log and LISTENING not in log , log
+    assert NOT_DELIVERED not in log and LISTENING not in log, log
     assert "Traceback" not in log, log
 
 
