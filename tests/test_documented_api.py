@@ -15,7 +15,7 @@ PACKAGE = Path(django_durable_scheduler.__file__).parent
 
 # Text that stands for a shortcut past the documented API, and why it is refused.
 FORBIDDEN = {
-    r"\bPREPARE\b|\bEXECUTE\b|\bDEALLOCATE\b": "SQL-level prepared statements (psycopg prepares, from OPTIONS)",
+    r"\bPREPARE\b|\bEXECUTE\b|\bDEALLOCATE\b": "SQL-level PREPARE (psycopg prepares)",
     r"\bget_col\b": "Field.get_col (undocumented)",
     r"\bget_db_converters\b": "get_db_converters (undocumented: QuerySet.raw converts)",
     r"\bcast_db_type\b": "Field.cast_db_type (undocumented)",

@@ -3,8 +3,9 @@ worker finds that out at start (a test notification that does not arrive), says 
 WARNING line and polls; ``DURABLE_SCHEDULER_LISTEN = False`` skips LISTEN altogether. On
 a direct PostgreSQL connection the same test notification arrives and the worker says it
 listens. Nothing is prepared unless the database's OPTIONS ask psycopg to
-(``server_side_binding`` and ``prepare_threshold``), and the worker says which at start. tests/run.py's ``pgbouncer`` leg runs this module and the crash tests through a real
-PgBouncer in transaction mode (DSCH_POOLER=pgbouncer)."""
+(``server_side_binding`` and ``prepare_threshold``), and the worker says which at start.
+tests/run.py's ``pgbouncer`` leg runs this module and the crash tests through a real PgBouncer
+in transaction mode (DSCH_POOLER=pgbouncer)."""
 
 from __future__ import annotations
 
