@@ -65,6 +65,10 @@ class Heartbeat:
         self._tries = False
         self._beaten = time.monotonic()  # when the worker row was last beaten
         self._beat_due = False  # the next renewal beats it too (see _renew)
+        # Whether the worker row is written: until then every beat writes it whole (a first
+        # write that failed, SQLite's lock under load, would leave later UPDATEs nothing to find).
+        self._recorded = False
+        self._started_at: datetime | None = None
 
     def start(self, kinds: list[str]) -> None:
         """Record the worker as started (claiming ``kinds``), then beat and renew on the
@@ -89,21 +93,25 @@ class Heartbeat:
         """Upsert this process's row in the workers table (what the status command lists);
         on the thread, on SQLite, trying for the write lock until ``until`` (monotonic)."""
         now = conf.now()
-        values: dict[str, Any] = {"last_seen_at": now}
-        if stopped or started:
-            values["stopped_at"] = now if stopped else None
         if started:
+            self._started_at = now
+        whole = started or not self._recorded
+        values: dict[str, Any] = {"last_seen_at": now}
+        if stopped or whole:
+            values["stopped_at"] = now if stopped else None
+        if whole:
             values.update(
                 hostname=socket.gethostname(),
                 pid=os.getpid(),
                 concurrency=self.concurrency,
                 kinds=self.kinds,
-                started_at=now,
+                started_at=self._started_at or now,
             )
         rows = WorkerHeartbeat.objects.using(self.using)
         try:
-            if started:
-                rows.update_or_create(worker_id=self.worker_id, defaults=values)
+            if whole:
+                self._in_turn(lambda: rows.update_or_create(worker_id=self.worker_id, defaults=values), until)
+                self._recorded = True
             else:
                 self._in_turn(lambda: rows.filter(worker_id=self.worker_id).update(**values), until)
             self._beaten = time.monotonic()
@@ -213,10 +221,11 @@ class Heartbeat:
         while not self._stop.wait(look):
             try:
                 self._try_for_the_lock()
-                self._beat_due = time.monotonic() - self._beaten >= beat_every
+                # A row not yet written is written alone, whole (see beat), not in a renewal.
+                self._beat_due = self._recorded and time.monotonic() - self._beaten >= beat_every
                 self.renew_due()
                 late = time.monotonic() - self._beaten - (beat_every if len(self.held) else 0.0)
-                if late >= beat_every:
+                if late >= beat_every or not self._recorded:
                     self.beat(until=time.monotonic() + look)
             except Exception:
                 # The heartbeat must outlive anything one renewal throws, or every lease expires.

@@ -172,3 +172,31 @@ def test_on_sqlite_the_thread_tries_for_the_write_lock_again_until_its_leases_ex
     answers[:] = [OperationalError("no such table: x"), "renewed"]
     with pytest.raises(OperationalError):
         heartbeat._in_turn(write, time.monotonic() + 5)  # not a busy database: not tried again
+
+
+def test_a_worker_row_whose_first_write_failed_is_written_by_the_next_beat(clock, caplog):
+    """The start's write fails (SQLite under load: "could not record the worker heartbeat");
+    the next beat writes the whole row, so the status command and the admin list the worker."""
+    from django.db import connection
+
+    def refuse(execute, sql, params, many, context):
+        if WorkerHeartbeat._meta.db_table in sql:
+            raise OperationalError("database is locked")
+        return execute(sql, params, many, context)
+
+    heartbeat = Heartbeat(worker_id="w-first", held=Held(lambda: None), lease=10, concurrency=3)
+    heartbeat.kinds = ["test.ok"]
+    with connection.execute_wrapper(refuse):
+        heartbeat.beat(started=True)
+        heartbeat.beat()  # still failing: nothing written, one warning each
+    assert not WorkerHeartbeat.objects.filter(pk="w-first").exists()
+    assert caplog.text.count("could not record the worker heartbeat of w-first") == 2
+    started = clock()
+    clock.advance(2)
+    heartbeat.beat()
+    row = WorkerHeartbeat.objects.get(pk="w-first")
+    assert (row.concurrency, row.kinds, row.stopped_at) == (3, ["test.ok"], None)
+    assert (row.started_at, row.last_seen_at) == (started, clock())
+    clock.advance(1)
+    heartbeat.beat()  # written now: a plain beat updates it
+    assert WorkerHeartbeat.objects.get(pk="w-first").last_seen_at == clock()
