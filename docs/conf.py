@@ -21,11 +21,25 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# autodoc imports the package, whose models need a configured app registry; the test settings
-# need no database for that.
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+# autodoc imports the package, whose models and admin need a configured app registry, and no
+# database: the smallest settings that give one, so the docs need nothing but the package.
 import django  # noqa: E402
+from django.conf import settings  # noqa: E402
 
+if not settings.configured and "DJANGO_SETTINGS_MODULE" not in os.environ:
+    settings.configure(
+        INSTALLED_APPS=[
+            "django.contrib.admin",
+            "django.contrib.auth",
+            "django.contrib.contenttypes",
+            "django.contrib.sessions",
+            "django.contrib.messages",
+            "django_durable_scheduler",
+        ],
+        DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+        USE_TZ=True,
+        DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
+    )
 django.setup()
 
 import django_durable_scheduler  # noqa: E402
