@@ -155,16 +155,32 @@ def median(values: list[float]) -> float:
 POLL = 0.02
 
 
+# Per system (by id): when its last wait_done first saw a finished task, and how many it saw then.
+FIRST_SEEN: dict[int, tuple[float, int]] = {}
+
+
+def steady_rate(system: Any, n: int, end: float) -> float | None:
+    """The drain's steady rate, from the first finished task seen to the last: what the
+    workers sustain once started, without their start-up (None if all came in one poll)."""
+    first = FIRST_SEEN.get(id(system))
+    if first is None or end <= first[0] or first[1] >= n:
+        return None
+    return (n - first[1]) / (end - first[0])
+
+
 def wait_done(system: Any, n: int, procs: Any, timeout: float) -> tuple[float | None, int]:
     """Poll the database until ``n`` are recorded finished; the elapsed seconds (None on timeout).
     Every POLL seconds: a drain is timed to within one poll, late by half of one on average."""
     start = time.perf_counter()
     deadline = start + timeout
     done = 0
+    FIRST_SEEN.pop(id(system), None)
     while time.perf_counter() < deadline:
         if procs is not None:
             procs.sample_rss()
         done = system.done()
+        if done and id(system) not in FIRST_SEEN:
+            FIRST_SEEN[id(system)] = (time.perf_counter(), done)
         if done >= n:
             return time.perf_counter(), done
         if done + system.failed() >= n:

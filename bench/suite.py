@@ -39,6 +39,7 @@ from bench.harness import (
     median,
     run_pgbench,
     say,
+    steady_rate,
     wait_done,
 )
 
@@ -218,6 +219,16 @@ def _drain_once(
     res.add(
         workload, system.name, rate, unit="ops/s", better="higher", config=spec.description, detail=detail
     )
+    steady = None if end is None else steady_rate(system, n2, end)
+    if steady is not None:
+        res.add(
+            f"{workload}: steady rate (first to last done)",
+            system.name,
+            steady,
+            unit="ops/s",
+            better="higher",
+            config=spec.description,
+        )
     if end is None:
         say(f"{workload} {system.name}: NOT finished ({done}/{n2})\n{procs.tail()}")
         system.clear()
