@@ -247,10 +247,13 @@ class Listener:
                     while not self._stop:
                         for _ in conn.notifies(timeout=1.0, stop_after=1):
                             self.wake()
-            except Exception:
+            except Exception as exc:
                 failures += 1
+                if failures == 1:  # most often ended by the server: a new connection serves at once
+                    self.log.warning("LISTEN connection lost (%s); listening again", first_line(exc))
+                    continue
                 self.log.warning("LISTEN connection lost; polling until it is back", exc_info=True)
-                time.sleep(min(30.0, 0.5 * 2 ** min(failures, 6)))
+                time.sleep(min(30.0, 0.5 * 2 ** min(failures - 1, 6)))
 
     def _delivered(self, conn: Any) -> bool:
         """Whether a notification sent from another connection reaches this one. A
@@ -279,3 +282,9 @@ class Listener:
                 PROBE_TIMEOUT,
             )
         return False
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, or its class: a log line, not a traceback."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

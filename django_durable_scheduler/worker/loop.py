@@ -41,6 +41,7 @@ from django.db import DatabaseError, connections
 from .. import conf, kernel, registry
 from ..db import dialect, wakeup
 from ..db.dialect import alias_for, lock_waited
+from ..db.wakeup import first_line
 from ..housekeeping.retention.thread import RetentionThread
 from ..models import Occurrence
 from ..telemetry import metrics
@@ -342,11 +343,18 @@ class Worker:
             try:
                 turn = self._turn()
                 failures = 0
-            except DatabaseError:
+            except DatabaseError as exc:
                 failures += 1
-                delay = min(30.0, 0.5 * 2 ** min(failures, 6))
-                logger.exception("database error in the scheduler loop; retrying in %.1f s", delay)
                 connections.close_all()
+                if failures == 1:
+                    # Most often a connection the server or a pooler ended (a restart,
+                    # pg_terminate_backend): a new one serves at once, so no wait, no traceback.
+                    logger.warning(
+                        "database error in the scheduler loop (%s); retrying at once", first_line(exc)
+                    )
+                    continue
+                delay = min(30.0, 0.5 * 2 ** min(failures - 1, 6))
+                logger.exception("database error in the scheduler loop; retrying in %.1f s", delay)
                 self._stopping.wait(delay)
                 continue
             finally:  # its row and thread once the first turn is done: that claim waits for neither
