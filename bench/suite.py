@@ -177,6 +177,14 @@ def run_w1_w2(res: Results, systems: list[Any], sizes: dict[str, Any], reps: int
                         )
 
 
+def _add_steady_rate(res: Results, system: Any, workload: str, n: int, end: float, config: str) -> None:
+    """The drain's rate from the first task seen done to the last (``steady_rate``)."""
+    steady = steady_rate(system, n, end)
+    if steady is not None:
+        name = f"{workload}: steady rate (first to last done)"
+        res.add(name, system.name, steady, unit="ops/s", better="higher", config=config)
+
+
 def _drain_once(
     res: Results, system: Any, spec: Any, workload: str, level: int, rep: int, sizes: dict[str, Any]
 ) -> float | None:
@@ -219,16 +227,8 @@ def _drain_once(
     res.add(
         workload, system.name, rate, unit="ops/s", better="higher", config=spec.description, detail=detail
     )
-    steady = None if end is None else steady_rate(system, n2, end)
-    if steady is not None:
-        res.add(
-            f"{workload}: steady rate (first to last done)",
-            system.name,
-            steady,
-            unit="ops/s",
-            better="higher",
-            config=spec.description,
-        )
+    if end is not None:
+        _add_steady_rate(res, system, workload, n2, end, spec.description)
     if end is None:
         say(f"{workload} {system.name}: NOT finished ({done}/{n2})\n{procs.tail()}")
         system.clear()

@@ -94,6 +94,19 @@ def _log_preparation(alias: str) -> None:
         )
 
 
+def _after_database_error(exc: DatabaseError, failures: int, stopping: threading.Event) -> None:
+    """What the loop does after its ``failures``-th database error in a row: the first is most
+    often a connection the server or a pooler ended (a restart, ``pg_terminate_backend``), which
+    a new one replaces at once, so one line and no wait; from the second, a back-off."""
+    connections.close_all()
+    if failures == 1:
+        logger.warning("database error in the scheduler loop (%s); retrying at once", first_line(exc))
+        return
+    delay = min(30.0, 0.5 * 2 ** min(failures - 1, 6))
+    logger.exception("database error in the scheduler loop; retrying in %.1f s", delay)
+    stopping.wait(delay)
+
+
 def _stop_listening(
     listener: tuple[wakeup.Listener | wakeup.SocketListener, threading.Thread] | None, using: str | None
 ) -> None:
@@ -345,17 +358,7 @@ class Worker:
                 failures = 0
             except DatabaseError as exc:
                 failures += 1
-                connections.close_all()
-                if failures == 1:
-                    # Most often a connection the server or a pooler ended (a restart,
-                    # pg_terminate_backend): a new one serves at once, so no wait, no traceback.
-                    logger.warning(
-                        "database error in the scheduler loop (%s); retrying at once", first_line(exc)
-                    )
-                    continue
-                delay = min(30.0, 0.5 * 2 ** min(failures - 1, 6))
-                logger.exception("database error in the scheduler loop; retrying in %.1f s", delay)
-                self._stopping.wait(delay)
+                _after_database_error(exc, failures, self._stopping)
                 continue
             finally:  # its row and thread once the first turn is done: that claim waits for neither
                 if not self.heartbeat.started:
