@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ def frozen() -> Iterator[testing.Clock]:
 
 
 @pytest.fixture
-def handle() -> Iterator[Callable[..., Callable]]:
+def handle() -> Iterator[Callable[..., Callable[..., Any]]]:
     """``@handle(kind, **options)`` registers a handler until the test ends."""
     kinds: list[str] = []
 
