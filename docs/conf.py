@@ -66,6 +66,7 @@ PAGES = [
     "docs/authority",
     "docs/scaling",
     "docs/tasks",
+    "docs/testing",
     "docs/reference",
     "docs/api",
     "bench/README",

@@ -14,17 +14,6 @@ from typing import Any
 
 import pytest
 
-DATABASE_FIXTURES = ("db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback")
-
-
-def _database_access(request: pytest.FixtureRequest) -> None:
-    """Give the test database access, as pytest-django's ``db`` does, unless it asked for
-    it already (a ``django_db`` mark, ``transactional_db``...): its choice stands."""
-    if request.node.get_closest_marker("django_db") is None and not any(
-        name in request.fixturenames for name in DATABASE_FIXTURES
-    ):
-        request.getfixturevalue("db")
-
 
 @pytest.fixture
 def scheduler_clock() -> Iterator[Any]:
@@ -36,20 +25,20 @@ def scheduler_clock() -> Iterator[Any]:
         yield frozen
 
 
+# The two below ask for pytest-django's ``db``: with ``transactional_db`` or a
+# ``django_db(transaction=True)`` mark beside it, pytest-django makes the test transactional.
 @pytest.fixture
-def scheduler_drain(request: pytest.FixtureRequest) -> Callable[..., Any]:
+def scheduler_drain(db: None) -> Callable[..., Any]:
     """``testing.drain``, with database access: ``runs = scheduler_drain()``."""
-    _database_access(request)
     from django_durable_scheduler.testing import drain
 
     return drain
 
 
 @pytest.fixture
-def scheduler_testing(request: pytest.FixtureRequest) -> ModuleType:
+def scheduler_testing(db: None) -> ModuleType:
     """The ``django_durable_scheduler.testing`` module, with database access:
     ``scheduler_testing.assert_enqueued(job="invoices")``."""
-    _database_access(request)
     from django_durable_scheduler import testing
 
     return testing

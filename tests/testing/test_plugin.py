@@ -45,12 +45,18 @@ def test_in_a_transaction(scheduler_testing, scheduler_clock, clock):
 
 
 def test_committing(transactional_db, scheduler_drain, scheduler_clock):
+    from django.db import connection
+
+    assert not connection.in_atomic_block  # transactional_db wins over the fixture's db
     make_work(scheduler_clock.now)
     assert [run.result for run in scheduler_drain()] == [{"n": 1}]
 
 
 @pytest.mark.django_db(transaction=True)
 def test_marked(scheduler_drain, scheduler_clock):
+    from django.db import connection
+
+    assert not connection.in_atomic_block
     scheduler_clock.advance(hours=1)
     make_work(scheduler_clock.now)
     assert [run.status for run in scheduler_drain()] == ["succeeded"]
