@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -25,25 +26,28 @@ pytestmark = [
 ]
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")}
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env = {k: v for k, v in env.items() if not k.startswith("PYTEST_XDIST")}
+    # A file of the test's own: the checks open the database the settings name, even for tests.
+    env["DATABASE_URL"] = f"sqlite:///{tmp_path / 'example.sqlite3'}"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
     return subprocess.run(
         [sys.executable, *args], cwd=EXAMPLE, env=env, capture_output=True, text=True, timeout=600
     )
 
 
-def test_the_unittest_style_tests_pass_under_djangos_runner():
-    ran = _run("manage.py", "test", "demo", "-v", "2")
+def test_the_unittest_style_tests_pass_under_djangos_runner(tmp_path):
+    ran = _run(tmp_path, "manage.py", "test", "demo", "-v", "2")
     output = ran.stdout + ran.stderr
     assert ran.returncode == 0, output[-6000:]
     assert "Ran 8 tests" in output and "OK" in output
 
 
-def test_the_pytest_style_tests_pass_with_the_plugin():
+def test_the_pytest_style_tests_pass_with_the_plugin(tmp_path):
     plugin = "django_durable_scheduler.testing.plugin"
     ran = _run(
+        tmp_path,
         "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", plugin,
         "--ds=example_project.settings", "--rootdir=.", "demo/test_with_pytest.py",
     )  # fmt: skip
