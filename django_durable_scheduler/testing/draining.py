@@ -28,6 +28,7 @@ from ..exceptions import InvalidArgument
 from ..kernel import reservations
 from ..models import Occurrence
 from ..rules.validation import normalize_identifier, normalize_int
+from ..telemetry import metrics
 from ..worker.claims import Claimer
 from ..worker.loop import Worker
 from ..worker.outcomes import OutcomeReporter
@@ -94,6 +95,8 @@ def _kinds(kinds: Any) -> list[str]:
     if isinstance(kinds, str) or not isinstance(kinds, Iterable):
         raise InvalidArgument("kinds", "must be a list of kinds or None")
     wanted = [normalize_identifier(kind, f"kinds[{i}]", max_length=128) for i, kind in enumerate(kinds)]
+    if not wanted:
+        raise InvalidArgument("kinds", "name at least one kind, or pass None for every registered one")
     missing = sorted(set(wanted) - set(local))
     if missing:
         raise InvalidArgument(
@@ -111,6 +114,7 @@ class Drain:
         self.using = using
         self.worker_id = f"testing-drain:{os.getpid()}"
         self.held = Held(lambda: None)
+        instruments = metrics.get()  # as the worker: None without the [otel] extra
         self.pool = HandlerPool(
             concurrency=CLAIM_BATCH,
             held=self.held,
@@ -118,9 +122,10 @@ class Drain:
             learn=lambda seconds: None,
             sender=Worker,
             worker_id=self.worker_id,
+            instruments=instruments,
         )
         self.reporter = _RecordingReporter(
-            held=self.held, worker_id=self.worker_id, sender=Worker, using=using
+            held=self.held, worker_id=self.worker_id, sender=Worker, using=using, instruments=instruments
         )
         self.claimer = Claimer(
             worker_id=self.worker_id,

@@ -24,6 +24,7 @@ CALLS = {
     "drain max_runs 0": (lambda: helpers.drain(max_runs=0), "max_runs"),
     "drain max_runs text": (lambda: helpers.drain(max_runs="2"), "max_runs"),
     "drain kinds text": (lambda: helpers.drain(kinds="test.ok"), "kinds"),
+    "drain kinds empty": (lambda: helpers.drain(kinds=[]), "kinds"),
     "drain kinds unknown": (lambda: helpers.drain(kinds=["t.nobody"]), "kinds"),
     "drain kinds not identifiers": (lambda: helpers.drain(kinds=[""]), "kinds[0]"),
     "drain lease": (lambda: helpers.drain(lease=0), "lease"),
