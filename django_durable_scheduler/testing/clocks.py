@@ -101,5 +101,6 @@ def clock(at: datetime | None = None) -> Iterator[Clock]:
             clock.advance(hours=1)
     """
     frozen = Clock(_truncated_now() if at is None else at)
-    with override_settings(DURABLE_SCHEDULER_CLOCK=frozen):
+    # The host's time source: the database's would add the server's offset to a frozen clock.
+    with override_settings(DURABLE_SCHEDULER_CLOCK=frozen, DURABLE_SCHEDULER_TIME_SOURCE="host"):
         yield frozen

@@ -43,3 +43,10 @@ def test_the_fixture_freezes_it_for_the_test(scheduler_clock):
     assert conf.now() == scheduler_clock.now
     scheduler_clock.advance(weeks=1)
     assert conf.now() == scheduler_clock.now
+
+
+def test_it_holds_where_the_database_tells_the_time(settings):
+    settings.DURABLE_SCHEDULER_TIME_SOURCE = "database"
+    with testing.clock(START):
+        assert conf.now() == START
+    assert settings.DURABLE_SCHEDULER_TIME_SOURCE == "database"
