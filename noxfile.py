@@ -56,7 +56,8 @@ nox.options.error_on_missing_interpreters = REQUIRE_ALL
 # Django 6 on SQLite: what depends on SQLite and on the Django or Python version: migrations and
 # schema changes (SQLite remakes tables as each Django version does), the admin in a browser,
 # the README's quickstart, the example project, wake-ups, the worker, django.tasks, and the
-# tests that run on SQLite only. The rest would repeat the sqlite leg with nothing new.
+# tests that run on SQLite only, and the testing toolkit (drain() in TestCase and pytest, the
+# pytest plugin, django.tasks in the drain). The rest would repeat the sqlite leg with nothing new.
 DJ6_SQLITE_MODULES = (
     "migrations",
     "schema_change",
@@ -74,6 +75,11 @@ DJ6_SQLITE_MODULES = (
     "worker",
     "kernel",
     "tasks_backend",
+    "drain",
+    "cases",
+    "drain_tasks",
+    "plugin",
+    "example_tests",
 )
 # Django 6 on PostgreSQL, with server-side binding and prepared statements (DSCH_PG_PREPARED=1,
 # what the README suggests without a pooler): where Django's version and PostgreSQL meet, not the

@@ -80,6 +80,7 @@ PAGES = [
     "docs/authority",
     "docs/scaling",
     "docs/tasks",
+    "docs/testing",
     "docs/reference",
     "docs/api",
     "bench/README",

@@ -11,6 +11,10 @@ from django.db import connection
 
 from .browser import browser  # noqa: F401 (a fixture the browser tests share)
 
+# The fixtures of django_durable_scheduler.testing (its pytest plugin), also where the package
+# is imported from a checkout rather than installed with its entry point.
+pytest_plugins = ["django_durable_scheduler.testing.plugin"]
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

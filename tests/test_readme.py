@@ -153,6 +153,9 @@ def test_quickstart_in_a_fresh_project(tmp_path):
             args.append("--burst")  # the quickstart's scheduler runs until Ctrl-C
         outputs.append(project.manage(*args))
     assert "durable_scheduler.W001" not in "".join(outputs)  # the settings block took effect
+    # The README's test (docs/testing.md) ran in the project's TestCase, and passed.
+    tested = [out for command, out in zip(manage_commands(), outputs, strict=True) if " test " in command]
+    assert tested and all("Ran 1 test" in out and "\nOK" in out for out in tested), tested
 
     # The declared job exists with its next fire time, and it runs when due.
     project.shell(

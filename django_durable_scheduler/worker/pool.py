@@ -130,6 +130,20 @@ class HandlerPool:
         """How many submitted runs no thread has started yet."""
         return self._queue.qsize()
 
+    def run_queued(self) -> list[Run]:
+        """Run every submitted run in the calling thread, one after another, each as a
+        handler thread would (``testing.drain`` drives the pool so, with no thread started:
+        the handlers see the caller's connection and its transaction). Returns them."""
+        ran: list[Run] = []
+        while True:
+            try:
+                run = self._queue.get_nowait()
+            except queue.Empty:
+                return ran
+            if run is not None:
+                self._execute(run)
+                ran.append(run)
+
     def drop_queued(self) -> None:
         """Past the grace period: what no handler thread has started yet must never start
         (the worker gives its lease back, and another worker may run it)."""

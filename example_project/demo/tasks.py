@@ -59,3 +59,21 @@ def fanout(ctx):
         )
         children.append(occurrence.occurrence_id)
     return {"children": children}
+
+
+@scheduler.handler(
+    "demo.morning-report",
+    job={"job_id": "demo-morning-report", "trigger": {"cron": "0 9 * * *", "timezone": "Europe/Berlin"}},
+)
+def morning_report(ctx):
+    """Declared with its job: at 09:00 in Berlin every day, in winter and in summer time."""
+    return {"report_for": ctx.scheduled_for.isoformat()}
+
+
+@scheduler.handler("demo.summary")
+def summary(ctx):
+    """Follows other work: the next step of a chain (``ctx.predecessor``) or the callback
+    of a batch (``ctx.batch``)."""
+    if ctx.batch is not None:
+        return {"batch": ctx.batch["counts"]}
+    return {"after": ctx.predecessor["result"]}
