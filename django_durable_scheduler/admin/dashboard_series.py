@@ -159,3 +159,8 @@ def kinds(alias: str) -> list[str]:
     """The kinds of the jobs, for the dashboard's selector (the first ``KINDS_SHOWN``)."""
     rows = Job.objects.using(alias).order_by("kind").values_list("kind", flat=True).distinct()
     return list(rows[:KINDS_SHOWN])
+
+
+def kind_exists(kind: str, alias: str) -> bool:
+    """Whether a job has ``kind``: for one past the selector's first ``KINDS_SHOWN``."""
+    return Job.objects.using(alias).filter(kind=kind).exists()
