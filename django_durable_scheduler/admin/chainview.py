@@ -187,8 +187,9 @@ class Progress:
     terminal: int
 
     @property
-    def percent(self) -> int:
-        return 100 if not self.size else min(100, self.terminal * 100 // self.size)
+    def percent(self) -> int | None:
+        """The terminal share; None for a batch without members, which is empty, not done."""
+        return min(100, self.terminal * 100 // self.size) if self.size else None
 
 
 def progress_of(batch: Batch, counts: dict[str, int]) -> Progress:
@@ -209,13 +210,13 @@ def progress_html(progress: Progress) -> SafeString:
         ((OccurrenceStatus(s).label, n) for s, n in progress.counts.items() if n),
     )
     return format_html(
-        '<p><progress max="{}" value="{}"></progress> {} of {} terminal ({}%)</p>'
+        '<p><progress max="{}" value="{}"></progress> {} of {} terminal ({})</p>'
         '<table class="dsch-progress"><tr><th>status</th><th>members</th></tr>{}</table>',
         max(progress.size, 1),
         progress.terminal,
         progress.terminal,
         progress.size,
-        progress.percent,
+        "empty" if progress.percent is None else f"{progress.percent}%",
         rows,
     )
 
@@ -232,9 +233,11 @@ class Terminal:
 
     @property
     def percent(self) -> int | None:
-        if not self.exact:
+        """The terminal share; None when ``terminal`` is a lower bound, or for a batch without
+        members (empty, not done)."""
+        if not self.exact or not self.size:
             return None
-        return 100 if not self.size else min(100, self.terminal * 100 // self.size)
+        return min(100, self.terminal * 100 // self.size)
 
 
 def terminal_members(batch: Batch, alias: str | None, bound: int = COUNT_BOUND) -> Terminal:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -29,6 +29,22 @@ class DashboardAdmin(ReadOnlyAdmin):
             return True
         return bool(super().has_view_permission(request, obj))
 
+    def selection(self, request: HttpRequest, kinds: list[str], alias: str) -> tuple[str, str | None]:
+        """The range and kind the query string asks for; a value the page does not know is
+        replaced by the default, and a warning on the page says so (a mistyped link would
+        otherwise show other figures than it seems to)."""
+        span = request.GET.get("range") or dashboard_series.DEFAULT_RANGE
+        if span not in dashboard_series.RANGES:
+            *others, last = dashboard_series.RANGES
+            known = f"{', '.join(others)} or {last}"
+            span, asked = dashboard_series.DEFAULT_RANGE, span
+            messages.warning(request, f'Unknown range "{asked}" ({known}): showing the last {span}.')
+        kind = request.GET.get("kind") or None
+        if kind is not None and kind not in kinds and not dashboard_series.kind_exists(kind, alias):
+            messages.warning(request, f'No job has the kind "{kind}": showing every kind.')
+            kind = None
+        return span, kind
+
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
@@ -37,10 +53,7 @@ class DashboardAdmin(ReadOnlyAdmin):
         board = dashboard.collect()
         alias = alias_for(None)
         kinds = dashboard_series.kinds(alias)
-        span = request.GET.get("range")
-        span = span if span in dashboard_series.RANGES else dashboard_series.DEFAULT_RANGE
-        kind = request.GET.get("kind") or None
-        kind = kind if kind in kinds else None
+        span, kind = self.selection(request, kinds, alias)
         timeline = dashboard_series.collect(span, kind, board.status.now, alias)
         context = {
             **self.admin_site.each_context(request),

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from django.utils.translation import ngettext
+
 from ..housekeeping import rollups
 from . import dashboard_series as series
 from .dashboard_series import Bucket, Timeline
@@ -21,8 +23,14 @@ Value = Callable[[Bucket], float | None]
 @dataclass(frozen=True)
 class Series:
     name: str  # its CSS class is dsch-<name>
-    label: str
+    label: str  # the legend's
     value: Value
+    # What a count of it reads as, singular and plural, where that is not the label itself.
+    counted: tuple[str, str] | None = None
+
+    def of(self, n: int) -> str:
+        """The words after a count of ``n`` of this series."""
+        return self.label if self.counted is None else ngettext(*self.counted, n)
 
 
 @dataclass
@@ -98,7 +106,7 @@ def bars(slug: str, title: str, timeline: Timeline, stack: list[Series]) -> Char
                 segments.append(
                     {
                         "series": s.name,
-                        "label": s.label,
+                        "label": s.of(round(n)),
                         "n": _count(n),
                         "y": round(base, 1),
                         "height": round(h, 1),
@@ -161,7 +169,7 @@ def charts(timeline: Timeline) -> list[Chart]:
             "Failures",
             timeline,
             [
-                Series("retried", "failed, retried", key(rollups.RETRIES)),
+                Series("retried", "failed, retried", key(rollups.RETRIES), series.RETRIED),
                 Series("dead_letter", "dead-lettered", key(series.DEAD_LETTER)),
             ],
         ),
@@ -187,8 +195,10 @@ def charts(timeline: Timeline) -> list[Chart]:
             "Batches and follow-ups",
             timeline,
             [
-                Series("batches", "batches completed", key(rollups.BATCHES)),
-                Series("follow_ups", "follow-ups enqueued", key(rollups.FOLLOW_UPS)),
+                Series("batches", "batches completed", key(rollups.BATCHES), series.BATCHES_COMPLETED),
+                Series(
+                    "follow_ups", "follow-ups enqueued", key(rollups.FOLLOW_UPS), series.FOLLOW_UPS_ENQUEUED
+                ),
             ],
         ),
     ]

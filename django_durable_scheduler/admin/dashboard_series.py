@@ -16,6 +16,8 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from django.utils.translation import ngettext
+
 from ..housekeeping import rollups
 from ..models import Job, OccurrenceStatus
 
@@ -44,6 +46,12 @@ SUCCEEDED, DEAD_LETTER, CANCELLED = (
     str(OccurrenceStatus.DEAD_LETTER),
     str(OccurrenceStatus.CANCELLED),
 )
+
+
+# What a count of these reads as, singular and plural (the chart's tooltips, the totals).
+RETRIED = ("attempt failed and retried", "attempts failed and retried")
+BATCHES_COMPLETED = ("batch completed", "batches completed")
+FOLLOW_UPS_ENQUEUED = ("follow-up enqueued", "follow-ups enqueued")
 
 
 @dataclass
@@ -94,15 +102,17 @@ class Timeline:
 
     @property
     def summary(self) -> list[tuple[str, int]]:
-        """The range's totals, as the page's line above the charts reads them."""
-        return [
-            ("succeeded", self.total(SUCCEEDED)),
-            ("dead-lettered", self.total(DEAD_LETTER)),
-            ("cancelled", self.total(CANCELLED)),
-            ("attempts failed and retried", self.total(rollups.RETRIES)),
-            ("batches completed", self.total(rollups.BATCHES)),
-            ("follow-ups enqueued", self.total(rollups.FOLLOW_UPS)),
+        """The range's totals, as the page's line above the charts reads them (the words
+        agreeing with each count)."""
+        totals = [
+            (("succeeded", "succeeded"), self.total(SUCCEEDED)),
+            (("dead-lettered", "dead-lettered"), self.total(DEAD_LETTER)),
+            (("cancelled", "cancelled"), self.total(CANCELLED)),
+            (RETRIED, self.total(rollups.RETRIES)),
+            (BATCHES_COMPLETED, self.total(rollups.BATCHES)),
+            (FOLLOW_UPS_ENQUEUED, self.total(rollups.FOLLOW_UPS)),
         ]
+        return [(ngettext(*words, n), n) for words, n in totals]
 
 
 def _floor(moment: datetime, step: timedelta) -> datetime:
@@ -149,3 +159,8 @@ def kinds(alias: str) -> list[str]:
     """The kinds of the jobs, for the dashboard's selector (the first ``KINDS_SHOWN``)."""
     rows = Job.objects.using(alias).order_by("kind").values_list("kind", flat=True).distinct()
     return list(rows[:KINDS_SHOWN])
+
+
+def kind_exists(kind: str, alias: str) -> bool:
+    """Whether a job has ``kind``: for one past the selector's first ``KINDS_SHOWN``."""
+    return Job.objects.using(alias).filter(kind=kind).exists()

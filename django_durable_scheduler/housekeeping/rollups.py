@@ -29,13 +29,15 @@ from django.db.models import (
     DurationField,
     ExpressionWrapper,
     F,
+    IntegerField,
     OuterRef,
+    QuerySet,
     Subquery,
     Sum,
     Value,
     When,
 )
-from django.db.models.functions import Trunc
+from django.db.models.functions import Coalesce, Trunc
 
 from .. import conf
 from ..models import (
@@ -111,31 +113,53 @@ def _live(start: datetime, end: datetime, alias: str) -> Outcomes:
 
 
 def _lag_bucket() -> Case:
-    """The pickup lag's histogram bucket of a settled row (annotated ``lag``), or -1 for one
-    that never ran (cancelled while it waited)."""
+    """The pickup lag's histogram bucket of a claim (annotated ``lag``)."""
     whens = [When(lag__lt=timedelta(seconds=bound), then=Value(i)) for i, bound in enumerate(LAG_BOUNDS)]
-    return Case(When(claimed_at__isnull=True, then=Value(-1)), *whens, default=Value(len(LAG_BOUNDS)))
+    return Case(*whens, default=Value(len(LAG_BOUNDS)))
+
+
+def _last_claim(end: datetime, alias: str) -> QuerySet[Event]:
+    """The claims of the outer settled row since it was last due, newest first (a probe of the
+    events' ``(occurrence, event_id)`` index). The time bounds let PostgreSQL read only the day
+    partitions that can hold them, however many days the table holds: a claim stamps its event
+    with the time it found the row due at, and it comes before the settle (``end``, with a
+    margin for another host's clock)."""
+    return (
+        Event.objects.using(alias)
+        .filter(
+            occurrence=OuterRef("pk"),
+            event_type__in=CLAIMS,
+            occurred_at__gte=OuterRef("available_at"),
+            occurred_at__lt=end + SETTLE_MARGIN,
+        )
+        .order_by("-event_id")
+    )
 
 
 def _settled(start: datetime, end: datetime, unit: str, alias: str) -> list[tuple[Any, ...]]:
     """The rows settled in [start, end) per ``unit`` (hour, minute), job, status and lag
-    bucket: how many, their retried attempts and their summed lag. The lag is read from each
-    row's last claim event (the ``(occurrence, event_id)`` index), so this costs a probe per
-    settled row: it runs once per hour that is over, and live only for the open ends."""
-    claims = Event.objects.using(alias).filter(occurrence=OuterRef("pk"), event_type__in=CLAIMS)
-    lag = ExpressionWrapper(F("claimed_at") - F("available_at"), output_field=DurationField())
+    bucket (-1: not claimed since it was last due, as one cancelled while it waited): how many,
+    their retried attempts and their summed lag. The bucket is worked out inside the subquery
+    so that each row's last claim is read twice (bucket and lag), not once per bound; this runs
+    once per hour that is over, and live only for the open ends."""
+    since_due = ExpressionWrapper(F("occurred_at") - OuterRef("available_at"), output_field=DurationField())
+    claims = _last_claim(end, alias).annotate(lag=since_due)
+    bucket = claims.annotate(bucket=_lag_bucket()).values("bucket")[:1]
+    lag = claims.values("lag")[:1]
     retried = Case(When(attempt__gt=1, then=F("attempt") - 1), default=Value(0))
     return list(
         Occurrence.objects.using(alias)
         .filter(status__in=TERMINAL_STATUSES, settled_at__gte=start, settled_at__lt=end)
         .annotate(
-            claimed_at=Subquery(claims.order_by("-event_id").values("occurred_at")[:1]),
-            lag=lag,
+            bucket=Coalesce(Subquery(bucket, output_field=IntegerField()), Value(-1)),
             at=Trunc("settled_at", unit, tzinfo=UTC),
         )
-        .annotate(bucket=_lag_bucket())
         .values_list("at", "job_id", "status", "bucket")
-        .annotate(n=Count("pk"), retries=Sum(retried), waited=Sum("lag"))
+        .annotate(
+            n=Count("pk"),
+            retries=Sum(retried),
+            waited=Sum(Subquery(lag, output_field=DurationField())),
+        )
         .order_by()
     )
 

@@ -385,3 +385,47 @@ def test_a_task_schedule_made_in_the_admin(new_context, live_server, admin_user)
     screenshot(page, "admin-task-schedules")
     job = Job.objects.get()
     assert job.payload["args"] == [2] and job.trigger["cron"] == "0 9 * * 1-5"
+
+
+# The WCAG 2 contrast ratio of two computed CSS colours (rgb() or rgba(), opaque).
+CONTRAST_JS = """([fg, bg]) => {
+    const luminance = (css) => {
+        const [r, g, b] = css.match(/[\\d.]+/g).slice(0, 3).map(Number).map((c) => {
+            c /= 255;
+            return c <= 0.04045 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4;
+        });
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+    };
+    const [a, b] = [luminance(fg), luminance(bg)].sort((x, y) => y - x);
+    return (a + 0.05) / (b + 0.05);
+}"""
+
+
+@pytest.mark.parametrize(
+    ("theme", "scheme"),
+    [("light", "light"), ("dark", "light"), ("auto", "dark"), ("auto", "light")],
+)
+def test_the_all_batches_link_is_readable_on_its_heading(new_context, live_server, admin_user, theme, scheme):
+    """The link in the heading of *Batches in progress* against the heading's own background,
+    in the theme the toggle sets (``data-theme``) and the one the system prefers: at least
+    4.5:1 (WCAG AA for text)."""
+    page = login(new_context(), live_server, "root")
+    page.emulate_media(color_scheme=scheme)
+    page.goto(f"{live_server.url}/admin/durable_scheduler/schedulerdashboard/")
+    # As the theme toggle does; then wait out the links' colour transition.
+    page.evaluate(
+        """async (theme) => {
+            document.documentElement.dataset.theme = theme;
+            await Promise.all(document.getAnimations().map((a) => a.finished));
+        }""",
+        theme,
+    )
+    link = page.locator("#dsch-batches h2 a")
+    assert link.inner_text() == "all batches"
+    colours = [
+        link.evaluate("a => getComputedStyle(a).color"),
+        page.locator("#dsch-batches h2").evaluate("h => getComputedStyle(h).backgroundColor"),
+    ]
+    assert "rgba(0, 0, 0, 0)" not in colours, colours  # the heading has a background of its own
+    ratio = page.evaluate(CONTRAST_JS, colours)
+    assert ratio >= 4.5, (theme, scheme, colours, round(ratio, 2))

@@ -353,9 +353,21 @@ def test_the_dashboard_lists_the_batches_in_progress(admin_client, batch, clock)
     assert [row.batch.pk for row in response.context["board"].batches] == ["later", "b1"]
     text = _text(response)
     assert f"<a {_link('batch', 'b1')}>b1</a>" in text and _link("batch", "empty") not in text
-    assert "1 / 3 (33%)" in text and "0 / 0 (100%)" in text
+    assert "1 / 3 (33%)" in text and "0 / 0 (empty)" in text
     assert "1 hour, 30 minutes" in text
     assert f'href="{url("batch", "changelist")}"' in text
+
+
+def test_a_batch_without_members_is_empty_not_done(admin_client, jobs):
+    """An open batch nothing was added to yet reads as empty on the dashboard and its page,
+    never as 100 %."""
+    kernel.open_batch("alert", batch_id="later")
+    (row,) = admin_client.get(reverse(DASHBOARD)).context["board"].batches
+    assert row.progress == chainview.Terminal(0, True, 0) and row.progress.percent is None
+    text = _text(admin_client.get(reverse(DASHBOARD)))
+    assert "0 / 0 (empty)" in text and "%)" not in text.split('id="dsch-batches"')[1]
+    text = _text(admin_client.get(url("batch", "change", "later")))
+    assert '<progress max="1" value="0"></progress> 0 of 0 terminal (empty)' in text
 
 
 def test_the_dashboard_counts_a_batch_with_bounded_reads(batch):

@@ -148,3 +148,21 @@ def test_the_queries_do_not_grow_with_the_rows(admin_client, world, clock):
     run("mail", "succeeded", clock, n=20)
     run("sync", "failed", clock, n=10)
     assert count() == before
+
+
+def test_an_unknown_range_or_kind_is_named_on_the_page(admin_client, world):
+    """A ``?range=`` or ``?kind=`` the dashboard does not know shows the default instead, and
+    a warning on the page says which value and what is shown."""
+    page = admin_client.get(reverse(URL), {"range": "fortnight", "kind": "no.such"})
+    assert page.status_code == 200
+    assert (page.context["timeline"].range.name, page.context["timeline"].kind) == ("day", None)
+    warnings = [str(m) for m in page.context["messages"] if m.level_tag == "warning"]
+    assert warnings == [
+        'Unknown range "fortnight" (hour, day or week): showing the last day.',
+        'No job has the kind "no.such": showing every kind.',
+    ]
+    html = page.content.decode()
+    assert 'class="warning"' in html and "Unknown range &quot;fortnight&quot;" in html
+    page = admin_client.get(reverse(URL), {"range": "week", "kind": "crm.sync"})
+    assert (page.context["timeline"].range.name, page.context["timeline"].kind) == ("week", "crm.sync")
+    assert not list(page.context["messages"])

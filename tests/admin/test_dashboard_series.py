@@ -6,6 +6,7 @@ batches; the same figures from the hourly counts as live; empty ranges; and the 
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from datetime import timedelta
 
@@ -179,3 +180,39 @@ def test_an_unheard_signal_registers_nothing_after_the_commit(jobs, clock, monke
     run("mail", clock, then=["sync"])
     assert Occurrence.objects.filter(job_id="sync").count() == 1
     assert not any("announce" in getattr(call[0], "__name__", "") for call in registered)
+
+
+def test_a_count_of_one_reads_in_the_singular(clock):
+    """A bar's tooltip and the line of totals say "1 batch completed", "2 batches completed":
+    each series' label agrees with its count."""
+    from django.template.loader import render_to_string
+
+    span = dashboard_series.RANGES["hour"]
+    starts = dashboard_series.bucket_starts(span, clock())
+    keys = (dashboard_series.SUCCEEDED, rollups.RETRIES, rollups.BATCHES, rollups.FOLLOW_UPS)
+    counts = [Counter(dict.fromkeys(keys, 1)), Counter(dict.fromkeys(keys, 2))]
+    buckets = [
+        dashboard_series.Bucket(s, s + span.step, counts[i] if i < 2 else Counter(), 0.0)
+        for i, s in enumerate(starts)
+    ]
+    timeline = dashboard_series.Timeline(span, None, clock(), buckets)
+    titles = []
+    for chart in dashboard_charts.charts(timeline):
+        html = render_to_string(
+            "admin/durable_scheduler/dashboard_chart.html", {"chart": chart, "timeline": timeline}
+        )
+        titles += re.findall(r"<title>\d\d:\d\d: (.*?)</title>", html)
+    for one, two in [
+        ("1 succeeded", "2 succeeded"),
+        ("1 attempt failed and retried", "2 attempts failed and retried"),
+        ("1 batch completed", "2 batches completed"),
+        ("1 follow-up enqueued", "2 follow-ups enqueued"),
+    ]:
+        assert one in titles and two in titles, (one, two, titles)
+    totals = [f"{n} {label}" for label, n in timeline.summary]
+    assert "3 batches completed" in totals and "3 follow-ups enqueued" in totals
+    empty = dashboard_series.Timeline(span, None, clock(), buckets[:1])
+    assert [f"{n} {label}" for label, n in empty.summary][-2:] == [
+        "1 batch completed",
+        "1 follow-up enqueued",
+    ]

@@ -5,6 +5,7 @@ the last minutes of the hour before (a late clock may still settle there) counte
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter
 from datetime import timedelta
 
@@ -15,8 +16,10 @@ from django.test.utils import CaptureQueriesContext
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel
-from django_durable_scheduler.housekeeping import rollups
-from django_durable_scheduler.models import TERMINAL_STATUSES, Occurrence, OutcomeCount
+from django_durable_scheduler.housekeeping import partitions, rollups
+from django_durable_scheduler.models import TERMINAL_STATUSES, Event, Occurrence, OutcomeCount
+
+from .test_partitions import FUTURE, layout  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.django_db
 
@@ -96,3 +99,42 @@ def test_an_hour_without_runs_is_marked_counted(clock):
     assert rollups.outcomes(now - timedelta(hours=6), now, alias="default") == Counter()
     assert OutcomeCount.objects.filter(kind="").count() == 5
     assert not OutcomeCount.objects.exclude(kind="").exists()
+
+
+def settled_statement(start, end) -> str:
+    """The SQL of the statement that counts the rows settled in [start, end) by the minute."""
+    with CaptureQueriesContext(connection) as queries:
+        rollups.grouped(start, end, "minute", "default")
+    (sql,) = [q["sql"] for q in queries if "settled_at" in q["sql"] and "events" in q["sql"]]
+    return sql
+
+
+def test_each_settled_row_reads_its_last_claim_once_for_the_bucket_and_once_for_the_lag(clock):
+    """The lag bucket is worked out inside the subquery: a CASE over the subquery repeated it
+    once per bound of the histogram (16 reads of the events per settled row)."""
+    settle_some(clock, random.Random(3), hours=2)
+    sql = settled_statement(clock() - timedelta(hours=2), clock())
+    events = connection.ops.quote_name(Event._meta.db_table)
+    assert sql.count(f"FROM {events}") == 2, sql
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("layout")
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="events are partitioned on PostgreSQL only")
+def test_a_last_claim_is_read_from_the_partitions_of_its_days_only(clock):
+    """With a week of day partitions, counting the last hours probes the partition of
+    their claims' day and no other (``EXPLAIN ANALYZE``: the rest never executed), however
+    many days of history the table holds."""
+    partitions.ensure_days("default", FUTURE - timedelta(days=8), FUTURE + timedelta(days=2))
+    clock.set(FUTURE)
+    settle_some(clock, random.Random(5), hours=7 * 24)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+        sql = settled_statement(FUTURE - timedelta(hours=3), FUTURE)
+        cursor.execute("EXPLAIN (ANALYZE, COSTS OFF) " + sql)
+        plan = [row[0] for row in cursor.fetchall()]
+    table = Event._meta.db_table
+    scans = [line for line in plan if re.search(rf"Scan .* on {table}_p\w+", line)]
+    assert len(scans) >= 10, "\n".join(plan)  # a scan per partition, per subquery
+    read = {re.search(rf" on ({table}_p\w+)", s).group(1) for s in scans if "never executed" not in s}
+    assert read == {partitions.partition_name(partitions.day_start(FUTURE))}, "\n".join(plan)
