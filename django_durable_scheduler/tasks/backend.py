@@ -147,7 +147,7 @@ class DurableBackend(BaseTaskBackend):
                 value = ctx.run_coroutine(task.func(*args, **result.kwargs))
             else:
                 value = task.call(*args, **result.kwargs)
-        except Exception as exc:
+        except BaseException as exc:  # sys.exit() too: the worker fails the attempt, as Django's backends do
             final = isinstance(exc, PermanentFailure) or ctx.attempt >= ctx.max_attempts
             failures.failed(type(self), self.using_alias(), ctx, result, exc, final=final)
             raise
