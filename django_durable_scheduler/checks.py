@@ -4,6 +4,7 @@
 - ``E002`` a registered handler is not callable, or its ``units`` are not 1..1,000,000.
 - ``E003`` a ``DURABLE_SCHEDULER_*`` setting has the wrong type or range.
 - ``E004`` the project's routers write this app's models to more than one database.
+- ``E005`` ``USE_TZ`` is False.
 - ``W001`` a SQLite database does not use ``transaction_mode`` IMMEDIATE.
 - ``W002`` enabled jobs of a kind no handler is registered for in this process (database
   check: runs only when databases are given, e.g. ``manage.py check --database default``).
@@ -21,6 +22,7 @@ from importlib import import_module
 from typing import Any
 
 from django.apps import apps
+from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Tags, register
 from django.core.checks import Warning as CheckWarning
 from django.db import DatabaseError, connections, router
@@ -378,6 +380,24 @@ def check_one_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMess
                 "(e.g. by model._meta.app_label); its reads go to that database too."
             ),
             id="durable_scheduler.E004",
+        )
+    ]
+
+
+@register(TAG)
+def check_use_tz(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    # Every time this app writes is aware (UTC), and its schedules, backoffs and leases are
+    # computed as such: refused at start rather than as a ValueError at the first enqueue.
+    if django_settings.USE_TZ:
+        return []
+    return [
+        Error(
+            "USE_TZ is False: django_durable_scheduler stores and compares time-zone-aware "
+            "datetimes on every database, and without USE_TZ Django refuses them on SQLite and "
+            "MySQL/MariaDB.",
+            hint="Set USE_TZ = True (Django's default since 5.0); TIME_ZONE still sets the local time.",
+            obj="USE_TZ",
+            id="durable_scheduler.E005",
         )
     ]
 
