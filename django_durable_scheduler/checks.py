@@ -4,6 +4,7 @@
 - ``E002`` a registered handler is not callable, or its ``units`` are not 1..1,000,000.
 - ``E003`` a ``DURABLE_SCHEDULER_*`` setting has the wrong type or range.
 - ``E004`` the project's routers write this app's models to more than one database.
+- ``E005`` ``USE_TZ`` is False.
 - ``W001`` a SQLite database does not use ``transaction_mode`` IMMEDIATE.
 - ``W002`` enabled jobs of a kind no handler is registered for in this process (database
   check: runs only when databases are given, e.g. ``manage.py check --database default``).
@@ -24,6 +25,7 @@ from importlib import import_module
 from typing import Any
 
 from django.apps import apps
+from django.conf import settings as django_settings
 from django.core.checks import CheckMessage, Error, Info, Tags, register
 from django.core.checks import Warning as CheckWarning
 from django.db import DatabaseError, connections, router
@@ -386,6 +388,24 @@ def check_one_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMess
 
 
 @register(TAG)
+def check_use_tz(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    # Every time this app writes is aware (UTC), and its schedules, backoffs and leases are
+    # computed as such: refused at start rather than as a ValueError at the first enqueue.
+    if django_settings.USE_TZ:
+        return []
+    return [
+        Error(
+            "USE_TZ is False: django_durable_scheduler stores and compares time-zone-aware "
+            "datetimes on every database, and without USE_TZ Django refuses them on SQLite and "
+            "MySQL/MariaDB.",
+            hint="Set USE_TZ = True (Django's default since 5.0); TIME_ZONE still sets the local time.",
+            obj="USE_TZ",
+            id="durable_scheduler.E005",
+        )
+    ]
+
+
+@register(TAG)
 def check_sqlite_transaction_mode(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     # Settings only, no query: so it runs on a plain ``check`` and when runscheduler starts,
     # for every configured database unless the caller names some.
@@ -414,12 +434,16 @@ def check_sqlite_transaction_mode(app_configs: Any = None, **kwargs: Any) -> lis
 def check_jobs_have_handlers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     from . import registry
     from .models import Job
+    from .tasks.handlers import any_queue
+    from .tasks.options import queue_of
 
     databases = kwargs.get("databases")
     if not databases:
         return []
     _import_handler_modules()
     known = set(registry.registered_kinds())
+    # A DurableBackend that takes any queue name: the worker runs every task queue's jobs.
+    any_task_queue = any_queue()
     messages: list[CheckMessage] = []
     for alias in databases:
         if not router.allow_migrate_model(alias, Job):
@@ -439,6 +463,8 @@ def check_jobs_have_handlers(app_configs: Any = None, **kwargs: Any) -> list[Che
         except DatabaseError:
             continue
         for kind in kinds:
+            if any_task_queue and queue_of(kind) is not None:
+                continue
             messages.append(
                 CheckWarning(
                     f"Enabled jobs of kind {kind!r} in database '{alias}' have no handler "

@@ -113,3 +113,6 @@ if importlib.util.find_spec("django.tasks") or importlib.util.find_spec("django_
             "QUEUES": ["default", "high"],
         }
     }
+    if os.environ.get("DSCH_ANY_QUEUE"):
+        # Subprocess workers of tests/tasks/test_any_queue.py: a backend that takes any queue name.
+        TASKS["default"]["QUEUES"] = []

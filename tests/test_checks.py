@@ -11,6 +11,7 @@ import pytest
 from django.core.checks import Tags
 from django.core.checks.registry import registry as check_registry
 from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 from django.test.utils import override_settings
 
 import django_durable_scheduler as scheduler
@@ -316,3 +317,18 @@ def test_w002_skips_a_database_without_the_tables(db, monkeypatch):
 
     monkeypatch.setattr(connections["default"].introspection, "table_names", lambda *a, **k: [])
     assert checks.check_jobs_have_handlers(databases=["default"]) == []
+
+
+# --------------------------------------------------------------------------- E005
+
+
+def test_e005_use_tz_false_is_refused_at_start(db):
+    with override_settings(USE_TZ=False):
+        messages = checks.check_use_tz()
+        assert ids(messages) == ["durable_scheduler.E005"]
+        assert messages[0].obj == "USE_TZ"
+        assert "USE_TZ = True" in str(messages[0].hint)
+        # Not a database check: runscheduler runs it before it starts, and refuses to.
+        with pytest.raises(SystemCheckError, match=r"durable_scheduler\.E005"):
+            call_command("runscheduler", "--once", skip_checks=False)
+    assert checks.check_use_tz() == []

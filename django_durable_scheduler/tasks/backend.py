@@ -28,6 +28,7 @@ from . import enqueuing, failures, jobs, results
 from .framework import (
     DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
+    InvalidTask,
     TaskContext,
     TaskResultStatus,
     set_field,
@@ -36,7 +37,7 @@ from .framework import (
     task_started,
 )
 from .framework import normalize_json as django_normalize_json
-from .options import parse_options, validate_queue
+from .options import configured_queues, parse_options, validate_queue
 
 if TYPE_CHECKING:
     from .framework import AnyResult, AnyTask
@@ -68,14 +69,7 @@ class DurableBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         setting = f"TASKS[{alias!r}]"
-        queues = params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME])
-        if isinstance(queues, str) or not queues:
-            raise ImproperlyConfigured(f"{setting}['QUEUES'] must list at least one queue name")
-        try:
-            for index, name in enumerate(queues):
-                validate_queue(name, f"{setting}['QUEUES'][{index}]")
-        except InvalidArgument as exc:
-            raise ImproperlyConfigured(str(exc)) from None
+        configured_queues(alias, params.get("QUEUES", [DEFAULT_TASK_QUEUE_NAME]))  # []: any name
         options = dict(self.options or {})
         self.database: str | None = options.pop("database", None)
         if self.database is not None and not isinstance(self.database, str):
@@ -91,6 +85,16 @@ class DurableBackend(BaseTaskBackend):
         return alias_for(self.database)
 
     # ------------------------------------------------------------------ enqueue
+
+    def validate_task(self, task: AnyTask) -> None:
+        """Django's checks; with ``QUEUES = []`` (any queue name, as Django documents it),
+        also that the queue's name makes a handler kind (``django.tasks:<queue>``)."""
+        super().validate_task(task)
+        if not self.queues:
+            try:
+                validate_queue(task.queue_name, "queue_name")
+            except InvalidArgument as exc:
+                raise InvalidTask(str(exc)) from None
 
     def enqueue(self, task: AnyTask, args: Any, kwargs: Any) -> AnyResult:
         """Write the task's occurrence in the caller's transaction and return its result."""
@@ -147,7 +151,7 @@ class DurableBackend(BaseTaskBackend):
                 value = ctx.run_coroutine(task.func(*args, **result.kwargs))
             else:
                 value = task.call(*args, **result.kwargs)
-        except Exception as exc:
+        except BaseException as exc:  # sys.exit() too: the worker fails the attempt, as Django's backends do
             final = isinstance(exc, PermanentFailure) or ctx.attempt >= ctx.max_attempts
             failures.failed(type(self), self.using_alias(), ctx, result, exc, final=final)
             raise

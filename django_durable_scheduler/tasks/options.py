@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from django.core.exceptions import ImproperlyConfigured
+
 from ..exceptions import InvalidArgument
 from ..kernel.concurrency import render_key
 from ..kernel.unique import MAX_DEBOUNCE_MS, UNIQUE_WHILE
@@ -276,3 +278,14 @@ def validate_queue(name: Any, field: str) -> str:
     if not isinstance(name, str) or name != name.strip() or not name:
         raise InvalidArgument(field, "must be a non-empty string without surrounding spaces")
     return normalize_identifier(name, field, max_length=MAX_QUEUE_NAME)
+
+
+def configured_queues(alias: str, queues: Any) -> list[str]:
+    """A DurableBackend's ``QUEUES``, each one a name that makes a kind ([]: any name), or
+    ``ImproperlyConfigured`` naming the setting."""
+    if isinstance(queues, str) or not isinstance(queues, list | tuple | set | frozenset):
+        raise ImproperlyConfigured(f"TASKS[{alias!r}]['QUEUES'] must list queue names (an empty list: any)")
+    try:
+        return [validate_queue(q, f"TASKS[{alias!r}]['QUEUES'][{i}]") for i, q in enumerate(queues)]
+    except InvalidArgument as exc:
+        raise ImproperlyConfigured(str(exc)) from None

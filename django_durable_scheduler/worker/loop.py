@@ -5,7 +5,8 @@ that finished since its last turn (one transaction), claim up to the free capaci
 transaction, which also authorizes what it claims), and hand the runnable ones to
 ``concurrency`` long-lived handler threads. A heartbeat thread renews the leases of
 everything held (each before a third of it has passed) until it is settled. Handlers for
-kinds this process has not registered are never claimed.
+kinds this process has not registered are never claimed (with a DurableBackend that takes
+any queue name, the queues of the stored task jobs are registered at the start and each sweep).
 
 The parts, each with its own module: the claim and what it holds (:mod:`.claims`), the runs
 held (:mod:`.runs`), the handler threads with their deadlines and timeouts (:mod:`.pool`),
@@ -44,6 +45,7 @@ from ..db.dialect import alias_for, lock_waited
 from ..db.wakeup import first_line
 from ..housekeeping.retention.thread import RetentionThread
 from ..models import Occurrence
+from ..tasks.handlers import any_queue, stored_queue_kinds
 from ..telemetry import metrics
 from .claims import Claimer
 from .heartbeat import Heartbeat
@@ -315,6 +317,7 @@ class Worker:
         self._stopping = threading.Event()
         self._signals = StopOnSignal(self.stop, grace)
         self._kinds: list[str] = []
+        self._any_queue = any_queue()  # a DurableBackend takes any queue: look for new ones
         self._listener: tuple[wakeup.Listener | wakeup.SocketListener, threading.Thread] | None = None
         self._exit_code = 0
 
@@ -342,10 +345,7 @@ class Worker:
         self._signals.install()
 
     def kinds(self) -> list[str]:
-        local = registry.registered_kinds()
-        if self.requested_kinds is None:
-            return local
-        return [kind for kind in local if kind in set(self.requested_kinds)]
+        return claimable_kinds(self.requested_kinds, self.using, stored_queues=self._any_queue)
 
     # ------------------------------------------------------------------ loop
 
@@ -455,6 +455,8 @@ class Worker:
         if sweep:
             kernel.dead_letter_expired(using=self.using)
             kernel.complete_due_batches(using=self.using)
+        if sweep and self._any_queue:
+            self._kinds = self.kinds()
 
     def _capacity(self) -> int:
         return self.pacer.capacity(self.pool.stuck)
@@ -491,6 +493,18 @@ class Worker:
         """Claim and authorize up to ``limit`` occurrences of ``kinds`` and hand the runnable
         ones to the handler threads (:meth:`.claims.Claimer.claim`)."""
         return self.claimer.claim(limit, kinds)
+
+
+def claimable_kinds(requested: list[str] | None, using: str | None, *, stored_queues: bool) -> list[str]:
+    """The kinds registered in this process, those of ``requested`` only (None: all); with
+    ``stored_queues`` (a DurableBackend takes any queue name), the queues of the task jobs
+    stored are registered first, so a queue first used after the start is run too."""
+    if stored_queues:
+        stored_queue_kinds(using)
+    local = registry.registered_kinds()
+    if requested is None:
+        return local
+    return [kind for kind in local if kind in set(requested)]
 
 
 def drain(worker: Worker, timeout: float | None) -> None:

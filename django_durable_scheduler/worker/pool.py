@@ -66,7 +66,12 @@ def call_handler(ctx: ExecutionContext) -> Outcome:
     except PermanentFailure as exc:
         error = {**kernel.storable_error(exc), "type": "PermanentFailure", "code": exc.code}
         return Outcome(*at, FAILED, error=error, retryable=False, exception=exc)
-    except Exception as exc:
+    except BaseException as exc:
+        # sys.exit(), KeyboardInterrupt or a BaseException of its own fail the run like any
+        # error: escaping, it would end this thread and leave the run held for ever. Only
+        # in the main thread may a KeyboardInterrupt be SIGINT's, which stops the process.
+        if isinstance(exc, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+            raise
         error = {**kernel.storable_error(exc), "traceback": traceback.format_exc()[-MAX_TRACEBACK:]}
         return Outcome(*at, FAILED, error=error, exception=exc)
     return Outcome(*at, SUCCEEDED, result=result)
@@ -256,7 +261,7 @@ class HandlerPool:
                 outcome = self.instruments.run(
                     _span_attributes(run), name, lambda: call_handler(run.context), parent
                 )
-        except Exception as exc:  # call_handler catches the handler's; this is ours
+        except BaseException as exc:  # call_handler catches the handler's; this is ours
             logger.exception("unexpected error running %s", run.occurrence.pk)
             outcome = Outcome(run.context.occurrence_id, run.context.fence, FAILED, error=exc, exception=exc)
         with self._lock:

@@ -181,7 +181,6 @@ def test_a_queue_the_backend_does_not_list_is_refused(db):
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({"QUEUES": []}, "QUEUES'] must list"),
         ({"QUEUES": "default"}, "QUEUES'] must list"),
         ({"QUEUES": ["ok", " padded "]}, "QUEUES'][1]"),
         ({"QUEUES": ["x" * 200]}, "QUEUES'][0]"),

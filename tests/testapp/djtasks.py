@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -151,3 +152,25 @@ def per_customer(*, customer):
 @durable(concurrency=2, concurrency_key=lambda account, since=None: f"account-{account}")
 def per_account(account, since=None):
     return account
+
+
+class Halt(BaseException):
+    """A BaseException of the task's own (tests/tasks/test_tasks_base_exceptions.py)."""
+
+
+@task
+@durable(max_attempts=1)
+def exits():
+    """Ends as Django's own backend tests' task does: ``exit()`` (SystemExit)."""
+    sys.exit(1)
+
+
+@task
+@durable(max_attempts=2, retry_base_delay=0.05, retry_max_delay=0.05)
+def interrupted(marker_dir):
+    """KeyboardInterrupt on its first attempt, Halt (its own BaseException) on its second."""
+    marks = Path(marker_dir)
+    if not (marks / "interrupted").exists():
+        (marks / "interrupted").touch()
+        raise KeyboardInterrupt("the task's own interrupt")
+    raise Halt("the task halts")

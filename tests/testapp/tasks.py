@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 import time
 
@@ -240,3 +241,33 @@ def follow(ctx):
         "predecessor": ctx.predecessor,
         "batch": ctx.batch,
     }
+
+
+# --- what a handler raises that is no Exception (tests/worker/test_base_exceptions.py)
+
+
+class Abort(BaseException):
+    """A BaseException of the handler's own, as some libraries define one."""
+
+
+@scheduler.handler("test.raise-base")
+def raise_base(ctx):
+    """Raises what ``payload.mode`` names, on the attempts before ``payload.until`` (every
+    attempt without it), then succeeds: "exit" calls ``sys.exit``, "interrupt" raises
+    KeyboardInterrupt, "generator-exit" GeneratorExit, "custom" ``Abort``, "async-exit" is an
+    async handler's ``sys.exit``; "ok" succeeds."""
+    payload = ctx.payload or {}
+    mode = payload.get("mode", "ok")
+    if mode == "ok" or ctx.attempt >= payload.get("until", ctx.attempt + 1):
+        return {"attempt": ctx.attempt}
+    if mode == "async-exit":
+        return _exit_async()
+    raised = {"interrupt": KeyboardInterrupt, "generator-exit": GeneratorExit, "custom": Abort}.get(mode)
+    if raised is None:
+        sys.exit(f"handler exits ({mode})")
+    raise raised(f"handler raises ({mode})")
+
+
+async def _exit_async():
+    await asyncio.sleep(0)
+    sys.exit("handler exits (async)")

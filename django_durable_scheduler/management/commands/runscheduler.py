@@ -16,10 +16,10 @@ from django.db import DatabaseError, connections
 
 from ... import checks, declared, registry, startup
 from ...db.dialect import alias_for
-from ...exceptions import SchedulerError
+from ...exceptions import InvalidArgument, SchedulerError
 from ...models import Occurrence
-from ...tasks.handlers import durable_queues
-from ...tasks.options import queue_kind
+from ...tasks.handlers import any_queue, durable_queues, register_queue_handlers
+from ...tasks.options import queue_kind, validate_queue
 from ...worker import Worker, default_worker_id
 from ...worker.supervisor import Supervisor
 from . import DATABASE_HELP, database_alias
@@ -185,9 +185,16 @@ class Command(BaseCommand):
 
     def selected_kinds(self, kinds: list[str] | None, queues: list[str] | None) -> list[str] | None:
         """The kinds to claim: ``--kinds``, plus the task kinds of ``--queues`` (each one a
-        queue of a DurableBackend in ``settings.TASKS``)."""
+        queue of a DurableBackend in ``settings.TASKS``, any name when one takes any)."""
         if queues is None:
             return kinds
+        if any_queue():
+            try:
+                names = [validate_queue(queue, "--queues") for queue in queues]
+            except InvalidArgument as exc:
+                raise CommandError(f"runscheduler: {exc}") from None
+            register_queue_handlers(names)
+            return [*(kinds or []), *(queue_kind(name) for name in names)]
         configured = {queue for names in durable_queues().values() for queue in names}
         unknown = [queue for queue in queues if queue not in configured]
         if unknown:
