@@ -213,8 +213,7 @@ class Listener:
         self.log = log
         self.supported = connections[alias].vendor == "postgresql"
         self._stop = False
-        # Set once a notification from another connection has arrived: the route to the
-        # server keeps a session (no transaction-mode pooler), which db.kept relies on.
+        # Set once a notification from another connection has arrived: wake-ups work here.
         self.delivered = threading.Event()
 
     def open(self) -> bool:
