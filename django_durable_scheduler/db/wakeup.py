@@ -27,7 +27,6 @@ import os
 import secrets
 import socket
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -134,7 +133,6 @@ class SocketListener:
         self.supported = self.directory is not None
         self.path: str | None = None
         self._stop = False
-        self.delivered = threading.Event()  # as Listener's; never set: no session to prove here
         self._sock: socket.socket | None = None
 
     def open(self) -> bool:
@@ -213,8 +211,6 @@ class Listener:
         self.log = log
         self.supported = connections[alias].vendor == "postgresql"
         self._stop = False
-        # Set once a notification from another connection has arrived: wake-ups work here.
-        self.delivered = threading.Event()
 
     def open(self) -> bool:
         return self.supported
@@ -269,7 +265,6 @@ class Listener:
             for notify in conn.notifies(timeout=left, stop_after=1):
                 if notify.payload == token:
                     self.log.info("listening for wake-ups on database '%s'", self.alias)
-                    self.delivered.set()
                     return True
                 self.wake()  # another process's wake-up, meanwhile
         if not self._stop:
