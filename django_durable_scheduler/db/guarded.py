@@ -20,6 +20,7 @@ from typing import Any
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import (
+    NOT_PROVIDED,
     AutoField,
     BigAutoField,
     CharField,
@@ -52,14 +53,36 @@ def insert_fields(model: type[Model]) -> tuple[Field[Any, Any], ...]:
     )
 
 
+@cache
+def _with_db_default(model: type[Model]) -> tuple[Field[Any, Any], ...]:
+    return tuple(field for field in insert_fields(model) if field.db_default is not NOT_PROVIDED)
+
+
+def written_fields(objs: Sequence[Model]) -> tuple[Field[Any, Any], ...]:
+    """The columns an insert of ``objs`` (all of one model) writes: :func:`insert_fields`, less
+    those with a ``db_default`` that no row sets (its value is the database's, as ``save()``
+    leaves it). A field set on some rows and left to its default on others is refused."""
+    model = type(objs[0])
+    left = []
+    for field in _with_db_default(model):
+        unset = [hasattr(getattr(obj, field.attname), "resolve_expression") for obj in objs]
+        if all(unset):
+            left.append(field)
+        elif any(unset):
+            raise ValueError(f"{field.name} is set on some rows and left to its db_default on others")
+    fields = insert_fields(model)
+    return fields if not left else tuple(field for field in fields if field not in left)
+
+
 def _row(obj: Model, fields: Sequence[Field[Any, Any]], connection: BaseDatabaseWrapper) -> list[Any]:
     """``obj``'s values of ``fields`` as ``save()`` binds them for an insert."""
     return [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
 
 
-def _insert_sql(connection: BaseDatabaseWrapper, model: type[Model], rows: int) -> str:
+def _insert_sql(
+    connection: BaseDatabaseWrapper, model: type[Model], fields: Sequence[Field[Any, Any]], rows: int
+) -> str:
     quote = connection.ops.quote_name
-    fields = insert_fields(model)
     columns = ", ".join(quote(str(field.column)) for field in fields)
     values = ", ".join([placeholders(len(fields))] * rows)
     return f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES {values}"
@@ -93,13 +116,13 @@ def insert_new(alias: str, objs: Sequence[Model]) -> set[Any]:
     if not can_skip_conflicts(alias):
         raise ValueError(f"no insert that skips conflicts on {connection.vendor}")
     model = type(objs[0])
-    fields = insert_fields(model)
+    fields = written_fields(objs)
     per_statement = max(1, min(1000, _max_parameters(connection) // len(fields)))
     inserted: set[Any] = set()
     with connection.cursor() as cursor:
         for start in range(0, len(objs), per_statement):
             chunk = objs[start : start + per_statement]
-            sql = _insert_sql(connection, model, len(chunk)) + _conflicts_skipped(connection, model)
+            sql = _insert_sql(connection, model, fields, len(chunk)) + _conflicts_skipped(connection, model)
             # SQLite: "ON CONFLICT" after "VALUES" is read as the insert's, as wanted.
             cursor.execute(sql, [value for obj in chunk for value in _row(obj, fields, connection)])
             inserted.update(row[0] for row in cursor.fetchall())
@@ -127,12 +150,12 @@ def insert_after(alias: str, writes: Sequence[Write], objs: Sequence[Model]) -> 
             type(objs[0])._default_manager.db_manager(alias).bulk_create(objs)
         return
     model = type(objs[0])
-    fields = insert_fields(model)
+    fields = written_fields(objs)
     clauses = ", ".join(f"w{n} AS ({sql})" for n, (sql, _) in enumerate(writes))
     params = [value for _, write_params in writes for value in write_params]
     params += [value for obj in objs for value in _row(obj, fields, connection)]
     with connection.cursor() as cursor:
-        cursor.execute(f"WITH {clauses} {_insert_sql(connection, model, len(objs))}", params)
+        cursor.execute(f"WITH {clauses} {_insert_sql(connection, model, fields, len(objs))}", params)
     mark_saved(objs, alias)
 
 
@@ -175,13 +198,17 @@ def _typed(connection: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
 
 @cache
 def _guarded_sql(
-    alias: str, model: type[Model], guard_sql: str, then: type[Model] | None, then_rows: int
+    alias: str,
+    model: type[Model],
+    fields: tuple[Field[Any, Any], ...],
+    guard_sql: str,
+    then_fields: tuple[Field[Any, Any], ...],
+    then_rows: int,
 ) -> str:
     """The statement of :func:`insert_guarded` on PostgreSQL: the guard, the insert and its
     ``then`` rows and the wake-up in one ``WITH``, so one round trip that is atomic by itself."""
     connection = connections[alias]
     quote = connection.ops.quote_name
-    fields = insert_fields(model)
     columns = ", ".join(quote(str(field.column)) for field in fields)
     select = ", ".join(_typed(connection, field) for field in fields)
     parts = [
@@ -189,16 +216,31 @@ def _guarded_sql(
         f"o AS (INSERT INTO {quote(model._meta.db_table)} ({columns}) SELECT {select} FROM g"
         " ON CONFLICT DO NOTHING RETURNING 1)",
     ]
-    if then is not None:
-        then_fields = insert_fields(then)
+    if then_rows:
+        table = quote(then_fields[0].model._meta.db_table)
         then_columns = ", ".join(quote(str(field.column)) for field in then_fields)
         then_select = ", ".join(_typed(connection, field) for field in then_fields)
         rows = " UNION ALL ".join([f"SELECT {then_select} FROM o"] * then_rows)
-        parts.append(f"t AS (INSERT INTO {quote(then._meta.db_table)} ({then_columns}) {rows})")
+        parts.append(f"t AS (INSERT INTO {table} ({then_columns}) {rows})")
     # Delivered by PostgreSQL only if (and when) the transaction commits.
     parts.append("n AS (SELECT pg_notify(%s, '') FROM o)")
     counts = "(SELECT COUNT(*) FROM o), (SELECT COUNT(*) FROM g), (SELECT COUNT(*) FROM n)"
     return f"WITH {', '.join(parts)} SELECT {counts}"
+
+
+@cache
+def _guarded_sqlite_sql(
+    alias: str, model: type[Model], fields: tuple[Field[Any, Any], ...], guard_sql: str
+) -> str:
+    """The insert of :func:`insert_guarded` on SQLite: ``INSERT ... SELECT ... WHERE EXISTS``."""
+    connection = connections[alias]
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(str(field.column)) for field in fields)
+    # "WHERE EXISTS" also tells SQLite's parser that ON CONFLICT belongs to the INSERT.
+    return (
+        f"INSERT INTO {quote(model._meta.db_table)} ({columns}) SELECT {', '.join(['%s'] * len(fields))}"
+        f" WHERE EXISTS ({guard_sql}){_conflicts_skipped(connection, model)}"
+    )
 
 
 def insert_guarded(
@@ -211,21 +253,27 @@ def insert_guarded(
     row changed.
 
     PostgreSQL: one statement, atomic by itself, so it needs no transaction of its own.
-    SQLite: the insert, then the rest, so the caller runs it inside a write transaction."""
+    SQLite: the insert, then the guard again when nothing went in (to tell a row already there
+    from a changed guard row), then the rest, so the caller runs it in a write transaction."""
     connection = connections[alias]
-    model = type(obj)
-    row = _row(obj, insert_fields(model), connection)
+    model, fields = type(obj), written_fields([obj])
+    row = _row(obj, fields, connection)
     guard_sql, guard_params = guard
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":
-            inserted = _insert_guarded_sqlite(cursor, connection, obj, row, guard)
+            cursor.execute(_guarded_sqlite_sql(alias, model, fields, guard_sql), [*row, *guard_params])
+            inserted = cursor.fetchone() is not None
+            if not inserted:
+                cursor.execute(guard_sql, guard_params)
+                if cursor.fetchone() is None:
+                    raise GuardFailed
         else:
-            then_model = type(then[0]) if then else None
+            then_fields = written_fields(then) if then else ()
             params: list[Any] = [*guard_params, *row]
             for item in then:
-                params += _row(item, insert_fields(type(item)), connection)
+                params += _row(item, then_fields, connection)
             params.append(CHANNEL)
-            cursor.execute(_guarded_sql(alias, model, guard_sql, then_model, len(then)), params)
+            cursor.execute(_guarded_sql(alias, model, fields, guard_sql, then_fields, len(then)), params)
             count, guard_held, _ = cursor.fetchone()
             if not guard_held:
                 raise GuardFailed
@@ -240,26 +288,3 @@ def insert_guarded(
         type(then[0])._default_manager.db_manager(alias).bulk_create(then)
     notify_new_work(alias)
     return True
-
-
-def _insert_guarded_sqlite(
-    cursor: Any, connection: BaseDatabaseWrapper, obj: Model, row: list[Any], guard: tuple[str, list[Any]]
-) -> bool:
-    """SQLite's guarded insert: ``INSERT ... SELECT ... WHERE EXISTS (guard)``, and when
-    nothing went in, the guard again to tell a row already there from a changed guard row."""
-    model = type(obj)
-    quote = connection.ops.quote_name
-    fields = insert_fields(model)
-    columns = ", ".join(quote(str(field.column)) for field in fields)
-    # "WHERE EXISTS" also tells SQLite's parser that ON CONFLICT belongs to the INSERT.
-    sql = (
-        f"INSERT INTO {quote(model._meta.db_table)} ({columns}) SELECT {', '.join(['%s'] * len(fields))}"
-        f" WHERE EXISTS ({guard[0]}){_conflicts_skipped(connection, model)}"
-    )
-    cursor.execute(sql, [*row, *guard[1]])
-    if cursor.fetchone() is not None:
-        return True
-    cursor.execute(guard[0], guard[1])
-    if cursor.fetchone() is None:
-        raise GuardFailed
-    return False
