@@ -58,20 +58,30 @@ def _with_db_default(model: type[Model]) -> tuple[Field[Any, Any], ...]:
     return tuple(field for field in insert_fields(model) if field.db_default is not NOT_PROVIDED)
 
 
-def written_fields(objs: Sequence[Model]) -> tuple[Field[Any, Any], ...]:
-    """The columns an insert of ``objs`` (all of one model) writes: :func:`insert_fields`, less
-    those with a ``db_default`` that no row sets (its value is the database's, as ``save()``
-    leaves it). A field set on some rows and left to its default on others is refused."""
-    model = type(objs[0])
+def left_out(objs: Sequence[Model]) -> tuple[str, ...]:
+    """The attnames of the fields with a ``db_default`` that no row of ``objs`` (all of one
+    model) sets: their value is the database's, as ``save()`` leaves it. A field set on some
+    rows and left to its default on others is refused."""
     left = []
-    for field in _with_db_default(model):
+    for field in _with_db_default(type(objs[0])):
         unset = [hasattr(getattr(obj, field.attname), "resolve_expression") for obj in objs]
         if all(unset):
-            left.append(field)
+            left.append(field.attname)
         elif any(unset):
             raise ValueError(f"{field.name} is set on some rows and left to its db_default on others")
+    return tuple(left)
+
+
+@cache
+def _written(model: type[Model], left: tuple[str, ...]) -> tuple[Field[Any, Any], ...]:
     fields = insert_fields(model)
-    return fields if not left else tuple(field for field in fields if field not in left)
+    return fields if not left else tuple(field for field in fields if field.attname not in left)
+
+
+def written_fields(objs: Sequence[Model]) -> tuple[Field[Any, Any], ...]:
+    """The columns an insert of ``objs`` (all of one model) writes: :func:`insert_fields`, less
+    those :func:`left_out` leaves to the database."""
+    return _written(type(objs[0]), left_out(objs))
 
 
 def _row(obj: Model, fields: Sequence[Field[Any, Any]], connection: BaseDatabaseWrapper) -> list[Any]:
@@ -200,15 +210,17 @@ def _typed(connection: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
 def _guarded_sql(
     alias: str,
     model: type[Model],
-    fields: tuple[Field[Any, Any], ...],
+    left: tuple[str, ...],
     guard_sql: str,
-    then_fields: tuple[Field[Any, Any], ...],
-    then_rows: int,
+    then: tuple[type[Model], tuple[str, ...], int] | None,
 ) -> str:
     """The statement of :func:`insert_guarded` on PostgreSQL: the guard, the insert and its
-    ``then`` rows and the wake-up in one ``WITH``, so one round trip that is atomic by itself."""
+    ``then`` rows (model, columns left out, rows) and the wake-up in one ``WITH``, so one round
+    trip that is atomic by itself. Kept by the names of what it leaves out: hashing the fields
+    themselves costs more than building it."""
     connection = connections[alias]
     quote = connection.ops.quote_name
+    fields = _written(model, left)
     columns = ", ".join(quote(str(field.column)) for field in fields)
     select = ", ".join(_typed(connection, field) for field in fields)
     parts = [
@@ -216,8 +228,10 @@ def _guarded_sql(
         f"o AS (INSERT INTO {quote(model._meta.db_table)} ({columns}) SELECT {select} FROM g"
         " ON CONFLICT DO NOTHING RETURNING 1)",
     ]
-    if then_rows:
-        table = quote(then_fields[0].model._meta.db_table)
+    if then is not None:
+        then_model, then_left, then_rows = then
+        then_fields = _written(then_model, then_left)
+        table = quote(then_model._meta.db_table)
         then_columns = ", ".join(quote(str(field.column)) for field in then_fields)
         then_select = ", ".join(_typed(connection, field) for field in then_fields)
         rows = " UNION ALL ".join([f"SELECT {then_select} FROM o"] * then_rows)
@@ -229,12 +243,11 @@ def _guarded_sql(
 
 
 @cache
-def _guarded_sqlite_sql(
-    alias: str, model: type[Model], fields: tuple[Field[Any, Any], ...], guard_sql: str
-) -> str:
+def _guarded_sqlite_sql(alias: str, model: type[Model], left: tuple[str, ...], guard_sql: str) -> str:
     """The insert of :func:`insert_guarded` on SQLite: ``INSERT ... SELECT ... WHERE EXISTS``."""
     connection = connections[alias]
     quote = connection.ops.quote_name
+    fields = _written(model, left)
     columns = ", ".join(quote(str(field.column)) for field in fields)
     # "WHERE EXISTS" also tells SQLite's parser that ON CONFLICT belongs to the INSERT.
     return (
@@ -256,24 +269,27 @@ def insert_guarded(
     SQLite: the insert, then the guard again when nothing went in (to tell a row already there
     from a changed guard row), then the rest, so the caller runs it in a write transaction."""
     connection = connections[alias]
-    model, fields = type(obj), written_fields([obj])
-    row = _row(obj, fields, connection)
+    model, left = type(obj), left_out([obj])
+    row = _row(obj, _written(model, left), connection)
     guard_sql, guard_params = guard
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":
-            cursor.execute(_guarded_sqlite_sql(alias, model, fields, guard_sql), [*row, *guard_params])
+            cursor.execute(_guarded_sqlite_sql(alias, model, left, guard_sql), [*row, *guard_params])
             inserted = cursor.fetchone() is not None
             if not inserted:
                 cursor.execute(guard_sql, guard_params)
                 if cursor.fetchone() is None:
                     raise GuardFailed
         else:
-            then_fields = written_fields(then) if then else ()
+            then_shape = None
             params: list[Any] = [*guard_params, *row]
-            for item in then:
-                params += _row(item, then_fields, connection)
+            if then:
+                then_shape = (type(then[0]), left_out(then), len(then))
+                then_fields = _written(then_shape[0], then_shape[1])
+                for item in then:
+                    params += _row(item, then_fields, connection)
             params.append(CHANNEL)
-            cursor.execute(_guarded_sql(alias, model, fields, guard_sql, then_fields, len(then)), params)
+            cursor.execute(_guarded_sql(alias, model, left, guard_sql, then_shape), params)
             count, guard_held, _ = cursor.fetchone()
             if not guard_held:
                 raise GuardFailed
