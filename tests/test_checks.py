@@ -250,11 +250,13 @@ def test_i001_w004_prepared_statements(monkeypatch, settings, vendor, options, l
         assert "PgBouncer 1.21" in messages[0].hint
 
 
-def test_i001_only_on_check_deploy(monkeypatch, db):
-    # A settings check for deployment: a plain `check` (and every runserver) stays quiet.
-    fake_connections(monkeypatch, "postgresql", {})
-    assert "durable_scheduler.I001" not in _printed_by("check", "--tag", "durable_scheduler")
-    assert "durable_scheduler.I001" in _printed_by("check", "--deploy", "--tag", "durable_scheduler")
+def test_i001_only_on_check_deploy():
+    # A settings check for deployment: a plain `check` (and every runserver) does not run it.
+    plain = check_registry.get_checks(include_deployment_checks=False)
+    deploy = check_registry.get_checks(include_deployment_checks=True)
+    assert checks.check_prepared_statements not in plain
+    assert checks.check_prepared_statements in deploy
+    assert checks.TAG in checks.check_prepared_statements.tags
 
 
 def _printed_by(command: str, *args: str, **options: object) -> str:
