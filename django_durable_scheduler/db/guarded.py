@@ -23,12 +23,10 @@ from django.db.models import (
     NOT_PROVIDED,
     AutoField,
     BigAutoField,
-    CharField,
     Field,
     GeneratedField,
     Model,
     SmallAutoField,
-    TextField,
 )
 
 from .dialect import can_skip_conflicts, concrete_fields, mark_saved, placeholders
@@ -78,12 +76,6 @@ def _written(model: type[Model], left: tuple[str, ...]) -> tuple[Field[Any, Any]
     return fields if not left else tuple(field for field in fields if field.attname not in left)
 
 
-def written_fields(objs: Sequence[Model]) -> tuple[Field[Any, Any], ...]:
-    """The columns an insert of ``objs`` (all of one model) writes: :func:`insert_fields`, less
-    those :func:`left_out` leaves to the database."""
-    return _written(type(objs[0]), left_out(objs))
-
-
 def _row(obj: Model, fields: Sequence[Field[Any, Any]], connection: BaseDatabaseWrapper) -> list[Any]:
     """``obj``'s values of ``fields`` as ``save()`` binds them for an insert."""
     return [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
@@ -92,10 +84,23 @@ def _row(obj: Model, fields: Sequence[Field[Any, Any]], connection: BaseDatabase
 def _insert_sql(
     connection: BaseDatabaseWrapper, model: type[Model], fields: Sequence[Field[Any, Any]], rows: int
 ) -> str:
+    """``INSERT INTO <table> (<fields>) VALUES (%s, ...), ...`` of ``rows`` rows."""
     quote = connection.ops.quote_name
     columns = ", ".join(quote(str(field.column)) for field in fields)
     values = ", ".join([placeholders(len(fields))] * rows)
     return f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES {values}"
+
+
+@cache
+def _unnest_sql(alias: str, model: type[Model], fields: tuple[Field[Any, Any], ...]) -> str:
+    """PostgreSQL's insert of many rows: ``INSERT ... SELECT * FROM UNNEST(%s::type[], ...)``,
+    one array parameter per column, so the statement's text and plan are the same for every
+    number of rows (the form Django's ``bulk_create`` takes on PostgreSQL)."""
+    connection = connections[alias]
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(str(field.column)) for field in fields)
+    arrays = ", ".join(f"(%s)::{_pg_type(connection, field)}[]" for field in fields)
+    return f"INSERT INTO {quote(model._meta.db_table)} ({columns}) SELECT * FROM UNNEST({arrays})"
 
 
 def _conflicts_skipped(connection: BaseDatabaseWrapper, model: type[Model]) -> str:
@@ -126,19 +131,31 @@ def insert_new(alias: str, objs: Sequence[Model]) -> set[Any]:
     if not can_skip_conflicts(alias):
         raise ValueError(f"no insert that skips conflicts on {connection.vendor}")
     model = type(objs[0])
-    fields = written_fields(objs)
+    left, rows = _without_nulls(objs, left_out(objs), connection)
+    fields = _written(model, left)
+    if connection.vendor == "postgresql" and len(objs) > 1:
+        sql = _unnest_sql(alias, model, fields) + _conflicts_skipped(connection, model)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [list(column) for column in zip(*rows, strict=True)])
+            inserted = {row[0] for row in cursor.fetchall()}
+        _mark_inserted(objs, inserted, alias)
+        return inserted
     per_statement = max(1, min(1000, _max_parameters(connection) // len(fields)))
-    inserted: set[Any] = set()
+    inserted = set()
     with connection.cursor() as cursor:
         for start in range(0, len(objs), per_statement):
-            chunk = objs[start : start + per_statement]
+            chunk = rows[start : start + per_statement]
             sql = _insert_sql(connection, model, fields, len(chunk)) + _conflicts_skipped(connection, model)
             # SQLite: "ON CONFLICT" after "VALUES" is read as the insert's, as wanted.
-            cursor.execute(sql, [value for obj in chunk for value in _row(obj, fields, connection)])
+            cursor.execute(sql, [value for row in chunk for value in row])
             inserted.update(row[0] for row in cursor.fetchall())
-    pk_name = model._meta.pk.attname
-    mark_saved([obj for obj in objs if getattr(obj, pk_name) in inserted], alias)
+    _mark_inserted(objs, inserted, alias)
     return inserted
+
+
+def _mark_inserted(objs: Sequence[Model], inserted: set[Any], alias: str) -> None:
+    pk_name = type(objs[0])._meta.pk.attname
+    mark_saved([obj for obj in objs if getattr(obj, pk_name) in inserted], alias)
 
 
 # A write that returns nothing, with its parameters: what :func:`insert_after` sends first.
@@ -160,10 +177,11 @@ def insert_after(alias: str, writes: Sequence[Write], objs: Sequence[Model]) -> 
             type(objs[0])._default_manager.db_manager(alias).bulk_create(objs)
         return
     model = type(objs[0])
-    fields = written_fields(objs)
+    left, rows = _without_nulls(objs, left_out(objs), connection)
+    fields = _written(model, left)
     clauses = ", ".join(f"w{n} AS ({sql})" for n, (sql, _) in enumerate(writes))
     params = [value for _, write_params in writes for value in write_params]
-    params += [value for obj in objs for value in _row(obj, fields, connection)]
+    params += [value for row in rows for value in row]
     with connection.cursor() as cursor:
         cursor.execute(f"WITH {clauses} {_insert_sql(connection, model, fields, len(objs))}", params)
     mark_saved(objs, alias)
@@ -195,15 +213,17 @@ def guard_for(alias: str, obj: Model, names: Sequence[str]) -> tuple[str, list[A
     return f"SELECT 1 FROM {quote(meta.db_table)} WHERE {' AND '.join(conditions)}", params
 
 
+def _pg_type(connection: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
+    """``field``'s PostgreSQL type without its parameters (``varchar``, not ``varchar(50)``:
+    a cast to that would cut a value too long silently, where the column refuses it), as
+    Django's own bulk insert casts its arrays."""
+    return str(field.db_type(connection)).split("(")[0]
+
+
 def _typed(connection: BaseDatabaseWrapper, field: Field[Any, Any]) -> str:
     """``%s`` for a value of ``field`` in a PostgreSQL ``SELECT`` list, which (unlike
-    ``VALUES``) does not take its types from the target columns: cast to the column's type,
-    but for text, which the column takes as it is (a cast to ``varchar(n)`` would cut a
-    value too long silently, where the column refuses it)."""
-    target = field.target_field if field.is_relation else field  # type: ignore[attr-defined]
-    if isinstance(target, CharField | TextField):
-        return "%s::text"
-    return f"%s::{field.db_type(connection)}"
+    ``VALUES``) does not take its types from the target columns."""
+    return f"%s::{_pg_type(connection, field)}"
 
 
 @cache
@@ -256,6 +276,28 @@ def _guarded_sqlite_sql(alias: str, model: type[Model], left: tuple[str, ...], g
     )
 
 
+def _without_nulls(
+    objs: Sequence[Model], left: tuple[str, ...], connection: BaseDatabaseWrapper
+) -> tuple[tuple[str, ...], list[list[Any]]]:
+    """The rows of ``objs`` (all of one model) as an insert binds them, without the columns
+    that are NULL in every row (a column left out of an insert is NULL: it has no default in
+    the database but a ``db_default``, which ``left`` leaves out already), and ``left`` with
+    their names: a plain occurrence leaves the columns of the features it does not use, so its
+    statement binds a third of the values."""
+    model = type(objs[0])
+    fields = _written(model, left)
+    rows = [_row(obj, fields, connection) for obj in objs]
+    nulls: set[int] = set()
+    for number, row in enumerate(rows):
+        here = {i for i, value in enumerate(row) if value is None}
+        nulls = here if number == 0 else nulls & here
+        if not nulls:
+            return left, rows
+    kept = [i for i in range(len(fields)) if i not in nulls]
+    names = left + tuple(fields[i].attname for i in sorted(nulls))
+    return names, [[row[i] for i in kept] for row in rows]
+
+
 def insert_guarded(
     alias: str, obj: Model, guard: tuple[str, list[Any]], *, then: Sequence[Model] = ()
 ) -> bool:
@@ -269,8 +311,8 @@ def insert_guarded(
     SQLite: the insert, then the guard again when nothing went in (to tell a row already there
     from a changed guard row), then the rest, so the caller runs it in a write transaction."""
     connection = connections[alias]
-    model, left = type(obj), left_out([obj])
-    row = _row(obj, _written(model, left), connection)
+    model = type(obj)
+    left, (row,) = _without_nulls([obj], left_out([obj]), connection)
     guard_sql, guard_params = guard
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":
@@ -284,10 +326,9 @@ def insert_guarded(
             then_shape = None
             params: list[Any] = [*guard_params, *row]
             if then:
-                then_shape = (type(then[0]), left_out(then), len(then))
-                then_fields = _written(then_shape[0], then_shape[1])
-                for item in then:
-                    params += _row(item, then_fields, connection)
+                then_left, then_rows = _without_nulls(then, left_out(then), connection)
+                then_shape = (type(then[0]), then_left, len(then))
+                params += [value for then_row in then_rows for value in then_row]
             params.append(CHANNEL)
             cursor.execute(_guarded_sql(alias, model, left, guard_sql, then_shape), params)
             count, guard_held, _ = cursor.fetchone()
