@@ -110,7 +110,7 @@ def _after_database_error(exc: DatabaseError, failures: int, stopping: threading
 
 
 def _stop_listening(
-    listener: tuple[wakeup.Listener | wakeup.SocketListener, threading.Thread] | None, using: str | None
+    listener: tuple[wakeup.Listener | wakeup.SocketListener, threading.Thread] | None,
 ) -> None:
     """Stop the wake-up listener and wait for its thread."""
     if listener is None:
@@ -481,7 +481,7 @@ class Worker:
         self.pool.drop_queued()
         self.reporter.give_back(self.held.runs(), "after the grace period")
         self.pool.stop()
-        _stop_listening(self._listener, self.using)
+        _stop_listening(self._listener)
         if self.retention is not None:
             self.retention.stop()
         self.heartbeat.stop()
