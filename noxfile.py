@@ -299,7 +299,9 @@ def install_wheel(session: nox.Session) -> Path:
     shutil.rmtree(stage, ignore_errors=True)
     for tree in ("tests", "example_project"):
         shutil.copytree(ROOT / tree, stage / tree, ignore=shutil.ignore_patterns("__pycache__", "*.sqlite3*"))
-    for name in ("pyproject.toml", "README.md"):  # pytest's settings; the README's code blocks
+    # pytest's settings; the code blocks of the README and the tutorial, which the tests run.
+    for name in ("pyproject.toml", "README.md", "docs/tutorial.md"):
+        (stage / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, stage / name)
     session.chdir(stage)
     where = session.run("python", "-c", f"import {PACKAGE}; print({PACKAGE}.__file__)", silent=True)

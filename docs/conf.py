@@ -72,26 +72,28 @@ html_show_sourcelink = False
 # Every asset is served from the build itself: the site, its search included, works offline.
 html_theme_options: dict[str, Any] = {}
 
-# The pages of the site, in reading order; the README is the first and the landing page. They
-# are listed here rather than in the README so that it reads the same on GitHub.
-PAGES = [
-    "docs/design",
-    "docs/operations",
-    "docs/authority",
-    "docs/scaling",
-    "docs/tasks",
-    "docs/testing",
-    "docs/reference",
-    "docs/api",
-    "bench/README",
-    "CHANGELOG",
-    "docs/site",
-]
+# The pages of the site, in four parts by what their reader is doing (learning, getting a task
+# done, looking something up, understanding why), then the project's own pages. The README is the
+# landing page. They are listed here rather than in the README so that it reads the same on GitHub.
+PARTS = {
+    "Tutorial": ["docs/tutorial"],
+    "How-to guides": ["docs/operations", "docs/scaling", "docs/authority", "docs/tasks", "docs/testing"],
+    "Reference": ["docs/reference", "docs/lifecycle", "docs/api"],
+    "Discussions": ["docs/design", "bench/README"],
+}
+PROJECT = ["docs/contributing", "docs/site", "CHANGELOG"]
+
+
+def _toctree_of(caption: str, pages: list[str]) -> str:
+    return f"```{{toctree}}\n:hidden:\n:caption: {caption}\n:maxdepth: 2\n\n" + "\n".join(pages) + "\n```\n"
 
 
 # bench/log/ holds one write-up per date: in the site they are pages under the benchmarks page,
 # and a link to the folder (GitHub lists it) becomes its name, the sidebar listing the pages.
-TOCTREES = {root_doc: ":maxdepth: 2\n\n" + "\n".join(PAGES), "bench/README": ":glob:\n:reversed:\n\nlog/*"}
+TOCTREES = {
+    root_doc: "\n".join(_toctree_of(c, p) for c, p in [*PARTS.items(), ("Project", PROJECT)]),
+    "bench/README": "```{toctree}\n:hidden:\n:glob:\n:reversed:\n\nlog/*\n```\n",
+}
 FOLDER_LINKS = {"bench/README": {"[log/](log/)": "`log/`"}}
 
 
@@ -99,7 +101,7 @@ def _toctree(app: Any, docname: str, source: list[str]) -> None:
     for link, text in FOLDER_LINKS.get(docname, {}).items():
         source[0] = source[0].replace(link, text)
     if docname in TOCTREES:
-        source[0] += "\n\n```{toctree}\n:hidden:\n" + TOCTREES[docname] + "\n```\n"
+        source[0] += "\n\n" + TOCTREES[docname]
 
 
 def _defaults() -> list[tuple[str, str, str]]:
@@ -202,7 +204,7 @@ def _landing_page(app: Any, exception: Exception | None) -> None:
 def setup(app: Any) -> None:
     from pygments.lexers.special import TextLexer
 
-    # design.md's lifecycle diagram is a Mermaid block: GitHub draws it; the site shows its
+    # lifecycle.md's diagram is a Mermaid block: GitHub draws it; the site shows its
     # text, since drawing it needs a script that the site would have to fetch.
     app.add_lexer("mermaid", TextLexer)
     app.connect("source-read", _toctree)

@@ -1,5 +1,5 @@
 """Write the occurrence lifecycle of ``django_durable_scheduler/rules/lifecycle.py`` into
-``docs/design.md``, between its ``lifecycle:begin`` and ``lifecycle:end`` markers: a Mermaid
+``docs/lifecycle.md``, between its ``lifecycle:begin`` and ``lifecycle:end`` markers: a Mermaid
 state diagram and a table, both generated from ``TRANSITIONS``, so the picture cannot drift
 from the code (``tests/rules/test_lifecycle.py`` fails when the block is out of date).
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-DESIGN = Path(__file__).resolve().with_name("design.md")
+PAGE = Path(__file__).resolve().with_name("lifecycle.md")
 BEGIN = "<!-- lifecycle:begin -->"
 END = "<!-- lifecycle:end -->"
 COMMAND = "python docs/lifecycle_diagram.py"
@@ -24,7 +24,7 @@ def _setup_django() -> None:
     from django.conf import settings
 
     if not settings.configured:
-        sys.path.insert(0, str(DESIGN.parent.parent))
+        sys.path.insert(0, str(PAGE.parent.parent))
         settings.configure(INSTALLED_APPS=["django_durable_scheduler"], USE_TZ=True)
         django.setup()
 
@@ -87,14 +87,14 @@ def current_block(text: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = DESIGN.read_text(encoding="utf-8")
+    text = PAGE.read_text(encoding="utf-8")
     block = render()
     if current_block(text) == block:
         return 0
     if "--check" in argv:
-        print(f"docs/design.md's lifecycle block is out of date: run `{COMMAND}`", file=sys.stderr)
+        print(f"docs/lifecycle.md's lifecycle block is out of date: run `{COMMAND}`", file=sys.stderr)
         return 1
-    DESIGN.write_text(text.replace(current_block(text), block), encoding="utf-8")
+    PAGE.write_text(text.replace(current_block(text), block), encoding="utf-8")
     return 0
 
 

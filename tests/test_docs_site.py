@@ -22,7 +22,16 @@ from django.db import connection
 import django_durable_scheduler
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = ("index.html", "README.html", "search.html", "searchindex.js", "docs/api.html", "docs/design.html")
+PAGES = (
+    "index.html",
+    "README.html",
+    "search.html",
+    "searchindex.js",
+    "docs/tutorial.html",
+    "docs/api.html",
+    "docs/lifecycle.html",
+    "docs/design.html",
+)
 
 pytestmark = [
     # The docs are the repository's; the Django 6 legs run a copy of tests/ beside the wheel.

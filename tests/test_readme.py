@@ -1,10 +1,11 @@
-"""The README's quickstart, followed to the letter in a fresh ``django-admin startproject``.
+"""The README's quickstart, and the tutorial that goes on from it (docs/tutorial.md), followed to
+the letter in a fresh ``django-admin startproject``.
 
-Every fenced Python block of the README runs: a block whose first line names a file
-(``# myapp/tasks.py``) becomes that file, the settings block is appended to the project's
-settings, and every other block runs in ``manage.py shell`` once the database is migrated. Every
-``python manage.py`` command of the README's shell blocks and of the quickstart's steps runs
-too (``runscheduler`` with ``--burst``, so that it ends). Nothing in the README can go stale
+Every fenced Python block of the README and the tutorial runs, in that order: a block whose
+first line names a file (``# myapp/tasks.py``) becomes that file, the settings block is appended
+to the project's settings, and every other block runs in ``manage.py shell`` once the database is
+migrated. Every ``python manage.py`` command of their shell blocks and of the quickstart's steps runs
+too (``runscheduler`` with ``--burst``, so that it ends). Nothing in either can go stale
 unnoticed.
 """
 
@@ -30,6 +31,8 @@ pytestmark = [
 ]
 
 README = (ROOT / "README.md").read_text()
+# The README's quickstart, then the tutorial's steps: one guide, read in that order.
+GUIDE = README + "\n" + (ROOT / "docs" / "tutorial.md").read_text()
 # Fenced blocks, also those indented under a list item.
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>\w*)\n(?P<body>.*?)^(?P=indent)```", re.S | re.M)
 FILE_MARK = re.compile(r"^# (?P<path>[\w/]+\.py)\n")
@@ -39,7 +42,7 @@ INLINE_MANAGE = re.compile(r"`(python manage\.py [^`]+)`")
 
 
 def blocks(lang: str) -> list[str]:
-    return [textwrap.dedent(m["body"]) for m in FENCE.finditer(README) if m["lang"] == lang]
+    return [textwrap.dedent(m["body"]) for m in FENCE.finditer(GUIDE) if m["lang"] == lang]
 
 
 def is_settings(block: str) -> bool:
@@ -47,15 +50,16 @@ def is_settings(block: str) -> bool:
 
 
 def manage_commands() -> list[str]:
-    """The README's ``python manage.py`` commands, in the order a reader meets them."""
+    """The ``python manage.py`` commands of the README and the tutorial, in the order a reader
+    meets them."""
     found: list[tuple[int, str]] = []
-    for match in FENCE.finditer(README):
+    for match in FENCE.finditer(GUIDE):
         if match["lang"] == "bash":
             offset = match.start()
             for line in match["body"].splitlines():
                 if line.startswith("python manage.py "):
                     found.append((offset, line))
-    start = README.index(QUICKSTART)
+    start = GUIDE.index(QUICKSTART)
     found += [(start + m.start(), m[1]) for m in INLINE_MANAGE.finditer(QUICKSTART)]
     return [command for _, command in sorted(found)]
 

@@ -1,7 +1,7 @@
 """The occurrence lifecycle table (``lifecycle.TRANSITIONS``) against the kernel, on the real
 database: every (status, action) pair. An allowed pair must end in the table's status, write
 exactly its columns, append its event and follow its fence and attempt rules; a refused one
-must get the table's refusal and write nothing. And docs/design.md's diagram must be the one
+must get the table's refusal and write nothing. And docs/lifecycle.md's diagram must be the one
 the table generates."""
 
 from __future__ import annotations
@@ -373,9 +373,9 @@ def test_design_doc_shows_the_lifecycle_the_table_generates():
     assert spec is not None and spec.loader is not None
     diagram = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(diagram)
-    written = diagram.current_block((ROOT / "docs" / "design.md").read_text(encoding="utf-8"))
+    written = diagram.current_block((ROOT / "docs" / "lifecycle.md").read_text(encoding="utf-8"))
     assert written == diagram.render(), (
-        f"docs/design.md's lifecycle block differs from lifecycle.TRANSITIONS: run `{diagram.COMMAND}`"
+        f"docs/lifecycle.md's lifecycle block differs from lifecycle.TRANSITIONS: run `{diagram.COMMAND}`"
     )
 
 
