@@ -56,7 +56,8 @@ def _copy(model: Any, exprs: dict[str, str], source: str, n: int, params: list[A
 def _fill(principal: str, n: int) -> None:
     """A policy, a job and ``n`` settled runs of ``principal`` charged in the current window."""
     import django_durable_scheduler as scheduler
-    from django_durable_scheduler.kernel import budgets, claiming
+    from django_durable_scheduler.kernel import claiming
+    from django_durable_scheduler.kernel.authority import budgets
     from django_durable_scheduler.models import AuthorityReservation, AuthorityUsage, Occurrence
 
     job = f"job-{principal}"
@@ -87,7 +88,7 @@ def _fill(principal: str, n: int) -> None:
 
 
 def _charge_fn(path: str | None) -> Any:
-    from django_durable_scheduler.kernel import budgets
+    from django_durable_scheduler.kernel.authority import budgets
 
     if path is None:
         return budgets.charge

@@ -47,7 +47,7 @@ def make_templates() -> None:
     from django.db import connection
 
     from django_durable_scheduler import kernel
-    from django_durable_scheduler.kernel import policies
+    from django_durable_scheduler.kernel.authority import policies
     from django_durable_scheduler.kernel.claiming import claim_authorized
 
     for n in range(JOBS):

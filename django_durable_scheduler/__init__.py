@@ -45,25 +45,25 @@ _EXPORTS = {
     "deny": "kernel",
     "defer": "kernel",
     # authority policies and reservations
-    "set_policy": "kernel.policies",
-    "change_policy": "kernel.policies",
-    "get_policy": "kernel.policies",
-    "ensure_policy": "kernel.policies",
-    "preview_policy_change": "kernel.binding",
-    "policy_history": "kernel.policies",
-    "current_usage": "kernel.budgets",
-    "bind_to_current_policy": "kernel.policies",
-    "PolicyChange": "kernel.policies",
-    "WindowUsage": "kernel.budgets",
-    "reserve_authority": "kernel.reservations",
-    "authorize": "kernel.reservations",
-    "authorize_many": "kernel.reservations",
-    "get_reservation": "kernel.reservations",
-    "audit_budgets": "kernel.budgets",
-    "WindowCheck": "kernel.budgets",
+    "set_policy": "kernel.authority.policies",
+    "change_policy": "kernel.authority.policies",
+    "get_policy": "kernel.authority.policies",
+    "ensure_policy": "kernel.authority.policies",
+    "preview_policy_change": "kernel.authority.binding",
+    "policy_history": "kernel.authority.policies",
+    "current_usage": "kernel.authority.budgets",
+    "bind_to_current_policy": "kernel.authority.policies",
+    "PolicyChange": "kernel.authority.policies",
+    "WindowUsage": "kernel.authority.budgets",
+    "reserve_authority": "kernel.authority.reservations",
+    "authorize": "kernel.authority.reservations",
+    "authorize_many": "kernel.authority.reservations",
+    "get_reservation": "kernel.authority.reservations",
+    "audit_budgets": "kernel.authority.budgets",
+    "WindowCheck": "kernel.authority.budgets",
     # handlers and the worker
-    "handler": "registry",
-    "declare_job": "declared",
+    "handler": "handlers.registry",
+    "declare_job": "handlers.declared",
     "Worker": "worker",
     "ExecutionContext": "worker.context",
     # identity
@@ -111,5 +111,5 @@ def __getattr__(name: str) -> Any:
 
 
 # A runscheduler process records stop signals from here on (Django imports the app while it
-# sets up), not only once its command runs: see startup.py.
-import_module(f"{__name__}.startup").install_for_runscheduler()
+# sets up), not only once its command runs: see management/startup.py.
+import_module(f"{__name__}.management.startup").install_for_runscheduler()

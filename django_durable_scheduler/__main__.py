@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from .startup import install_for_runscheduler
+from .management.startup import install_for_runscheduler
 
 
 def main() -> None:

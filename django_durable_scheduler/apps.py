@@ -29,8 +29,9 @@ def discover_handlers() -> None:
 
     A module that fails to import does not stop Django: the failure is logged here, reported
     by system check E001, and raised by runscheduler and scheduler_sync when they start."""
-    from . import conf, registry
+    from . import conf
     from .checks import handler_module
+    from .handlers import registry
 
     name = handler_module()
     if not conf.settings.AUTODISCOVER or name is None:

@@ -54,7 +54,7 @@ def _import_handler_modules() -> list[tuple[str, str, BaseException]]:
     report each failure instead of stopping at the first. Imported modules are cached, so
     this costs nothing after the first time (when Django started, unless
     ``DURABLE_SCHEDULER_AUTODISCOVER`` is off)."""
-    from . import registry
+    from .handlers import registry
 
     name = handler_module()
     return [] if name is None else registry.import_handler_modules(name)
@@ -79,7 +79,7 @@ def check_handler_modules(app_configs: Any = None, **kwargs: Any) -> list[CheckM
 
 @register(TAG)
 def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    from . import registry
+    from .handlers import registry
 
     _import_handler_modules()
     messages: list[CheckMessage] = []
@@ -432,7 +432,7 @@ def check_sqlite_transaction_mode(app_configs: Any = None, **kwargs: Any) -> lis
 
 @register(Tags.database, TAG)
 def check_jobs_have_handlers(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    from . import registry
+    from .handlers import registry
     from .models import Job
     from .tasks.handlers import any_queue
     from .tasks.options import queue_of
@@ -483,7 +483,7 @@ def check_jobs_have_handlers(app_configs: Any = None, **kwargs: Any) -> list[Che
 
 @register(Tags.database, TAG)
 def check_jobs_have_policies(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    from .kernel.binding import jobs_without_policy
+    from .kernel.authority.binding import jobs_without_policy
     from .models import Job
 
     messages: list[CheckMessage] = []

@@ -159,7 +159,7 @@ def world(module_world, db, clock):
 def registered():
     """``register(kind, units=1)`` registers a handler that records the occurrences it runs
     (the list it returns) until the test ends."""
-    from django_durable_scheduler import registry
+    from django_durable_scheduler.handlers import registry
 
     kinds: list[str] = []
     calls: list[str] = []

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import registry
 from django_durable_scheduler.apps import discover_handlers
+from django_durable_scheduler.handlers import registry
 from django_durable_scheduler.models import Occurrence
 
 from .conftest import AUTHORITY, run_python
@@ -25,7 +25,7 @@ import json, sys
 import django
 django.setup()
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import registry
+from django_durable_scheduler.handlers import registry
 occurrence, _ = scheduler.enqueue(
     "fn-keyed", scheduled_for=1_700_000_000_000, trigger_key="web", payload={"tenant": "t1"}
 )

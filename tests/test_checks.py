@@ -15,8 +15,9 @@ from django.core.management.base import SystemCheckError
 from django.test.utils import override_settings
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import checks, registry
-from django_durable_scheduler.registry import Handler
+from django_durable_scheduler import checks
+from django_durable_scheduler.handlers import registry
+from django_durable_scheduler.handlers.registry import Handler
 
 from .conftest import AUTHORITY
 

@@ -30,7 +30,6 @@ RANKS: dict[str, float] = {
     "exceptions": 0,
     "signals": 0,
     "constraints": 0,
-    "startup": 0,  # the stop signals of a runscheduler's first moments, before Django
     "models": 0.5,
     # Database-specific SQL behind one interface, and the wake-ups.
     "db": 1,
@@ -42,14 +41,12 @@ RANKS: dict[str, float] = {
     "telemetry": 4,
     # Every transactional writer of occurrence state.
     "kernel": 5,
-    # Jobs declared in code and the handlers that run them.
-    "declared": 6,
-    "registry": 6.5,
-    # What settled history becomes: retention, archive, partitions, rollups.
+    # The handlers and the jobs declared in code beside them.
+    "handlers": 6,
+    # What settled history becomes: retention, archive, partitions, rollups; the health report.
     "housekeeping": 7,
-    # The django.tasks backend, and the health report of the commands and the dashboard.
+    # The django.tasks backend.
     "tasks": 7.5,
-    "ops": 8,
     # The two outer layers: the worker loop and the admin.
     "worker": 9,
     "admin": 9,
@@ -59,7 +56,7 @@ RANKS: dict[str, float] = {
     "management": 10,
     "migrations": 10,
     "": 10,  # django_durable_scheduler/__init__.py, the lazy public API
-    "__main__": 10,  # python -m django_durable_scheduler
+    "__main__": 11,  # python -m django_durable_scheduler: Django's command line, above the commands
     # The toolkit for testing code that uses the app: it drives the worker's parts by hand.
     "testing": 10,
 }

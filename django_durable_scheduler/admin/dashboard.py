@@ -18,9 +18,9 @@ from typing import NamedTuple
 
 from django.db.models import Count
 
-from .. import conf, ops
+from .. import conf
 from ..db.dialect import alias_for
-from ..housekeeping import rollups
+from ..housekeeping import ops, rollups
 from ..kernel import concurrency
 from ..models import AuthorityPolicy, Batch, BatchStatus, Job, Occurrence, OccurrenceStatus
 from ..rules.authority import Principal

@@ -25,7 +25,7 @@ from ..exceptions import (
     RevisionConflict,
     SchedulerError,
 )
-from ..kernel import policies
+from ..kernel.authority import policies
 from ..models import AuthorityPolicy, Job, TaskSchedule
 from ..rules.authority import MAX_BUDGET, MAX_CAPABILITIES, MAX_WINDOW_MS, MIN_WINDOW_MS
 from ..rules.validation import MAX_CONCURRENCY, MAX_IDENTIFIER_LENGTH, normalize_identifier

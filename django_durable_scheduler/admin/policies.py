@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html_join
 
 from ..exceptions import SchedulerError
-from ..kernel import binding, budgets, policies
+from ..kernel.authority import binding, budgets, policies
 from ..models import AuthorityPolicy, AuthorityPolicyRevision
 from .base import ApiFormAdmin, ReadOnlyAdmin
 from .forms import AuthorityPolicyForm, describe_window

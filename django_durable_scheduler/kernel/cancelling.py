@@ -31,7 +31,7 @@ from ..rules.identity import normalize_json
 from ..rules.lifecycle import Action, applied, cancel_requested, check, event_of, writes
 from ..rules.validation import column_max, normalize_identifier, normalize_int
 from . import batches
-from .budgets import settle_cancelled
+from .authority.budgets import settle_cancelled
 from .followups import TERMINAL_FIELDS, reached_terminal
 
 MAX_REQUESTED_BY = 256

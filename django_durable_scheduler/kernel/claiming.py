@@ -23,9 +23,10 @@ from ..models import Occurrence, OccurrenceStatus
 from ..rules.events import new_event
 from ..rules.lifecycle import Action, applied, event_of, writes
 from ..rules.validation import iso_ms, normalize_bool, normalize_identifier, normalize_int, to_duration_ms
-from . import claim_sql, leases, reservations
+from . import claim_sql, leases
+from .authority import reservations
+from .authority.reservations import AuthorizedClaim, Units
 from .candidates import claim_candidates, last_claimed_principal, waiting_work
-from .reservations import AuthorizedClaim, Units
 
 
 def _kinds(kinds: Any) -> list[str] | None:

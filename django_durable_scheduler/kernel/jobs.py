@@ -36,8 +36,8 @@ from ..rules.validation import (
     retry_max_delay_ms,
     timeout_ms,
 )
+from .authority.policies import bind_to_current_policy, get_policy, grant_default
 from .cancelling import CANCEL_FIELDS, cancel_pending
-from .policies import bind_to_current_policy, get_policy, grant_default
 
 logger = logging.getLogger("django_durable_scheduler")
 

@@ -44,7 +44,7 @@ from ..rules.lifecycle import (
 from ..rules.lifecycle import expired as lifecycle_expired
 from ..rules.outcomes import MAX_RESULT_BYTES
 from ..rules.validation import iso_ms, normalize_identifier, normalize_int, to_duration_ms
-from .budgets import settle_cancelled, settle_reservations
+from .authority.budgets import settle_cancelled, settle_reservations
 from .cancelling import CANCELLED_WHILE_RUNNING, cancelled_error
 from .followups import TERMINAL_FIELDS, reached_terminal
 from .settling import lease_args

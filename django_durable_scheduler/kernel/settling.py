@@ -39,7 +39,7 @@ from ..rules.validation import (
     normalize_int,
     to_ms,
 )
-from .budgets import settle_reservations
+from .authority.budgets import settle_reservations
 from .cancelling import CANCELLED_WHILE_RUNNING, cancelled_error
 from .followups import TERMINAL_FIELDS, reached_terminal
 

@@ -11,9 +11,9 @@ from typing import Any
 from django.conf import settings
 from django.utils.module_loading import import_string
 
-from .. import registry
 from ..db.dialect import alias_for
 from ..exceptions import PermanentFailure
+from ..handlers import registry
 from ..models import Job
 from .options import KIND_PREFIX, configured_queues, queue_kind
 

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils.module_loading import import_string
 
-from ..declared import DeclaredJob, declare_job
 from ..exceptions import InvalidArgument
+from ..handlers.declared import DeclaredJob, declare_job
 from ..models import TASK_SCHEDULE_PREFIX
 from ..rules.validation import normalize_identifier
 from .backend import DurableBackend

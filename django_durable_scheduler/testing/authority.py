@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from ..exceptions import InvalidArgument
-from ..kernel.policies import get_policy, set_policy
+from ..kernel.authority.policies import get_policy, set_policy
 from ..models import AuthorityPolicy
 from ..rules.authority import DEFAULT_MAX_RUNS, DEFAULT_MAX_UNITS, DEFAULT_WINDOW_MS, MAX_BUDGET, Principal
 from ..rules.validation import normalize_int

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .. import conf, kernel, registry
+from .. import conf, kernel
 from ..db.dialect import alias_for
 from ..exceptions import InvalidArgument
-from ..kernel import reservations
+from ..handlers import registry
+from ..kernel.authority import reservations
 from ..models import Occurrence
 from ..rules.validation import normalize_identifier, normalize_int
 from ..telemetry import metrics

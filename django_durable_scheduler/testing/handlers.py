@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .. import conf, registry
+from .. import conf
 from ..exceptions import InvalidArgument
+from ..handlers import registry
 from ..rules.authority import default_authority, normalize_authority
 from ..rules.identity import normalize_json
 from ..rules.outcomes import MAX_RESULT_BYTES, storable_result

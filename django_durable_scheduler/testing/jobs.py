@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .. import declared, registry
+from ..handlers import declared, registry
 
 
 def sync_declared_jobs(using: str | None = None) -> dict[str, list[str]]:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import math
 import time
 
-from .. import conf, registry
-from ..kernel import claiming, reservations
+from .. import conf
+from ..handlers import registry
+from ..kernel import claiming
+from ..kernel.authority import reservations
 from ..models import Occurrence
 from ..rules.outcomes import FAILED, Outcome
 from .outcomes import OutcomeReporter

@@ -39,10 +39,11 @@ from types import FrameType
 
 from django.db import DatabaseError, connections
 
-from .. import conf, kernel, registry
+from .. import conf, kernel
 from ..db import dialect, wakeup
 from ..db.dialect import alias_for, lock_waited
 from ..db.wakeup import first_line
+from ..handlers import registry
 from ..housekeeping.retention.thread import RetentionThread
 from ..models import Occurrence
 from ..tasks.handlers import any_queue, stored_queue_kinds

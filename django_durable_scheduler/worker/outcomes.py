@@ -20,7 +20,7 @@ from django.db import DatabaseError, connections
 from .. import conf, kernel, signals
 from ..db.dialect import alias_for
 from ..exceptions import InvalidArgument, LeaseLost, SchedulerError
-from ..kernel import reservations
+from ..kernel.authority import reservations
 from ..models import Occurrence, OccurrenceStatus
 from ..rules.authority import Principal
 from ..rules.outcomes import FAILED, SUCCEEDED, Outcome

@@ -26,8 +26,9 @@ from typing import Any
 
 from django.db import connections
 
-from .. import conf, kernel, registry, signals
+from .. import conf, kernel, signals
 from ..exceptions import HandlerTimeout, OccurrenceCancelled, PermanentFailure, Retry
+from ..handlers import registry
 from ..rules.outcomes import FAILED, SUCCEEDED, Outcome
 from ..rules.validation import to_duration_ms
 from ..telemetry import metrics, tracing

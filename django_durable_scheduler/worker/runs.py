@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import registry
+from ..handlers import registry
 from ..models import Occurrence
 from ..rules.authority import Principal
 from ..rules.outcomes import Outcome

@@ -16,8 +16,8 @@ from django.urls import reverse
 from django_durable_scheduler import kernel
 from django_durable_scheduler.admin.forms import describe_window, parse_capability_lines, split_window
 from django_durable_scheduler.admin.policies import revision_diff
-from django_durable_scheduler.kernel import policies
-from django_durable_scheduler.kernel.reservations import reserve_authority
+from django_durable_scheduler.kernel.authority import policies
+from django_durable_scheduler.kernel.authority.reservations import reserve_authority
 from django_durable_scheduler.models import (
     AuthorityPolicy,
     AuthorityPolicyRevision,

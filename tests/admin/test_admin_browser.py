@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 
 from django_durable_scheduler import kernel
-from django_durable_scheduler.kernel import policies
+from django_durable_scheduler.kernel.authority import policies
 from django_durable_scheduler.models import AuthorityPolicy, Occurrence
 
 from ..browser import TIMEOUT_MS, skip_unless_browser

@@ -14,7 +14,8 @@ from django.core.management import CommandError, call_command
 from django.db import OperationalError, transaction
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import kernel, ops
+from django_durable_scheduler import kernel
+from django_durable_scheduler.housekeeping import ops
 from django_durable_scheduler.housekeeping.retention import plan as retention_plan
 from django_durable_scheduler.models import (
     AuthorityPolicy,

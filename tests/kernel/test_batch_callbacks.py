@@ -283,7 +283,7 @@ def test_enqueue_batch_again_returns_the_batch_and_its_members(jobs, clock):
 def test_the_status_lists_unfinished_batches_and_a_stalled_one(jobs, clock):
     from datetime import timedelta
 
-    from django_durable_scheduler import ops
+    from django_durable_scheduler.housekeeping import ops
 
     kernel.open_batch("report", batch_id="still-open")
     kernel.enqueue_batch("export", _items(1), callback="report", batch_id="stalled")

@@ -12,7 +12,8 @@ import pytest
 from django.db import connection, transaction
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler.kernel import claiming, reservations
+from django_durable_scheduler.kernel import claiming
+from django_durable_scheduler.kernel.authority import reservations
 from django_durable_scheduler.models import AuthorityReservation, AuthorityUsage, Event, Occurrence
 from django_durable_scheduler.worker import Worker
 

@@ -173,7 +173,7 @@ def test_a_bad_handler_limit_is_refused_at_registration(kwargs, field):
     with pytest.raises(scheduler.InvalidArgument) as info:
         scheduler.handler("test.never-registered", **kwargs)
     assert info.value.details["field"] == field
-    from django_durable_scheduler import registry
+    from django_durable_scheduler.handlers import registry
 
     assert registry.get_handler("test.never-registered") is None
 

@@ -13,8 +13,9 @@ import pytest
 from django.core.management import call_command
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import checks, declared
-from django_durable_scheduler.kernel.binding import jobs_without_policy
+from django_durable_scheduler import checks
+from django_durable_scheduler.handlers import declared
+from django_durable_scheduler.kernel.authority.binding import jobs_without_policy
 from django_durable_scheduler.models import Occurrence
 from django_durable_scheduler.rules.authority import DEFAULT_MAX_RUNS, DEFAULT_MAX_UNITS, DEFAULT_WINDOW_MS
 from django_durable_scheduler.worker import Worker

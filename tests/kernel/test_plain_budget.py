@@ -32,7 +32,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import registry
+from django_durable_scheduler.handlers import registry
 from django_durable_scheduler.worker.claims import Claimer
 from django_durable_scheduler.worker.heartbeat import Heartbeat
 from django_durable_scheduler.worker.loop import Worker

@@ -12,7 +12,7 @@ import pytest
 from django.db import connections
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler.kernel import binding, policies
+from django_durable_scheduler.kernel.authority import binding, policies
 from django_durable_scheduler.models import AuthorityPolicy, AuthorityPolicyRevision, Job, Occurrence
 from django_durable_scheduler.rules.authority import bound_revision
 

@@ -892,7 +892,8 @@ def test_a_lease_that_runs_out_inside_the_claim_is_lost_not_an_error(clock, monk
     """A claim transaction that outlives its lease, on a spent budget: the deferral finds the
     lease expired and the occurrence is turned away as lease-lost (it stays running until
     it is reclaimed), instead of the LeaseLost escaping the claim and the worker."""
-    from django_durable_scheduler.kernel import claiming, reservations
+    from django_durable_scheduler.kernel import claiming
+    from django_durable_scheduler.kernel.authority import reservations
 
     setup(max_runs=1)
     first = claimed(clock, "a")

@@ -21,7 +21,8 @@ def main() -> None:
     django.setup()
     from django_durable_scheduler import kernel
     from django_durable_scheduler.exceptions import AuthorityBudgetExhausted
-    from django_durable_scheduler.kernel import claiming, reservations
+    from django_durable_scheduler.kernel import claiming
+    from django_durable_scheduler.kernel.authority import reservations
 
     owner, mode, revision, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     hold = sys.argv[5:] == ["hold"]

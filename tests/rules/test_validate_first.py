@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import declared, registry
+from django_durable_scheduler.handlers import declared, registry
 from django_durable_scheduler.models import AuthorityPolicy, AuthorityPolicyRevision
 
 from ..conftest import AUTHORITY, snapshot

@@ -28,7 +28,8 @@ if not (importlib.util.find_spec("django.tasks") or importlib.util.find_spec("dj
     )
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import declared, kernel, registry
+from django_durable_scheduler import kernel
+from django_durable_scheduler.handlers import declared, registry
 from django_durable_scheduler.models import Event, Job, Occurrence, OccurrenceStatus
 from django_durable_scheduler.rules.triggers.descriptions import describe_trigger
 from django_durable_scheduler.rules.validation import to_ms

@@ -13,7 +13,7 @@ pytest.importorskip("opentelemetry.sdk")
 import opentelemetry.trace as trace_api
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import registry
+from django_durable_scheduler.handlers import registry
 from django_durable_scheduler.worker import Worker
 
 from ..conftest import AUTHORITY, authority_for

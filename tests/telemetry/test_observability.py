@@ -11,7 +11,8 @@ from collections import defaultdict
 import pytest
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import registry, signals
+from django_durable_scheduler import signals
+from django_durable_scheduler.handlers import registry
 from django_durable_scheduler.models import Occurrence
 from django_durable_scheduler.worker import EXIT_STUCK, Worker
 

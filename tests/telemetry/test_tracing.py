@@ -21,7 +21,8 @@ from django.urls import reverse
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import kernel, registry
+from django_durable_scheduler import kernel
+from django_durable_scheduler.handlers import registry
 from django_durable_scheduler.models import Occurrence
 from django_durable_scheduler.telemetry import tracing
 from django_durable_scheduler.worker import Worker
@@ -278,7 +279,7 @@ NO_OTEL = textwrap.dedent(
 
     django.setup()
     import django_durable_scheduler as scheduler
-    from django_durable_scheduler import registry
+    from django_durable_scheduler.handlers import registry
     from django_durable_scheduler.models import Occurrence
     from django_durable_scheduler.worker import Worker
 

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from django_durable_scheduler import registry, testing
+from django_durable_scheduler import testing
+from django_durable_scheduler.handlers import registry
 
 # A Monday, before the end of March's change to summer time in Europe.
 START = datetime(2026, 3, 23, 12, 0, tzinfo=UTC)

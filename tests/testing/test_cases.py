@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 from django.test import TestCase, TransactionTestCase
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import registry, testing
+from django_durable_scheduler import testing
+from django_durable_scheduler.handlers import registry
 from django_durable_scheduler.models import Occurrence
 
 
@@ -66,7 +67,7 @@ class InATransactionTestCase(Scenario, TransactionTestCase):
 class DeclaredJobs(testing.SchedulerTestMixin, TestCase):
     def test_the_declared_jobs_are_made_as_runscheduler_makes_them(self):
         scheduler.declare_job("cases-declared", "cases.declared", trigger={"every": 60})
-        from django_durable_scheduler import declared
+        from django_durable_scheduler.handlers import declared
 
         self.addCleanup(declared.undeclare, "cases-declared")
         result = self.sync_declared_jobs()

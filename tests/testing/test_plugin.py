@@ -21,7 +21,7 @@ PROJECT_TESTS = """
 import pytest
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import registry
+from django_durable_scheduler.handlers import registry
 
 registry.handler("plugin.echo")(lambda ctx: ctx.payload)
 

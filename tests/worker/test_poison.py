@@ -12,8 +12,9 @@ import pytest
 from django.db import DataError, OperationalError, connection
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import kernel, registry
+from django_durable_scheduler import kernel
 from django_durable_scheduler.exceptions import InvalidArgument
+from django_durable_scheduler.handlers import registry
 from django_durable_scheduler.models import Occurrence
 from django_durable_scheduler.rules.outcomes import MAX_ERROR_MESSAGE, MAX_TRACEBACK, storable_text
 from django_durable_scheduler.worker import Worker, outcomes

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from django_durable_scheduler import registry, signals
+from django_durable_scheduler import signals
 from django_durable_scheduler.exceptions import HandlerTimeout, PermanentFailure, Retry
+from django_durable_scheduler.handlers import registry
 from django_durable_scheduler.models import Occurrence
 from django_durable_scheduler.rules.outcomes import Outcome
 from django_durable_scheduler.worker import Worker

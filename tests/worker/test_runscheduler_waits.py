@@ -244,7 +244,7 @@ def test_a_stop_signal_while_starting_up_ends_the_command_cleanly(monkeypatch, c
     nothing."""
     from django.core.management import call_command
 
-    from django_durable_scheduler import declared
+    from django_durable_scheduler.handlers import declared
     from django_durable_scheduler.models import Occurrence
     from django_durable_scheduler.worker import Worker
 

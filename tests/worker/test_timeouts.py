@@ -11,8 +11,8 @@ from datetime import timedelta
 import pytest
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import registry
 from django_durable_scheduler.exceptions import InvalidArgument
+from django_durable_scheduler.handlers import registry
 from django_durable_scheduler.models import Job, Occurrence
 from django_durable_scheduler.worker import EXIT_STUCK
 from django_durable_scheduler.worker.runs import timeout_of

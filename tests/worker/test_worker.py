@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import registry
+from django_durable_scheduler.handlers import registry
 from django_durable_scheduler.models import Occurrence
 from django_durable_scheduler.worker import Waker, Worker
 

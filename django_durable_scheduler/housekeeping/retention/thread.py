@@ -22,7 +22,7 @@ from django.db import connections
 
 from ... import conf
 from ...db import dialect
-from ...kernel import budgets
+from ...kernel.authority import budgets
 from ...rules.validation import iso_ms
 from .. import archive, maintenance, partitions
 from .plan import Plan, PruneResult, apply

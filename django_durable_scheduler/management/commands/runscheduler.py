@@ -14,14 +14,16 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, connections
 
-from ... import checks, declared, registry, startup
+from ... import checks
 from ...db.dialect import alias_for
 from ...exceptions import InvalidArgument, SchedulerError
+from ...handlers import declared, registry
 from ...models import Occurrence
 from ...tasks.handlers import any_queue, durable_queues, register_queue_handlers
 from ...tasks.options import queue_kind, validate_queue
 from ...worker import Worker, default_worker_id
 from ...worker.supervisor import Supervisor
+from .. import startup
 from . import DATABASE_HELP, database_alias
 
 logger = logging.getLogger("django_durable_scheduler")

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from ... import ops
+from ...housekeeping import ops
 from ...housekeeping.archive import ArchiveError
 from . import DATABASE_HELP, database_alias
 

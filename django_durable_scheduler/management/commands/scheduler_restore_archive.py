@@ -12,8 +12,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError, transaction
 from django.db.models import Model
 
-from ... import conf, ops
+from ... import conf
 from ...db.dialect import alias_for
+from ...housekeeping import ops
 from ...housekeeping.archive import ArchiveError, Contents, read
 from ...models import AuthorityReservation, Event, Job, Occurrence
 from . import DATABASE_HELP, database_alias

@@ -8,8 +8,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import DatabaseError
 
-from ... import ops
-from ...kernel import budgets
+from ...housekeeping import ops
+from ...kernel.authority import budgets
 from ...rules.authority import Principal
 from . import DATABASE_HELP, database_alias
 

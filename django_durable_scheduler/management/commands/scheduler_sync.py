@@ -8,8 +8,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import DatabaseError
 
-from ... import declared, ops, registry
 from ...exceptions import SchedulerError
+from ...handlers import declared, registry
+from ...housekeeping import ops
 from . import DATABASE_HELP, database_alias
 
 

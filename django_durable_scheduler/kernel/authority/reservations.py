@@ -30,10 +30,10 @@ from typing import Any
 
 from django.db import connections
 
-from .. import conf
-from ..db import dialect
-from ..db.dialect import alias_for, write_transaction
-from ..exceptions import (
+from ... import conf
+from ...db import dialect
+from ...db.dialect import alias_for, write_transaction
+from ...exceptions import (
     AuthorityBudgetExhausted,
     AuthorityBudgetStateInvalid,
     AuthorityOccurrenceNotRunning,
@@ -47,10 +47,11 @@ from ..exceptions import (
     NotFound,
     SchedulerError,
 )
-from ..models import AuthorityPolicy, AuthorityReservation, Occurrence, OccurrenceStatus
-from ..rules.authority import MAX_BUDGET, Principal, bound_revision, missing_capabilities, policy_ref
-from ..rules.validation import column_max, normalize_identifier, normalize_int, preview, to_ms
-from . import budgets, settling
+from ...models import AuthorityPolicy, AuthorityReservation, Occurrence, OccurrenceStatus
+from ...rules.authority import MAX_BUDGET, Principal, bound_revision, missing_capabilities, policy_ref
+from ...rules.validation import column_max, normalize_identifier, normalize_int, preview, to_ms
+from .. import settling
+from . import budgets
 from .policies import lock_policy
 
 RESERVED = "reserved"

@@ -26,11 +26,11 @@ from typing import Any
 
 from django.db import IntegrityError, OperationalError, connections, transaction
 
-from .. import conf
-from ..db.dialect import alias_for, is_deadlock, write_transaction
-from ..exceptions import AuthorityPolicyConflict, InvalidArgument
-from ..models import AuthorityPolicy, AuthorityPolicyRevision
-from ..rules.authority import (
+from ... import conf
+from ...db.dialect import alias_for, is_deadlock, write_transaction
+from ...exceptions import AuthorityPolicyConflict, InvalidArgument
+from ...models import AuthorityPolicy, AuthorityPolicyRevision
+from ...rules.authority import (
     DEFAULT_MAX_RUNS,
     DEFAULT_MAX_UNITS,
     DEFAULT_WINDOW_MS,
@@ -42,7 +42,7 @@ from ..rules.authority import (
     normalize_authority,
     normalize_capabilities,
 )
-from ..rules.validation import (
+from ...rules.validation import (
     MAX_IDENTIFIER_LENGTH,
     column_max,
     normalize_bool,

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..db.dialect import alias_for
-from ..models import PENDING_STATUSES, AuthorityPolicy, Job, Occurrence
-from ..rules.authority import Principal, bind, bound_revision, missing_capabilities, normalize_capabilities
-from ..rules.validation import normalize_bool
+from ...db.dialect import alias_for
+from ...models import PENDING_STATUSES, AuthorityPolicy, Job, Occurrence
+from ...rules.authority import Principal, bind, bound_revision, missing_capabilities, normalize_capabilities
+from ...rules.validation import normalize_bool
 
 # Rows read (and locked) per batch while rebinding: memory stays bounded by this.
 REBIND_BATCH = 500

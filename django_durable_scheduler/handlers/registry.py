@@ -9,11 +9,11 @@ from datetime import timedelta
 from importlib import import_module
 from typing import Any
 
+from ..exceptions import InvalidArgument
+from ..kernel import concurrency as _limits
+from ..rules.authority import MAX_BUDGET
+from ..rules.validation import normalize_identifier, normalize_int, normalize_limit, timeout_ms
 from .declared import add_declaration, declaration_from_handler, forget_kind
-from .exceptions import InvalidArgument
-from .kernel import concurrency as _limits
-from .rules.authority import MAX_BUDGET
-from .rules.validation import normalize_identifier, normalize_int, normalize_limit, timeout_ms
 
 HandlerFunc = Callable[[Any], Any]
 
@@ -149,7 +149,7 @@ def import_handler_modules(name: str) -> list[tuple[str, str, BaseException]]:
 def autodiscover() -> None:
     """Import the handler module (``DURABLE_SCHEDULER_HANDLER_MODULE``) of every installed
     app; the first that fails to import raises its error."""
-    from .conf import settings
+    from ..conf import settings
 
     for _, _, error in import_handler_modules(settings.HANDLER_MODULE):
         raise error

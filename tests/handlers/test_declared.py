@@ -11,11 +11,12 @@ import pytest
 from django.core.management import CommandError, call_command
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import declared, kernel, registry
+from django_durable_scheduler import kernel
 from django_durable_scheduler.exceptions import InvalidArgument
+from django_durable_scheduler.handlers import declared, registry
 from django_durable_scheduler.models import Event, Job, Occurrence
 
-from .conftest import AUTHORITY
+from ..conftest import AUTHORITY
 
 pytestmark = pytest.mark.django_db
 

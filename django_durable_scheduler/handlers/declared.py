@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 
-from . import conf
-from .exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
-from .rules.authority import default_authority, normalize_authority
-from .rules.chains import EDGES, jobs_named, normalize_specs
-from .rules.identity import canonical_json, normalize_json
-from .rules.triggers import validate_trigger
-from .rules.validation import (
+from .. import conf
+from ..exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
+from ..rules.authority import default_authority, normalize_authority
+from ..rules.chains import EDGES, jobs_named, normalize_specs
+from ..rules.identity import canonical_json, normalize_json
+from ..rules.triggers import validate_trigger
+from ..rules.validation import (
     MAX_ATTEMPTS_LIMIT,
     key_label,
     normalize_bool,
@@ -51,7 +51,7 @@ from .rules.validation import (
 )
 
 if TYPE_CHECKING:
-    from .models import Job
+    from ..models import Job
 
 logger = logging.getLogger("django_durable_scheduler")
 
@@ -294,7 +294,7 @@ def changes_for(declaration: DeclaredJob, job: Job) -> dict[str, Any]:
 def _sync_one(declaration: DeclaredJob, using: str | None) -> str:
     # Imported here: the kernel needs the models, and declarations are made while modules
     # import, before the app registry is ready.
-    from . import kernel
+    from .. import kernel
 
     for _ in range(_SYNC_ATTEMPTS):
         try:
@@ -352,7 +352,7 @@ def sync_declared_jobs(using: str | None = None) -> dict[str, list[str]]:
     becomes an ordinary job, no longer owned by the code. Jobs of apps this process does not
     install are left alone: another deployment may declare them.
     """
-    from . import kernel
+    from .. import kernel
 
     result: dict[str, list[str]] = {"created": [], "updated": [], "unchanged": [], "disabled": []}
     declarations = followed_first(declared_jobs())

@@ -18,15 +18,15 @@ from typing import Any
 from django.db import connections
 from django.db.models import Field
 
-from .. import conf
-from ..db import dialect, guarded
-from ..exceptions import (
+from ... import conf
+from ...db import dialect, guarded
+from ...exceptions import (
     AuthorityBudgetExhausted,
     AuthorityBudgetStateInvalid,
     AuthoritySettlementConflict,
     InvalidArgument,
 )
-from ..models import (
+from ...models import (
     AuthorityPolicy,
     AuthorityReservation,
     AuthorityUsage,
@@ -34,8 +34,8 @@ from ..models import (
     OccurrenceStatus,
     ReservationStatus,
 )
-from ..rules.authority import Principal
-from ..rules.validation import from_ms, iso_ms, to_ms
+from ...rules.authority import Principal
+from ...rules.validation import from_ms, iso_ms, to_ms
 
 
 @dataclass(frozen=True)

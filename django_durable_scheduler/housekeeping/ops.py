@@ -13,13 +13,10 @@ from typing import Any
 
 from django.db.models import Case, Count, F, Min, Q, When
 
-from . import conf
-from .db import dialect
-from .housekeeping import rollups
-from .housekeeping.retention import plan as retention_plan
-from .housekeeping.retention.thread import LastRun, last_run
-from .kernel.binding import jobs_without_policy
-from .models import (
+from .. import conf
+from ..db import dialect
+from ..kernel.authority.binding import jobs_without_policy
+from ..models import (
     ACTIVE_STATUSES,
     PENDING_STATUSES,
     AuthorityPolicy,
@@ -30,8 +27,11 @@ from .models import (
     OccurrenceStatus,
     WorkerHeartbeat,
 )
-from .rules.authority import Principal
-from .rules.validation import from_ms, iso_ms, to_ms
+from ..rules.authority import Principal
+from ..rules.validation import from_ms, iso_ms, to_ms
+from . import rollups
+from .retention import plan as retention_plan
+from .retention.thread import LastRun, last_run
 
 DEFAULT_STALE_AFTER = timedelta(seconds=60)
 # The status counts settled occurrences (succeeded, dead_letter, cancelled) of this last span.
