@@ -59,7 +59,8 @@ CHAOS_CELLS = {
             ("warmup", "warmup", W),
             ("baseline", "clean", B),
             ("repeated", "repeated-kill(instance=0,period={period})", S + 10),
-            ("recovery", "clean", R),
+            # Longer than the 30 s lease: what the last kill stranded is run again within it.
+            ("recovery", "clean", R + 15),
         ],
         "repeated",
         "recovery",
