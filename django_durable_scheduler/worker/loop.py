@@ -3,7 +3,8 @@
 The loop thread does every kernel write of the hot path, in batches: settle the outcomes
 that finished since its last turn (one transaction), claim up to the free capacity (one
 transaction, which also authorizes what it claims), and hand the runnable ones to
-``concurrency`` long-lived handler threads. A heartbeat thread renews the leases of
+``concurrency`` long-lived handler threads. A turn woken for new work claims before it
+settles, so that the new work does not wait for the settle. A heartbeat thread renews the leases of
 everything held (each before a third of it has passed) until it is settled. Handlers for
 kinds this process has not registered are never claimed (with a DurableBackend that takes
 any queue name, the queues of the stored task jobs are registered at the start and each sweep).
@@ -411,11 +412,14 @@ class Worker:
         if self.pool.all_stuck():
             self._give_up()
             return None
-        self.reporter.flush()
         free = self._free()
-        # Woken for new work: claim it first, and look after the schedules after.
+        # Woken for new work with a slot free: claim it first, then settle what finished and
+        # look after the schedules. Their leases are held meanwhile; the new work would
+        # otherwise wait for the settle's transaction before its own claim.
         woken = self.waker.announced and free > 0
         if not woken:
+            self.reporter.flush()
+            free = self._free()
             self._maintain()
         if free > 0 and self._kinds:
             turn.asked = self.pacer.batch(free)
@@ -429,6 +433,7 @@ class Worker:
                 # Empty may mean "locked by another claimer", not "nothing due".
                 turn.drained = not kernel.has_due(kinds=self._kinds, using=self.using)
         if woken:
+            self.reporter.flush()
             self._maintain()
         turn.held = len(self.held)
         return turn

@@ -182,3 +182,39 @@ def test_the_sleep_ends_at_its_limit_and_not_at_all_when_there_is_work():
     waker.event.set()
     waker.sleep(0.01, busy=lambda: False, can_claim=lambda: False)
     assert not waker.event.is_set(), "the sleep clears the event before it looks"
+
+
+# --------------------------------------------------------------------------- a turn's order
+
+
+@pytest.mark.parametrize("woken", [True, False])
+def test_a_turn_woken_for_new_work_claims_before_it_settles(monkeypatch, woken):
+    """New work announced while an outcome waits to be settled is claimed first: its pickup
+    does not wait for the settle's transaction. A turn not woken so settles first."""
+    from django_durable_scheduler.worker import claims, outcomes
+
+    make("test.ok", 1)
+    worker = Worker(worker_id="w-order", concurrency=2, poll_interval=300)
+    worker.pool.start()
+    try:
+        worker._kinds = worker.kinds()
+        assert len(worker.claim(1, worker._kinds)) == 1
+        deadline = time.monotonic() + 30
+        while worker.held.counts()[1] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the handler finishes; its outcome waits for a turn
+        scheduler.enqueue("test.ok", scheduled_for=1_700_000_000_999, trigger_key="new")
+        order: list[str] = []
+        claim, settle = claims.claiming.claim_authorized, outcomes.kernel.settle_many
+        monkeypatch.setattr(
+            claims.claiming, "claim_authorized", lambda **kw: order.append("claim") or claim(**kw)
+        )
+        monkeypatch.setattr(
+            outcomes.kernel, "settle_many", lambda *a, **kw: order.append("settle") or settle(*a, **kw)
+        )
+        if woken:
+            worker.waker.announce()
+        worker._turn()
+        assert order == (["claim", "settle"] if woken else ["settle", "claim"])
+    finally:
+        worker.stop()
+        worker._shutdown()
