@@ -280,6 +280,8 @@ class HandlerPool:
             )
             self._wake()  # a thread is free again
             return
+        if run.context.progress_throttle is not None:  # only a run that reported progress
+            _flush_progress(run)
         run.ran = time.monotonic() - started
         self._learn(run.ran)
         self.held.finish(run, outcome)
@@ -333,6 +335,20 @@ class HandlerPool:
             occurrence=run.occurrence,
             kind=run.context.kind,
             **kwargs,
+        )
+
+
+def _flush_progress(run: Run) -> None:
+    """Write the run's last progress report if the throttle held it back: the final progress
+    is stored before the outcome is. A failure only loses that report, with a log line."""
+    try:
+        run.context.flush_progress()
+    except Exception as exc:
+        logger.warning(
+            "%s: could not record the last progress report: %s",
+            run.occurrence.pk,
+            exc,
+            extra=log_fields(run.occurrence, run.context.kind),
         )
 
 
