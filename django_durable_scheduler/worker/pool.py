@@ -328,13 +328,9 @@ class HandlerPool:
 
     def _send(self, signal: Any, run: Run, **kwargs: Any) -> None:
         """Send one of :mod:`..signals` (the caller checked that it has receivers)."""
+        sender, worker_id = self._sender, self._worker_id
         signals.send(
-            signal,
-            self._sender,
-            worker_id=self._worker_id,
-            occurrence=run.occurrence,
-            kind=run.context.kind,
-            **kwargs,
+            signal, sender, worker_id=worker_id, occurrence=run.occurrence, kind=run.context.kind, **kwargs
         )
 
 
