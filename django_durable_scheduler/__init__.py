@@ -42,6 +42,7 @@ _EXPORTS = {
     "dead_letter_expired": "kernel",
     "materialize_due": "kernel",
     "record_execution": "kernel",
+    "record_progress": "kernel",
     "deny": "kernel",
     "defer": "kernel",
     # authority policies and reservations

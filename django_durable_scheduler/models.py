@@ -129,6 +129,9 @@ class Occurrence(models.Model):
     # Recorded by the handler while it runs (ctx.record_metadata / ctx.record_receipt).
     metadata = models.JSONField(null=True, blank=True, default=None)
     receipt = models.JSONField(null=True, blank=True, default=None)
+    # The handler's last progress report (ctx.report_progress, rules/progress.py): done,
+    # total, note and the fence of the attempt that reported it; None if it never reported.
+    progress = models.JSONField(null=True, blank=True, default=None)
     # Higher first among one principal's due occurrences (django.tasks' priority, -100..100).
     priority = models.SmallIntegerField(default=0)
     # The W3C trace context of the span current at enqueue ({"traceparent": ..., and

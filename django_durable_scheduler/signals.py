@@ -11,8 +11,9 @@ in common:
 
 Receivers run in the worker's threads, so keep them quick: the loop thread sends every
 signal but ``occurrence_started``, which the handler thread sends just before the handler
-runs. They are sent with ``send_robust``: a receiver that raises never stops the worker;
-Django logs its exception once at ERROR on the ``django.dispatch`` logger. A signal
+runs, and ``occurrence_progressed``, which it sends as a progress report is written. They
+are sent with ``send_robust``: a receiver that raises never stops the worker; Django logs
+its exception once at ERROR on the ``django.dispatch`` logger. A signal
 nobody listens to costs the worker one dictionary look-up.
 
 Occurrences dead-lettered by another path than this worker's (a lease that expired on its
@@ -45,6 +46,12 @@ was settled to: ``"succeeded"``, ``"retry_wait"`` or ``"dead_letter"``), ``resul
 handler's result, or None), ``error`` (the stored error dict, or None), ``exception`` (what
 the handler raised, or None; a :class:`~django_durable_scheduler.exceptions.HandlerTimeout`
 for a run that timed out) and ``duration`` (seconds from the claim to the settle)."""
+
+occurrence_progressed = Signal(use_caching=True)
+"""A handler's progress report (``ctx.report_progress``) was written: at most about once a
+second per run, and once more with the last report when the handler returns, if that one had
+been held back. Extra keyword arguments: ``done``, ``total`` (None if not known) and
+``note`` (None if none)."""
 
 occurrence_dead_lettered = Signal(use_caching=True)
 """An occurrence was dead-lettered by this worker: its last attempt failed, it failed for
@@ -80,6 +87,7 @@ occurrence it follows) and ``on`` (the edge: ``"then"`` or ``"on_dead_letter"``)
 ALL = (
     occurrence_claimed,
     occurrence_started,
+    occurrence_progressed,
     occurrence_finished,
     occurrence_dead_lettered,
     authority_denied,

@@ -25,6 +25,7 @@ from ..kernel import concurrency
 from ..models import AuthorityPolicy, Batch, BatchStatus, Job, Occurrence, OccurrenceStatus
 from ..rules.authority import Principal
 from . import chainview
+from .progressview import progress_html
 
 WINDOWS = (("last hour", timedelta(hours=1)), ("last day", timedelta(days=1)))
 DEAD_LETTERS_SHOWN = 25
@@ -77,11 +78,13 @@ class Chart:
 
 class Running(NamedTuple):
     """A running occurrence as the workers table lists it; ``stopping``: a cancel was
-    requested for its attempt, and its worker has yet to end it."""
+    requested for its attempt, and its worker has yet to end it; ``progress``: its last
+    progress report, as a bar and its text (empty: none)."""
 
     pk: str
     kind: str
     stopping: bool
+    progress: str = ""
 
 
 @dataclass
@@ -216,13 +219,14 @@ def collect(*, using: str | None = None) -> Dashboard:
     now = status.now
     outcomes = {title: outcomes_since(now - span, now, alias) for title, span in WINDOWS}
     running: dict[str, list[Running]] = defaultdict(list)
-    for pk, owner, kind, fence, cancel_fence in (
+    fields = ("pk", "lease_owner", "job__kind", "fence", "cancel_requested_fence", "progress")
+    for pk, owner, kind, fence, cancel_fence, progress in (
         Occurrence.objects.using(alias)
         .filter(status=OccurrenceStatus.RUNNING)
         .order_by("lease_owner", "pk")
-        .values_list("pk", "lease_owner", "job__kind", "fence", "cancel_requested_fence")[:RUNNING_SHOWN]
+        .values_list(*fields)[:RUNNING_SHOWN]
     ):
-        running[str(owner)].append(Running(pk, kind, cancel_fence == fence))
+        running[str(owner)].append(Running(pk, kind, cancel_fence == fence, progress_html(progress, fence)))
     dead = list(
         Occurrence.objects.using(alias)
         .filter(status=OccurrenceStatus.DEAD_LETTER, settled_at__gte=now - timedelta(days=1))

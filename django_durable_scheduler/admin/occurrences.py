@@ -22,6 +22,7 @@ from ..tasks.display import TaskView, task_view
 from ..telemetry import tracing
 from . import chainview
 from .base import KernelActionsAdmin, apply_each, confirmation, report
+from .progressview import progress_html
 
 # What the cancel action applies to: a waiting occurrence is cancelled, a running one asked to stop.
 CANCELLABLE = ACTIVE_STATUSES
@@ -234,6 +235,7 @@ class OccurrenceAdmin(OccurrenceTaskFields, OccurrenceChainFields, OccurrenceAct
         "job_id_display",
         "kind",
         "status",
+        "progress_summary",
         "task_summary",
         "attempt_display",
         "scheduled_for",
@@ -290,12 +292,19 @@ class OccurrenceAdmin(OccurrenceTaskFields, OccurrenceChainFields, OccurrenceAct
     def attempt_display(self, obj: Occurrence) -> str:
         return f"{obj.attempt}/{obj.max_attempts}"
 
-    readonly_fields = [*OccurrenceTaskFields.task_fields, "trace_id", *OccurrenceChainFields.link_fields]
+    readonly_fields = [
+        *OccurrenceTaskFields.task_fields,
+        "trace_id",
+        "progress_summary",
+        *OccurrenceChainFields.link_fields,
+    ]
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        fields = []
+        fields: list[Any] = []
         for name in super().get_fields(request, obj):
-            if name not in self.readonly_fields:
+            if name == "progress":  # shown as a bar and its text
+                fields.append("progress_summary")
+            elif name not in self.readonly_fields:
                 fields.append(name)
             if name == "trace_context":
                 fields.append("trace_id")
@@ -308,6 +317,12 @@ class OccurrenceAdmin(OccurrenceTaskFields, OccurrenceChainFields, OccurrenceAct
         if obj is None or not chainview.has_links(obj):
             return [(None, {"fields": fields})]
         return [(None, {"fields": fields}), ("Chain and batch", {"fields": self.links_of(obj)})]
+
+    @admin.display(description="progress")
+    def progress_summary(self, obj: Occurrence) -> str:
+        """The handler's last progress report (``ctx.report_progress``): a bar and
+        ``done / total (pct%) note``; empty if it reported none."""
+        return progress_html(obj.progress, obj.fence)
 
     @admin.display(description="trace id")
     def trace_id(self, obj: Occurrence) -> str:

@@ -15,7 +15,7 @@ It is a few modules, one per concept, gathered here under one name:
   ``reservations`` gate what it takes (limits, authority and budgets: ``budgets``,
   ``policies``, ``binding``);
 - ``leases``: renew held leases (one, or all a worker holds at once), record what a
-  handler did, and the expiry sweep;
+  handler did, and the expiry sweep; ``progress``: a running handler's progress report;
 - ``settling``: settle, release, and the authority verdicts (``deny``, ``defer``) that end
   a claim; ``cancelling``: the cancel, of one occurrence or a batch's waiting members.
 
@@ -58,6 +58,7 @@ from .jobs import (
 )
 from .leases import Renewals, abandon, dead_letter_expired, record_execution, renew, renew_many
 from .materialize import materialize_due, next_due_at
+from .progress import record_progress
 from .settling import backoff_delay_ms, defer, deny, release, settle, settle_many
 
 __all__ = [
@@ -94,6 +95,7 @@ __all__ = [
     "next_due_at",
     "open_batch",
     "record_execution",
+    "record_progress",
     "release",
     "renew",
     "renew_many",

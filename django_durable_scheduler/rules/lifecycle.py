@@ -67,6 +67,7 @@ class Action(StrEnum):
     EXPIRE_CANCELLED = "expire_cancelled"
     RENEW = "renew"
     RECORD_EXECUTION = "record_execution"
+    RECORD_PROGRESS = "record_progress"
     ABANDON = "abandon"
 
 
@@ -108,6 +109,8 @@ DEBOUNCED = ("available_at", "payload", "updated_at")
 RENEWED = ("lease_expires_at", "updated_at")  # the new expiry is never before the old one
 # What a running handler records of its execution (ctx.record): a column not given is kept.
 EXECUTION_RECORDED = ("metadata", "receipt", "updated_at")
+# A running handler's progress report (ctx.report_progress), throttled by the worker.
+PROGRESS_RECORDED = ("progress", "updated_at")
 # The lease ends now (its holder is gone): the claim takes the row back at once, as a reclaim.
 LEASE_ENDED = ("lease_expires_at", "updated_at")
 
@@ -176,6 +179,8 @@ TRANSITIONS: tuple[Transition, ...] = (
       RENEWED, OCCURRENCE_RENEWED, Fence.CHECKS, Attempt.NONE, LEASE_LOST),
     T(A.RECORD_EXECUTION, (RUNNING,), "the handler records its metadata or receipt", None,
       EXECUTION_RECORDED, None, Fence.CHECKS, Attempt.NONE, LEASE_LOST),
+    T(A.RECORD_PROGRESS, (RUNNING,), "the handler reports its progress", None,
+      PROGRESS_RECORDED, None, Fence.CHECKS, Attempt.NONE, LEASE_LOST),
     T(A.ABANDON, (RUNNING,), "its holder's process is known to have ended; lease unexpired", None,
       LEASE_ENDED, OCCURRENCE_ABANDONED, Fence.NONE, Attempt.NONE, NOT_SELECTED),
 )

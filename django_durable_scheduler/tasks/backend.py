@@ -15,6 +15,7 @@ or brought up to date), ``enqueuing`` (the occurrence an enqueue writes), ``resu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any
 
@@ -25,11 +26,11 @@ from ..db.dialect import alias_for
 from ..exceptions import InvalidArgument, PermanentFailure
 from ..rules.identity import normalize_json
 from . import enqueuing, failures, jobs, results
+from .context import DurableTaskContext
 from .framework import (
     DEFAULT_TASK_QUEUE_NAME,
     BaseTaskBackend,
     InvalidTask,
-    TaskContext,
     TaskResultStatus,
     set_field,
     task_enqueued,
@@ -146,7 +147,9 @@ class DurableBackend(BaseTaskBackend):
         task = result.task
         task_started.send(type(self), task_result=result)
         try:
-            args = (TaskContext(task_result=result), *result.args) if task.takes_context else result.args
+            args: Sequence[Any] = result.args
+            if task.takes_context:
+                args = (DurableTaskContext(task_result=result, execution=ctx), *args)
             if iscoroutinefunction(task.func):  # on a loop of its own, which a cancel reaches
                 value = ctx.run_coroutine(task.func(*args, **result.kwargs))
             else:

@@ -16,6 +16,10 @@ Instruments (meter and tracer ``django_durable_scheduler``), each labelled with
   its timeout) and ``scheduler.due.lag`` (seconds from an occurrence's due time to its claim);
 - counters ``scheduler.budget.runs`` and ``scheduler.budget.units``: what claims charged to
   the principals' budgets (a retry that reuses its reservation charges nothing);
+- counter ``scheduler.progress.done`` (by the worker): the units of work handlers report
+  done (``ctx.report_progress``), as what ``done`` grew between a run's written reports,
+  the first counting from 0 (so a retry that resumes where its last attempt stopped
+  counts the resumed part again);
 - counters ``scheduler.batches.completed`` (labelled with the callback job's kind and
   principal) and ``scheduler.follow_ups.enqueued`` (with the follow-up's), by the kernel
   once the transaction that completed the batch or enqueued the follow-up commits;
@@ -64,6 +68,9 @@ class Instruments:
         self.budget_units = counter("scheduler.budget.units", "Units charged to budgets", "{unit}")
         self.batches_completed = counter("scheduler.batches.completed", "Batches completed", "{batch}")
         self.follow_ups_enqueued = counter("scheduler.follow_ups.enqueued", "Follow-ups enqueued")
+        self.progress_done = counter(
+            "scheduler.progress.done", "Units of work handlers reported done", "{unit}"
+        )
         self.run_duration = meter.create_histogram(
             "scheduler.run.duration",
             unit="s",

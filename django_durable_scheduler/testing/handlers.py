@@ -1,9 +1,10 @@
 """``run_handler()``: call a registered handler with a real context, without a queue.
 
 For a unit test of a handler: no job, occurrence or worker, no database write. The context
-is the worker's :class:`~..worker.context.ExecutionContext`; only its ``record_metadata``
-and ``record_receipt`` keep what they are given on the context (checked as the kernel
-checks it) instead of writing it to an occurrence that does not exist.
+is the worker's :class:`~..worker.context.ExecutionContext`; only its ``record_metadata``,
+``record_receipt`` and ``report_progress`` keep what they are given on the context (checked
+as the kernel checks it; every progress report, unthrottled) instead of writing it to an
+occurrence that does not exist.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ..handlers import registry
 from ..rules.authority import default_authority, normalize_authority
 from ..rules.identity import normalize_json
 from ..rules.outcomes import MAX_RESULT_BYTES, storable_result
+from ..rules.progress import Progress
 from ..rules.validation import MAX_ATTEMPTS_LIMIT, normalize_int
 from ..worker.context import ExecutionContext
 from .clocks import aware
@@ -31,6 +33,7 @@ class HandlerContext(ExecutionContext):
 
     metadata: Any = None  # the last value given to record_metadata
     receipt: Any = None  # the last value given to record_receipt
+    progress: Progress | None = None  # the last report given to report_progress
     recorded: list[dict[str, Any]] = field(default_factory=list)  # every call, in order
 
     def _record(self, **values: Any) -> None:
@@ -40,6 +43,12 @@ class HandlerContext(ExecutionContext):
         self.recorded.append(checked)
         for name, value in checked.items():
             setattr(self, name, value)
+
+    def _report_progress(self, progress: Progress) -> None:
+        self.progress = progress
+        self.recorded.append(
+            {"progress": {"done": progress.done, "total": progress.total, "note": progress.note}}
+        )
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,7 @@ class Claimer:
                 using=self.using,
                 default_timeout=default_timeout,
                 lease_until=lease_until,
+                progress_sink=self.reporter.progressed,
             )
             for occurrence in claimed
         ]

@@ -5,12 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from ..exceptions import OccurrenceCancelled
+from ..exceptions import LeaseLost, OccurrenceCancelled
+from ..rules.progress import Progress, normalize_progress
+from .progress import ProgressThrottle
+
+# Told of each progress report written: the context, what was stored, what was before it.
+ProgressSink = Callable[["ExecutionContext", Progress, Progress | None], None]
 
 
 @dataclass
@@ -41,6 +46,10 @@ class ExecutionContext:
     # The event loop and task of an async handler while it runs, for a cancel to reach it.
     _async: tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = field(default=None, repr=False)
     _async_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Told of each progress report written (the worker's signal and metric), if set; and the
+    # throttle of the reports, made by the first one (a run that reports none has none).
+    progress_sink: ProgressSink | None = field(default=None, repr=False)
+    progress_throttle: ProgressThrottle | None = field(default=None, repr=False)
 
     @property
     def predecessor(self) -> dict[str, Any] | None:
@@ -126,9 +135,53 @@ class ExecutionContext:
         side effect, so a retry can see what the last attempt already did."""
         self._record(receipt=value)
 
+    def report_progress(self, done: float, total: float | None = None, note: str | None = None) -> None:
+        """Report how far the run has come: ``done`` of ``total`` (None: not known) units of
+        work, with a short ``note`` (one line, <= 200 characters), shown on the occurrence in
+        the admin. Call it as often as you like: the first report is written at once, later
+        ones at most about once a second, and the last one when the handler returns. Bad
+        input raises ``InvalidArgument`` naming the field (``done``, ``total``, ``note``),
+        nothing written; ``SCHEDULER_LEASE_LOST`` once the lease is gone."""
+        self._report_progress(normalize_progress(done, total, note))
+
+    def _report_progress(self, progress: Progress) -> None:
+        throttle = self.progress_throttle
+        if throttle is None:
+            with self._async_lock:  # a handler may report from threads of its own
+                if self.progress_throttle is None:
+                    self.progress_throttle = ProgressThrottle(self._write_progress, self._progress_written)
+                throttle = self.progress_throttle
+        throttle.report(progress)
+
+    def flush_progress(self) -> None:
+        """Write the last progress report if the throttle held it back (the worker calls
+        this when the handler returns). ``SCHEDULER_LEASE_LOST`` once the lease is gone."""
+        if self.progress_throttle is not None:
+            self.progress_throttle.flush()
+
+    def _write_progress(self, progress: Progress) -> Progress:
+        from .. import kernel
+
+        try:
+            return kernel.record_progress(
+                self.occurrence_id,
+                owner=self.owner,
+                fence=self.fence,
+                done=progress.done,
+                total=progress.total,
+                note=progress.note,
+                using=self.using,
+            )
+        except LeaseLost:
+            self.mark_lease_lost()
+            raise
+
+    def _progress_written(self, stored: Progress, before: Progress | None) -> None:
+        if self.progress_sink is not None:
+            self.progress_sink(self, stored, before)
+
     def _record(self, **values: Any) -> None:
         from .. import kernel
-        from ..exceptions import LeaseLost
 
         try:
             kernel.record_execution(

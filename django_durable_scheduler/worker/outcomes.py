@@ -24,8 +24,10 @@ from ..kernel.authority import reservations
 from ..models import Occurrence, OccurrenceStatus
 from ..rules.authority import Principal
 from ..rules.outcomes import FAILED, SUCCEEDED, Outcome
+from ..rules.progress import Progress
 from ..rules.validation import to_ms
 from ..telemetry import metrics
+from .context import ExecutionContext
 from .runs import Held, Run, log_fields
 
 logger = logging.getLogger("django_durable_scheduler")
@@ -294,6 +296,22 @@ class OutcomeReporter:
         if signals.occurrence_claimed.has_listeners(self.sender):
             for run in runnable:
                 self._send(signals.occurrence_claimed, run.occurrence, run.context.kind)
+
+    def progressed(self, ctx: ExecutionContext, stored: Progress, before: Progress | None) -> None:
+        """Measure and signal a progress report just written (from the handler's thread): the
+        ``scheduler.progress.done`` counter grows by what ``done`` grew since the run's
+        previous report written (the first from 0)."""
+        run = self.held.get(ctx.occurrence_id, ctx.fence)
+        if run is None:  # settled or given up meanwhile
+            return
+        if self.instruments is not None:
+            grown = stored.done - (before.done if before is not None else 0)
+            if grown > 0:
+                labels = run.labels or metrics.labels(ctx.kind, run.occurrence.authority)
+                self.instruments.progress_done.add(grown, labels)
+        if signals.occurrence_progressed.has_listeners(self.sender):
+            progress = {"done": stored.done, "total": stored.total, "note": stored.note}
+            self._send(signals.occurrence_progressed, run.occurrence, ctx.kind, **progress)
 
     def refused(self, occurrence: Occurrence, result: reservations.Authorization) -> None:
         """Log (and signal) an occurrence its authority refused: a denial, dead-lettered,

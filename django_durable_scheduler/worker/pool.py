@@ -281,6 +281,8 @@ class HandlerPool:
             )
             self._wake()  # a thread is free again
             return
+        if run.context.progress_throttle is not None:  # only a run that reported progress
+            _flush_progress(run)
         run.ran = time.monotonic() - started
         self._learn(run.ran)
         self.held.finish(run, outcome)
@@ -327,13 +329,23 @@ class HandlerPool:
 
     def _send(self, signal: Any, run: Run, **kwargs: Any) -> None:
         """Send one of :mod:`..signals` (the caller checked that it has receivers)."""
+        sender, worker_id = self._sender, self._worker_id
         signals.send(
-            signal,
-            self._sender,
-            worker_id=self._worker_id,
-            occurrence=run.occurrence,
-            kind=run.context.kind,
-            **kwargs,
+            signal, sender, worker_id=worker_id, occurrence=run.occurrence, kind=run.context.kind, **kwargs
+        )
+
+
+def _flush_progress(run: Run) -> None:
+    """Write the run's last progress report if the throttle held it back: the final progress
+    is stored before the outcome is. A failure only loses that report, with a log line."""
+    try:
+        run.context.flush_progress()
+    except Exception as exc:
+        logger.warning(
+            "%s: could not record the last progress report: %s",
+            run.occurrence.pk,
+            exc,
+            extra=log_fields(run.occurrence, run.context.kind),
         )
 
 

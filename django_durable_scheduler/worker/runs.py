@@ -18,7 +18,7 @@ from ..handlers import registry
 from ..models import Occurrence
 from ..rules.authority import Principal
 from ..rules.outcomes import Outcome
-from .context import ExecutionContext
+from .context import ExecutionContext, ProgressSink
 
 
 def log_fields(occurrence: Occurrence, kind: str, **more: Any) -> dict[str, Any]:
@@ -81,9 +81,11 @@ class Run:
         using: str | None,
         default_timeout: float | None,
         lease_until: float = math.inf,
+        progress_sink: ProgressSink | None = None,
     ) -> Run:
         """The run of an occurrence ``owner`` just claimed, with the context its handler gets
-        (``lease_until``: when its lease ends, on ``time.monotonic``'s clock)."""
+        (``lease_until``: when its lease ends, on ``time.monotonic``'s clock;
+        ``progress_sink``: told of each progress report written)."""
         context = ExecutionContext(
             occurrence_id=occurrence.pk,
             job_id=occurrence.job_id,
@@ -100,6 +102,7 @@ class Run:
             claimed_at=occurrence.updated_at,  # set by the claim
             priority=occurrence.priority,
             cause=occurrence.cause,
+            progress_sink=progress_sink,
         )
         return cls(occurrence, context, timeout_of(occurrence, default_timeout), lease_until)
 
@@ -145,6 +148,10 @@ class Held:
     def holds(self, occurrence_id: str, fence: int) -> bool:
         """Whether the attempt of the occurrence at ``fence`` is held (not settled since)."""
         return (occurrence_id, fence) in self._runs
+
+    def get(self, occurrence_id: str, fence: int) -> Run | None:
+        """The held run of the occurrence's attempt at ``fence``, if it is held."""
+        return self._runs.get((occurrence_id, fence))
 
     def add(self, runs: list[Run]) -> None:
         with self._lock:

@@ -429,3 +429,34 @@ def test_the_all_batches_link_is_readable_on_its_heading(new_context, live_serve
     assert "rgba(0, 0, 0, 0)" not in colours, colours  # the heading has a background of its own
     ratio = page.evaluate(CONTRAST_JS, colours)
     assert ratio >= 4.5, (theme, scheme, colours, round(ratio, 2))
+
+
+def test_progress_in_the_admin(new_context, live_server, admin_user, clock):
+    """A running handler's progress, as Chromium renders it: a bar with its value on the
+    occurrence's page, in the list and beside its kind on the dashboard."""
+    from django_durable_scheduler.models import WorkerHeartbeat
+
+    kernel.create_job("import", "rows.import")
+    occurrence, _ = kernel.enqueue("import", scheduled_for=clock(), trigger_key="p")
+    held = kernel.claim(owner="w1", lease=3600)
+    assert held is not None and held.pk == occurrence.pk
+    kernel.record_progress(held.pk, owner="w1", fence=held.fence, done=45, total=60, note="rows copied")
+    WorkerHeartbeat.objects.create(
+        worker_id="w1", hostname="host", pid=1, concurrency=4, started_at=clock(), last_seen_at=clock()
+    )
+    page = login(new_context(), live_server, "root")
+    page.goto(f"{live_server.url}/admin/durable_scheduler/occurrence/{held.pk}/change/")
+    bar = page.locator(".field-progress_summary progress")
+    assert bar.evaluate("el => [el.value, el.max, el.position]") == [45, 60, 0.75]
+    assert bar.bounding_box()["width"] > 0  # drawn, not only in the markup
+    assert "45 / 60 (75%) rows copied" in page.inner_text(".field-progress_summary")
+    screenshot(page, "admin-occurrence-progress")
+    page.goto(f"{live_server.url}/admin/durable_scheduler/occurrence/?status__exact=running")
+    assert "45 / 60 (75%) rows copied" in page.inner_text("td.field-progress_summary")
+    page.goto(f"{live_server.url}/admin/durable_scheduler/schedulerdashboard/")
+    workers = page.locator("#dsch-workers")
+    assert workers.locator("progress").evaluate("el => el.position") == 0.75
+    assert " ".join(workers.inner_text().split()).endswith(
+        "w1 0 s ago rows.import 45 / 60 (75%) rows copied cancel"
+    )
+    screenshot(page, "admin-dashboard-progress")

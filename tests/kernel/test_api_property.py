@@ -273,6 +273,7 @@ ARGUMENTS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     "settle_many": {"items": st.one_of(SETTLE_ITEMS, VALUES), "owner": arg("w")},
     "release": dict(LEASE),
     "record_execution": {**LEASE, "metadata": VALUES, "receipt": VALUES},
+    "record_progress": {**LEASE, "done": arg(3), "total": arg(None, st.just(10)), "note": arg(None)},
     "deny": {
         **LEASE,
         "code": arg("X_DENIED"),
@@ -345,6 +346,7 @@ REQUIRED: dict[str, set[str]] = {
     "settle_many": {"items", "owner"},
     "release": {"occurrence_id", "owner", "fence"},
     "record_execution": {"occurrence_id", "owner", "fence"},
+    "record_progress": {"occurrence_id", "owner", "fence", "done"},
     "deny": {"occurrence_id", "owner", "fence", "code", "reason"},
     "defer": {"occurrence_id", "owner", "fence", "until"},
     "set_policy": {"principal_type", "principal_id", "capabilities", "window", "max_runs", "max_units"},

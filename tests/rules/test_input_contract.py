@@ -66,6 +66,7 @@ EXTRA_DEFAULTS: dict[str, dict[str, Any]] = {
     "enqueue_many": {"job_id": "job-a", "items": [{"scheduled_for": NOW, "trigger_key": "many"}]},
     "settle_many": {"items": [{"occurrence_id": RUNNING, "fence": 1, "outcome": "succeeded"}], "owner": "w"},
     "record_execution": {"occurrence_id": RUNNING, "owner": "w", "fence": 1, "metadata": {"m": 1}},
+    "record_progress": {"occurrence_id": RUNNING, "owner": "w", "fence": 1, "done": 1, "total": 10},
     "deny": {"occurrence_id": RUNNING, "owner": "w", "fence": 1, "code": "X_DENIED", "reason": "because"},
     "defer": {"occurrence_id": RUNNING, "owner": "w", "fence": 1, "until": NOW},
     "set_policy": {
@@ -352,6 +353,34 @@ case("enqueue", "debounce", "without-key", debounce=5)
 case("enqueue", "available_at", "with-debounce", unique_key="k", debounce=5, available_at=NOW)
 # A key that a queued occurrence already holds: refused all the same, before anything is read.
 case("enqueue", "debounce", "existing-key", trigger_key="queued", unique_key="k", debounce=-5)
+
+
+# --------------------------------------------------------------------------- progress
+
+for label, value in [
+    ("negative", -1),
+    ("negative-float", -0.5),
+    ("str", "3"),
+    ("bool", True),
+    ("none", None),
+    ("nan", float("nan")),
+    ("inf", float("inf")),
+    ("huge", HUGE),
+    ("list", [1]),
+]:
+    case("record_progress", "done", label, done=value)
+    if value is not None:
+        case("record_progress", "total", label, total=value)
+case("record_progress", "total", "less-than-done", done=5, total=4)
+for label, value in [
+    ("too-long", "n" * 201),
+    ("not-text", 5),
+    ("newline", "two\nlines"),
+    ("nul", "a\x00b"),
+    ("surrogate", "\ud800"),
+]:
+    case("record_progress", "note", label, note=value)
+case("record_progress", "fence", "huge", fence=HUGE)
 
 
 # --------------------------------------------------------------------------- tests

@@ -76,6 +76,7 @@ def test_writes_sets_exactly_the_table_columns():
         "payload": None,
         "metadata": None,
         "receipt": None,
+        "progress": None,
     }
     for t in TRANSITIONS:
         extra = {k: v for k, v in given.items() if k in t.sets}
@@ -190,6 +191,8 @@ def request(action: Action, row: Occurrence | None, clock, *, fence: int | None 
         return kernel.renew(pk, lease=LEASE * 2, **held)
     if action is Action.RECORD_EXECUTION:
         return kernel.record_execution(pk, metadata={"step": 1}, **held)
+    if action is Action.RECORD_PROGRESS:
+        return kernel.record_progress(pk, done=3, total=10, note="walked", **held)
     if action is Action.ABANDON:  # its holder's supervisor saw it exit
         return kernel.abandon(OWNER)
     if action is Action.DEBOUNCE:  # another slot with the row's key
@@ -339,6 +342,8 @@ def check_allowed(
             assert subject.lease_expires_at == now + timedelta(seconds=LEASE * 2)
         if transition.action is Action.RECORD_EXECUTION:  # the column not given is kept
             assert (subject.metadata, subject.receipt) == ({"step": 1}, row.receipt)
+        if transition.action is Action.RECORD_PROGRESS:  # with the fence that reported it
+            assert subject.progress == {"done": 3, "total": 10, "note": "walked", "fence": row.fence}
     assert all(event.occurrence_id == subject.pk for event in events)
 
 

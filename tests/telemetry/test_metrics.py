@@ -143,3 +143,28 @@ def test_batches_completed_and_follow_ups_enqueued_are_counted_after_the_commit(
     alice = "user:alice"
     assert delta[("scheduler.follow_ups.enqueued", "test.report", alice)] == 1
     assert delta[("scheduler.batches.completed", "test.report", alice)] == 1
+
+
+def test_progress_reported_is_counted_as_units_done(otel):
+    """``scheduler.progress.done`` grows by what ``done`` grew between a run's written reports:
+    the first report (10) at once, the last (40) when the handler returns."""
+    from django_durable_scheduler import testing
+
+    reader, _ = otel
+    kind = "test.progress-otel"
+
+    def count(ctx):
+        for done in (10, 25, 40):
+            ctx.report_progress(done, 100)
+
+    registry.handler(kind)(count)
+    try:
+        scheduler.ensure_policy(AUTHORITY)
+        scheduler.create_job("otel-progress", kind, authority=AUTHORITY)
+        scheduler.enqueue("otel-progress", scheduled_for=1_700_000_000_000, trigger_key="t")
+        before = points(reader).get(("scheduler.progress.done", kind, "user:alice"), 0)
+        (ran,) = testing.drain(kinds=[kind])
+    finally:
+        registry.unregister(kind)
+    assert ran.status == "succeeded"
+    assert points(reader)[("scheduler.progress.done", kind, "user:alice")] - before == 40

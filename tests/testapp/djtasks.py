@@ -174,3 +174,11 @@ def interrupted(marker_dir):
         (marks / "interrupted").touch()
         raise KeyboardInterrupt("the task's own interrupt")
     raise Halt("the task halts")
+
+
+@task(takes_context=True)
+def count_rows(context, rows):
+    """Reports its progress through the scheduler's TaskContext (tests/tasks/test_tasks_progress.py)."""
+    for n in range(1, rows + 1):
+        context.report_progress(n, rows, "rows")
+    return rows
