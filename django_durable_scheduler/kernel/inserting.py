@@ -31,6 +31,8 @@ from ..rules.identity import (
 from ..rules.lifecycle import Action, event_of
 from ..rules.validation import from_ms, to_ms
 from ..telemetry.metrics import count_enqueued
+from ..rules.throttles import render_key as throttle_key
+from . import throttles
 from .concurrency import key_spec_of, render_key
 
 # The caller gave no payload: the occurrence takes its job's.
@@ -47,6 +49,7 @@ class Builder:
         self.digest_of: Callable[[int, str], str] = identity_digester(job.job_id, job.revision)
         self.principal_key = Principal.of(job.authority).key
         self.key_spec = key_spec_of(job.concurrency_key, job.kind)
+        self.throttle_key = throttles.key_template(job.throttle, job.kind)
         self.chain = chains.of_job(job)
         # Each occurrence that takes the job's payload gets a copy of its own: a caller that
         # changes the one it was handed must not change the next enqueue's (a remembered
@@ -94,6 +97,7 @@ class Builder:
             principal_key=self.principal_key,
             priority=priority,
             concurrency_key=render_key(self.key_spec, payload),
+            throttle_key=None if self.throttle_key is None else throttle_key(self.throttle_key, payload),
             unique_key=unique_key,
             created_at=now,
             updated_at=now,

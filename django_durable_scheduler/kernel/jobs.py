@@ -23,6 +23,7 @@ from ..rules.events import JOB_CREATED, JOB_UPDATED, SLOT_SKIPPED, new_event
 from ..rules.identity import canonical_json, normalize_json
 from ..rules.schedules import MISFIRE_GRACE, catchup_window, expired_one_off, initial_fire_time
 from ..rules.triggers import validate_trigger
+from ..rules.throttles import stored_throttle
 from ..rules.validation import (
     MAX_ATTEMPTS_LIMIT,
     column_max,
@@ -73,6 +74,8 @@ def _job_fields(changes: dict[str, Any], *, creating: bool) -> dict[str, Any]:
             out["concurrency"] = normalize_limit(value, "concurrency")
         elif key == "concurrency_key":
             out["concurrency_key"] = normalize_template(value, "concurrency_key")
+        elif key == "throttle":
+            out["throttle"] = stored_throttle(value, "throttle")
         elif key in EDGES:
             out[key] = normalize_specs(value, key, nested=False)
         else:
@@ -162,6 +165,7 @@ def create_job(
     timeout: float | timedelta | None = None,
     concurrency: int | None = None,
     concurrency_key: str | None = None,
+    throttle: dict[str, Any] | None = None,
     then: Any = None,
     on_dead_letter: Any = None,
     using: str | None = None,
@@ -176,7 +180,10 @@ def create_job(
     it overrides the handler's and the ``DURABLE_SCHEDULER_HANDLER_TIMEOUT`` default.
     ``concurrency``: how many of its occurrences may run at once across every worker (None:
     no cap), per ``concurrency_key`` when given (a template on the payload, ``"{customer}"``,
-    computed at enqueue).
+    computed at enqueue). ``throttle``: how fast its occurrences may start across every worker,
+    ``{"limit": 100, "period": 5, "burst": 20, "key": "{account}"}`` (``limit`` starts per
+    ``period`` seconds, ``burst`` more at once, per key: a template on the payload, computed at
+    enqueue; None: no throttle). Work over the rate waits in the queue.
 
     Without ``authority`` the job runs as the app's default principal, requesting its kind,
     which that principal's policy is made to grant (:func:`policies.grant_default`)."""
@@ -196,6 +203,7 @@ def create_job(
             "timeout": timeout,
             "concurrency": concurrency,
             "concurrency_key": concurrency_key,
+            "throttle": throttle,
             "then": then,
             "on_dead_letter": on_dead_letter,
         },

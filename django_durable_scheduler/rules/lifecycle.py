@@ -68,6 +68,7 @@ class Action(StrEnum):
     RENEW = "renew"
     RECORD_EXECUTION = "record_execution"
     ABANDON = "abandon"
+    THROTTLE = "throttle"
 
 
 class Fence(StrEnum):
@@ -108,6 +109,8 @@ DEBOUNCED = ("available_at", "payload", "updated_at")
 RENEWED = ("lease_expires_at", "updated_at")  # the new expiry is never before the old one
 # What a running handler records of its execution (ctx.record): a column not given is kept.
 EXECUTION_RECORDED = ("metadata", "receipt", "updated_at")
+# Over its throttle's rate when claimed: it is given its own later start and waits for it.
+THROTTLED = ("available_at", "throttled_until", "updated_at")
 # The lease ends now (its holder is gone): the claim takes the row back at once, as a reclaim.
 LEASE_ENDED = ("lease_expires_at", "updated_at")
 
@@ -178,6 +181,8 @@ TRANSITIONS: tuple[Transition, ...] = (
       EXECUTION_RECORDED, None, Fence.CHECKS, Attempt.NONE, LEASE_LOST),
     T(A.ABANDON, (RUNNING,), "its holder's process is known to have ended; lease unexpired", None,
       LEASE_ENDED, OCCURRENCE_ABANDONED, Fence.NONE, Attempt.NONE, NOT_SELECTED),
+    T(A.THROTTLE, (QUEUED, RETRY_WAIT), "due, but over its throttle's rate when claimed", None,
+      THROTTLED, None, Fence.NONE, Attempt.NONE, NOT_SELECTED),
 )
 # fmt: on
 del T, A
