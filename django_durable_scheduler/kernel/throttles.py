@@ -220,6 +220,6 @@ class Gate:
         ]
         if rows:
             ThrottleBucket.objects.using(self.alias).bulk_update(rows, ["tat", "horizon", "updated_at"])
-        if self.parked:
-            names = list(writes(Action.THROTTLE, self.now, available_at=self.now, throttled_until=self.now))
-            Occurrence.objects.using(self.alias).bulk_update(self.parked, names)
+        if self.parked:  # each row was given the table's values by park(): the same columns
+            values = writes(Action.THROTTLE, self.now, available_at=self.now, throttled_until=self.now)
+            Occurrence.objects.using(self.alias).bulk_update(self.parked, list(values))
