@@ -35,8 +35,8 @@ from .exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
 from .rules.authority import default_authority, normalize_authority
 from .rules.chains import EDGES, jobs_named, normalize_specs
 from .rules.identity import canonical_json, normalize_json
-from .rules.triggers import validate_trigger
 from .rules.throttles import stored_throttle
+from .rules.triggers import validate_trigger
 from .rules.validation import (
     MAX_ATTEMPTS_LIMIT,
     key_label,

@@ -143,11 +143,6 @@ class Occurrence(models.Model):
     cancel_requested_fence = models.PositiveBigIntegerField(null=True, blank=True)
     # The key its job's or handler's concurrency limit counts per (computed at enqueue).
     concurrency_key = models.CharField(max_length=256, null=True, blank=True)
-    # Its throttle key (the job's or its handler's template on its payload), computed at enqueue.
-    throttle_key = models.CharField(max_length=256, null=True, blank=True, default=None)
-    # The start its throttle gave it when it came over the rate: while ``available_at`` equals
-    # it, the row holds that place in its key's queue (kernel/throttles.py).
-    throttled_until = models.DateTimeField(null=True, blank=True, default=None)
     # The caller's key for "one waiting at a time" (enqueue's unique_key, per job); None for
     # the rest, which then have no entry in the unique index.
     unique_key = models.CharField(max_length=256, null=True, blank=True, default=None)
@@ -556,6 +551,22 @@ class ThrottleBucket(models.Model):
 
     def __str__(self) -> str:
         return self.bucket_id
+
+
+class ThrottlePlace(models.Model):
+    """The start a throttle gave an occurrence over its rate (kernel/throttles.py): while the
+    occurrence's ``available_at`` equals ``slot``, it holds that place in its key's queue and
+    the work placed after it does not keep it waiting. Kept apart from the occurrence, so that
+    work without a throttle carries no column for it; removed when it starts."""
+
+    occurrence_id = models.CharField(max_length=68, primary_key=True)
+    slot = models.DateTimeField()
+
+    class Meta:
+        db_table = "durable_scheduler_throttle_places"
+
+    def __str__(self) -> str:
+        return self.occurrence_id
 
 
 class WorkerHeartbeat(models.Model):

@@ -81,8 +81,6 @@ class Candidate(NamedTuple):
     job_id: str
     concurrency_key: str | None
     concurrency: int | None  # the job's
-    throttle_key: str | None
-    throttled_until: datetime | None  # the start its throttle gave it (raw: compared as read)
     throttle: Any  # the job's, as the database returns JSON (None: none)
 
     @property
@@ -124,11 +122,9 @@ class _Pool:
                 job,
                 limit_key,
                 None if limit is None else int(limit),
-                throttle_key,
-                throttled_until,
                 throttle,
             )
-            for pk, kind, key, due, at, priority, ms, job, limit_key, limit, throttle_key, throttled_until, throttle in rows
+            for pk, kind, key, due, at, priority, ms, job, limit_key, limit, throttle in rows
         ]
 
 
@@ -236,7 +232,8 @@ def _lock_pool(
         if gate is None and throttle is None:
             got += locked
         else:  # in rank order: the first of a limit's candidates take its free places
-            got += [row for row in sorted(locked, key=lambda row: rank[row.pk]) if _admit(row, pool[rank[row.pk]], gate, throttle)]
+            ranked = sorted(locked, key=lambda row: rank[row.pk])
+            got += [row for row in ranked if _admit(row, gate, throttle)]
     got.sort(key=lambda row: rank[row.pk])
     for occurrence in got:
         row = pool[rank[occurrence.pk]]
@@ -245,21 +242,16 @@ def _lock_pool(
     return got
 
 
-def _admit(
-    row: Occurrence, candidate: Candidate, gate: concurrency.Gate | None, throttle: throttles.Gate | None
-) -> bool:
+def _admit(row: Occurrence, gate: concurrency.Gate | None, throttle: throttles.Gate | None) -> bool:
     """Whether the locked ``row`` starts now: a token of each of its throttles (else it is
     given a later start) and a place in each of its concurrency limits (else it stays)."""
-    if throttle is not None and candidate.occurrence_id in throttle.throttles:
-        holding = candidate.throttled_until is not None and row.available_at == claim_sql.as_datetime(
-            candidate.throttled_until
-        )
-        if not throttle.admit(row, holding, take=False):
+    if throttle is not None and row.pk in throttle.throttles:
+        if not throttle.admit(row, take=False):
             throttle.park(row)
             return False
         if gate is not None and not gate.admit(row):
             return False
-        return throttle.admit(row, holding)
+        return throttle.admit(row)
     return gate is None or gate.admit(row)
 
 
@@ -337,8 +329,10 @@ def _read_policies(principal_keys: list[str], alias: str) -> tuple[dict[str, int
             match |= Q(**principal.columns())
     if not match:
         return {}, {}
-    rows = AuthorityPolicy.objects.using(alias).filter(match).filter(
-        Q(max_running__isnull=False) | Q(throttle__isnull=False)
+    rows = (
+        AuthorityPolicy.objects.using(alias)
+        .filter(match)
+        .filter(Q(max_running__isnull=False) | Q(throttle__isnull=False))
     )
     found = list(rows.only("principal_type", "principal_id", "max_running", "throttle"))
     capped = {
@@ -362,23 +356,7 @@ def _throttle_gate(
         kinds = throttles.throttled_kinds()
         if not any(row.throttle is not None or row.kind in kinds for row in pool):
             return None
-    found = {}
-    for row in pool:
-        scopes = throttles.scopes_of(
-            row.principal_key,
-            row.job_id,
-            row.kind,
-            row.throttle_key,
-            throttles.stored(row.throttle),
-            by_principal.get(row.principal_key),
-        )
-        if scopes:
-            found[row.occurrence_id] = scopes
-    if not found:
-        return None
-    gate = throttles.Gate(alias, now, found)
-    gate.lock()
-    return gate
+    return throttles.gate_for(alias, now, pool, by_principal)
 
 
 def _keys_at_claim(alias: str, pool: list[Candidate]) -> dict[str, str | None]:

@@ -22,8 +22,8 @@ from ..exceptions import InvalidArgument
 from ..models import Occurrence, OccurrenceStatus
 from ..rules.events import new_event
 from ..rules.lifecycle import Action, applied, event_of, writes
-from ..rules.validation import iso_ms, normalize_bool, normalize_identifier, normalize_int, to_duration_ms
 from ..rules.throttles import Throttle
+from ..rules.validation import iso_ms, normalize_bool, normalize_identifier, normalize_int, to_duration_ms
 from . import claim_sql, leases, reservations, throttles
 from .candidates import claim_candidates, last_claimed_principal, waiting_work
 from .reservations import AuthorizedClaim, Units

@@ -58,7 +58,16 @@ def _slot_args(scheduled_for: Any, trigger_key: Any, available_at: Any) -> tuple
 # so it writes exactly what reading the job first would have written. The kind and the key
 # templates are among them: the concurrency and throttle keys are computed from them, and a job deleted and
 # made again starts at the same revision.
-_JOB_GUARD = ("revision", "enabled", "max_attempts", "authority", "kind", "concurrency_key", "throttle", *EDGES)
+_JOB_GUARD = (
+    "revision",
+    "enabled",
+    "max_attempts",
+    "authority",
+    "kind",
+    "concurrency_key",
+    "throttle",
+    *EDGES,
+)
 
 
 class _Remembered:

@@ -29,9 +29,9 @@ from ..rules.identity import (
     normalize_json,
 )
 from ..rules.lifecycle import Action, event_of
+from ..rules.throttles import render_key as throttle_key
 from ..rules.validation import from_ms, to_ms
 from ..telemetry.metrics import count_enqueued
-from ..rules.throttles import render_key as throttle_key
 from . import throttles
 from .concurrency import key_spec_of, render_key
 
@@ -81,6 +81,8 @@ class Builder:
         digest = self.digest_of(scheduled_ms, trigger_key)
         scheduled = from_ms(scheduled_ms)
         payload = pickle.loads(self.job_payload) if payload is JOB_PAYLOAD else payload
+        if self.throttle_key is not None:  # refused now if the payload cannot key it (not stored)
+            throttle_key(self.throttle_key, payload)
         return Occurrence(
             occurrence_id=OCCURRENCE_ID_PREFIX + digest,
             # By id: a remembered job row may be stale in columns no guard covers.
@@ -97,7 +99,6 @@ class Builder:
             principal_key=self.principal_key,
             priority=priority,
             concurrency_key=render_key(self.key_spec, payload),
-            throttle_key=None if self.throttle_key is None else throttle_key(self.throttle_key, payload),
             unique_key=unique_key,
             created_at=now,
             updated_at=now,

@@ -22,8 +22,8 @@ from ..rules.chains import EDGES, normalize_specs
 from ..rules.events import JOB_CREATED, JOB_UPDATED, SLOT_SKIPPED, new_event
 from ..rules.identity import canonical_json, normalize_json
 from ..rules.schedules import MISFIRE_GRACE, catchup_window, expired_one_off, initial_fire_time
-from ..rules.triggers import validate_trigger
 from ..rules.throttles import stored_throttle
+from ..rules.triggers import validate_trigger
 from ..rules.validation import (
     MAX_ATTEMPTS_LIMIT,
     column_max,

@@ -23,7 +23,8 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 
 from ..db import dialect, guarded
-from ..models import AuthorityPolicy, Occurrence, OccurrenceStatus, ThrottleBucket
+from ..exceptions import InvalidArgument
+from ..models import AuthorityPolicy, Occurrence, OccurrenceStatus, ThrottleBucket, ThrottlePlace
 from ..rules import throttles as rule
 from ..rules.authority import Principal
 from ..rules.lifecycle import Action, writes
@@ -55,7 +56,9 @@ def throttled_kinds() -> Iterable[str]:
 
 
 def key_template(job_throttle: dict[str, Any] | None, kind: str) -> str | None:
-    """The template of an occurrence's throttle key: its job's, else its handler's."""
+    """The template of an occurrence's throttle key: its job's, else its handler's. It is
+    checked against the payload at enqueue (a payload it cannot key is refused) and computed
+    again at claim, from the payload, for the throttled candidates only."""
     if job_throttle is not None and job_throttle.get("key") is not None:
         return str(job_throttle["key"])
     throttle = _by_kind.get(kind)
@@ -82,9 +85,10 @@ def scopes_of(
     job_throttle: dict[str, Any] | None,
     principal_throttle: Throttle | None,
 ) -> list[tuple[list[str], Throttle]]:
-    """Every throttle an occurrence is held to, as (scope, throttle). Work whose key could not
-    be computed where it was enqueued (its handler was not registered there) counts under the
-    throttle's whole scope (key ""): slower, never faster."""
+    """Every throttle an occurrence is held to, as (scope, throttle). A key that cannot be
+    computed from the payload (a template changed since the enqueue, or a handler's that the
+    enqueuing process had not registered) counts under the throttle's whole scope (key ""):
+    slower, never faster."""
     found: list[tuple[list[str], Throttle]] = []
     if principal_throttle is not None:
         found.append((["principal", principal_key], principal_throttle))
@@ -105,6 +109,38 @@ def policy_throttles(policies: Iterable[AuthorityPolicy]) -> dict[str, Throttle]
     }
 
 
+def gate_for(alias: str, now: datetime, pool: list[Any], by_principal: dict[str, Throttle]) -> Gate | None:
+    """The throttles of a claim's ``pool`` (its candidates), their buckets locked; None when
+    none has one. One read for the throttled candidates: their payloads (the key) and the
+    places they were given."""
+    throttled = {
+        row.occurrence_id: row
+        for row in pool
+        if row.throttle is not None or row.principal_key in by_principal or row.kind in _by_kind
+    }
+    if not throttled:
+        return None
+    payloads = dict(
+        Occurrence.objects.using(alias).filter(pk__in=sorted(throttled)).values_list("pk", "payload")
+    )
+    places = dict(
+        ThrottlePlace.objects.using(alias).filter(pk__in=sorted(throttled)).values_list("pk", "slot")
+    )
+    found = {}
+    for pk, row in throttled.items():
+        job_throttle = stored(row.throttle)
+        try:
+            key = rule.render_key(key_template(job_throttle, row.kind), payloads.get(pk))
+        except InvalidArgument:
+            key = None
+        found[pk] = scopes_of(
+            row.principal_key, row.job_id, row.kind, key, job_throttle, by_principal.get(row.principal_key)
+        )
+    gate = Gate(alias, now, {pk: scopes for pk, scopes in found.items() if scopes}, places)
+    gate.lock()
+    return gate
+
+
 @dataclass
 class _Bucket:
     throttle: Throttle
@@ -121,16 +157,24 @@ class Gate:
     alias: str
     now: datetime
     throttles: dict[str, list[tuple[list[str], Throttle]]]
+    places: dict[str, datetime] = field(default_factory=dict)  # the places given before, by id
     buckets: dict[str, _Bucket] = field(default_factory=dict)
     parked: list[Occurrence] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)  # admitted rows that held a place
     wake_at: datetime | None = None  # the earliest start this claim found or gave
 
     def lock(self) -> None:
         """Lock the bucket rows (those missing created first, then all locked in order, so
         two claims cannot wait on each other's rows in a cycle)."""
-        scopes = {bucket_id(scope): (scope, throttle) for found in self.throttles.values() for scope, throttle in found}
+        scopes = {
+            bucket_id(scope): (scope, throttle)
+            for found in self.throttles.values()
+            for scope, throttle in found
+        }
         ids = sorted(scopes)
-        existing = set(ThrottleBucket.objects.using(self.alias).filter(pk__in=ids).values_list("pk", flat=True))
+        existing = set(
+            ThrottleBucket.objects.using(self.alias).filter(pk__in=ids).values_list("pk", flat=True)
+        )
         missing = [key for key in ids if key not in existing]
         if missing:
             self._create(missing, scopes)
@@ -163,15 +207,16 @@ class Gate:
         found = [self.buckets.get(bucket_id(scope)) for scope, _ in self.throttles.get(occurrence.pk, [])]
         return None if any(bucket is None for bucket in found) else [b for b in found if b is not None]
 
-    def admit(self, occurrence: Occurrence, holding: bool, *, take: bool = True) -> bool:
+    def admit(self, occurrence: Occurrence, *, take: bool = True) -> bool:
         """Whether ``occurrence`` (locked, about to be claimed) may start now under every one
-        of its throttles; with ``take``, it takes a token from each. ``holding``: it waited
-        for the place it was given, so the work placed behind it does not keep it waiting;
-        other work waits behind what was placed before it (first come, first served)."""
+        of its throttles; with ``take``, it takes a token from each. One due at the place it
+        was given holds it: the work placed behind it does not keep it waiting; other work
+        waits behind what was placed before it (first come, first served)."""
         buckets = self._of(occurrence)
         if buckets is None:
             return False
         now = self.now
+        holding = self.places.get(occurrence.pk) == occurrence.available_at
         for bucket in buckets:
             if not rule.allows(bucket.tat, now, bucket.throttle):
                 return False
@@ -182,6 +227,8 @@ class Gate:
                 bucket.tat = rule.take(bucket.tat, now, bucket.throttle)
                 bucket.horizon = max(bucket.horizon, bucket.tat)
                 bucket.changed = True
+            if occurrence.pk in self.places:
+                self.started.append(occurrence.pk)
         return True
 
     def park(self, occurrence: Occurrence) -> None:
@@ -197,12 +244,12 @@ class Gate:
             return
         slot = max(
             max(rule.place(bucket.horizon, self.now, bucket.throttle) for bucket in buckets),
-            max(rule.next_free(bucket.tat, bucket.throttle) for bucket in buckets),
+            rule.ceil_ms(max(rule.next_free(bucket.tat, bucket.throttle) for bucket in buckets)),
         )
         for bucket in buckets:
             bucket.horizon = rule.placed(bucket.horizon, slot, bucket.throttle)
             bucket.changed = True
-        for name, value in writes(Action.THROTTLE, self.now, available_at=slot, throttled_until=slot).items():
+        for name, value in writes(Action.THROTTLE, self.now, available_at=slot).items():
             setattr(occurrence, name, value)
         self.parked.append(occurrence)
         self._wake(slot)
@@ -221,5 +268,12 @@ class Gate:
         if rows:
             ThrottleBucket.objects.using(self.alias).bulk_update(rows, ["tat", "horizon", "updated_at"])
         if self.parked:  # each row was given the table's values by park(): the same columns
-            values = writes(Action.THROTTLE, self.now, available_at=self.now, throttled_until=self.now)
+            values = writes(Action.THROTTLE, self.now, available_at=self.now)
             Occurrence.objects.using(self.alias).bulk_update(self.parked, list(values))
+            ids = [row.pk for row in self.parked]
+            ThrottlePlace.objects.using(self.alias).filter(pk__in=ids).delete()
+            ThrottlePlace.objects.using(self.alias).bulk_create(
+                [ThrottlePlace(occurrence_id=row.pk, slot=row.available_at) for row in self.parked]
+            )
+        if self.started:  # a place is kept only while its occurrence waits for it
+            ThrottlePlace.objects.using(self.alias).filter(pk__in=self.started).delete()

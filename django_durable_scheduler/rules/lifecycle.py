@@ -110,7 +110,7 @@ RENEWED = ("lease_expires_at", "updated_at")  # the new expiry is never before t
 # What a running handler records of its execution (ctx.record): a column not given is kept.
 EXECUTION_RECORDED = ("metadata", "receipt", "updated_at")
 # Over its throttle's rate when claimed: it is given its own later start and waits for it.
-THROTTLED = ("available_at", "throttled_until", "updated_at")
+THROTTLED = ("available_at", "updated_at")
 # The lease ends now (its holder is gone): the claim takes the row back at once, as a reclaim.
 LEASE_ENDED = ("lease_expires_at", "updated_at")
 

@@ -52,7 +52,9 @@ class Throttle:
 
     @classmethod
     def from_stored(cls, value: Mapping[str, Any]) -> Throttle:
-        return cls(int(value["limit"]), int(value["period_ms"]), int(value.get("burst") or 0), value.get("key"))
+        return cls(
+            int(value["limit"]), int(value["period_ms"]), int(value.get("burst") or 0), value.get("key")
+        )
 
 
 def normalize_throttle(value: Any, field: str = "throttle", *, keyed: bool = True) -> Throttle | None:
@@ -65,13 +67,17 @@ def normalize_throttle(value: Any, field: str = "throttle", *, keyed: bool = Tru
     if isinstance(value, Throttle):
         value = value.stored()
     if not isinstance(value, Mapping):
-        raise InvalidArgument(field, f"must be a dict with limit and period, or None, not {type(value).__name__}")
+        raise InvalidArgument(
+            field, f"must be a dict with limit and period, or None, not {type(value).__name__}"
+        )
     value = dict(value)
     if "period_ms" in value and "period" not in value:  # as stored: read back, edited, saved
         value["period"] = timedelta(milliseconds=normalize_int(value.pop("period_ms"), f"{field}.period_ms"))
     unknown = sorted(str(name) for name in value if name not in _KEYS)
     if unknown:
-        raise InvalidArgument(f"{field}.{unknown[0]}", "is not a throttle setting (limit, period, burst, key)")
+        raise InvalidArgument(
+            f"{field}.{unknown[0]}", "is not a throttle setting (limit, period, burst, key)"
+        )
     if not keyed and value.get("key") is not None:
         raise InvalidArgument(f"{field}.key", "a principal's throttle counts all its runs: it takes no key")
     for name in ("limit", "period"):
@@ -142,8 +148,15 @@ def take(tat: datetime, now: datetime, throttle: Throttle) -> datetime:
 
 def place(horizon: datetime, now: datetime, throttle: Throttle) -> datetime:
     """The earliest start this bucket gives work that waits behind ``horizon`` (the places
-    handed out so far): its own interval after the last one, never before now."""
-    return max(now, next_free(horizon, throttle))
+    handed out so far): its own interval after the last one, never before now; rounded up to
+    the millisecond, as every time the scheduler writes (later, never sooner)."""
+    return ceil_ms(max(now, next_free(horizon, throttle)))
+
+
+def ceil_ms(moment: datetime) -> datetime:
+    """``moment`` rounded up to a whole millisecond."""
+    extra = moment.microsecond % 1000
+    return moment if not extra else moment + timedelta(microseconds=1000 - extra)
 
 
 def placed(horizon: datetime, slot: datetime, throttle: Throttle) -> datetime:

@@ -15,11 +15,11 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..exceptions import InvalidArgument
 from ..kernel.concurrency import render_key
-from ..rules.throttles import render_key as throttle_key
-from ..rules.throttles import stored_throttle
 from ..kernel.unique import MAX_DEBOUNCE_MS, UNIQUE_WHILE
 from ..rules.authority import normalize_principal
 from ..rules.identity import canonical_json
+from ..rules.throttles import render_key as throttle_key
+from ..rules.throttles import stored_throttle
 from ..rules.validation import (
     MAX_ATTEMPTS_LIMIT,
     key_label,
@@ -154,7 +154,9 @@ def task_concurrency_key(spec: str | Callable[..., Any], args: Any, kwargs: Any)
     return key
 
 
-def task_throttle_key(throttle: dict[str, Any] | None, kwargs: Any, field: str = "throttle.key") -> str | None:
+def task_throttle_key(
+    throttle: dict[str, Any] | None, kwargs: Any, field: str = "throttle.key"
+) -> str | None:
     """The throttle key of one call: the task's throttle key template filled from its keyword
     arguments (a missing one is refused, nothing written); None when it has none."""
     if throttle is None or throttle.get("key") is None:

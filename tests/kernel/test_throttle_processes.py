@@ -36,11 +36,15 @@ def most_in_a_period(starts: list, period: timedelta) -> int:
 @pytest.mark.django_db(transaction=True)
 def test_three_workers_hold_a_throttle_per_key_with_one_killed(workers, tmp_path):
     log = tmp_path / "runs.log"
-    scheduler.create_job("throttled", "test.limited", authority=granted("alice"), max_attempts=5, throttle=THROTTLE)
+    scheduler.create_job(
+        "throttled", "test.limited", authority=granted("alice"), max_attempts=5, throttle=THROTTLE
+    )
     payloads = [{"log": str(log), "customer": c, "seconds": 0.05} for c in "a" * 24 + "b" * 12]
     with transaction.atomic():
         for i, payload in enumerate(payloads):
-            scheduler.enqueue("throttled", scheduled_for=1_700_000_000_000 + i, trigger_key=f"t{i}", payload=payload)
+            scheduler.enqueue(
+                "throttled", scheduled_for=1_700_000_000_000 + i, trigger_key=f"t{i}", payload=payload
+            )
     started = [workers.start("--worker-id", f"W{n}", "--concurrency", "4", "--lease", "3") for n in range(3)]
     done = Occurrence.objects.filter(status="succeeded")
     assert wait_for(lambda: done.count() >= 8, 120), [w.output() for w in started]

@@ -84,7 +84,6 @@ def test_writes_sets_exactly_the_table_columns():
         "payload": None,
         "metadata": None,
         "receipt": None,
-        "throttled_until": now,
     }
     for t in TRANSITIONS:
         extra = {k: v for k, v in given.items() if k in t.sets}
@@ -212,7 +211,9 @@ def request(action: Action, row: Occurrence | None, clock, *, fence: int | None 
         )
     if action is Action.THROTTLE:  # due, but its job's throttle has no token left
         clock.advance(60)
-        Job.objects.filter(pk="job-a").update(throttle={"limit": 1, "period_ms": 3_600_000, "burst": 0, "key": None})
+        Job.objects.filter(pk="job-a").update(
+            throttle={"limit": 1, "period_ms": 3_600_000, "burst": 0, "key": None}
+        )
         spent = clock() + timedelta(hours=1)
         scope = ["job", "job-a", ""]
         ThrottleBucket.objects.create(
