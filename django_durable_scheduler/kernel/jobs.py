@@ -180,10 +180,8 @@ def create_job(
     it overrides the handler's and the ``DURABLE_SCHEDULER_HANDLER_TIMEOUT`` default.
     ``concurrency``: how many of its occurrences may run at once across every worker (None:
     no cap), per ``concurrency_key`` when given (a template on the payload, ``"{customer}"``,
-    computed at enqueue). ``throttle``: how fast its occurrences may start across every worker,
-    ``{"limit": 100, "period": 5, "burst": 20, "key": "{account}"}`` (``limit`` starts per
-    ``period`` seconds, ``burst`` more at once, per key: a template on the payload, computed at
-    enqueue; None: no throttle). Work over the rate waits in the queue.
+    computed at enqueue). ``throttle``: ``{"limit", "period", "burst", "key"}``, how fast its
+    occurrences may start across every worker (docs/design.md, "Throttles"; None: none).
 
     Without ``authority`` the job runs as the app's default principal, requesting its kind,
     which that principal's policy is made to grant (:func:`policies.grant_default`)."""
