@@ -65,11 +65,9 @@ def test_a_job_throttle_lets_limit_plus_burst_through_then_one_per_interval(cloc
 def test_other_keys_are_claimed_while_one_waits(clock):
     throttle = {"limit": 1, "period": 10, "key": "{account}"}
     make("j", [{"account": "a"}] * 5 + [{"account": "b"}, {"account": "c"}], throttle=throttle)
-    assert keys(claim(limit=2)) == ["a"] or True
-    got = claim(limit=10)
-    assert "b" in keys(got) or "b" in keys(Occurrence.objects.filter(status="running"))
-    running = Occurrence.objects.filter(status="running")
-    assert keys(running) == ["a", "b", "c"]
+    claim(limit=2)  # a's backlog fills the first pool: one starts, the rest get later places
+    claim(limit=10)
+    assert keys(Occurrence.objects.filter(status="running")) == ["a", "b", "c"]
 
 
 @pytest.mark.django_db
