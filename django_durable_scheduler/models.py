@@ -73,6 +73,9 @@ class Job(models.Model):
     # ``concurrency_key`` (a template on the payload, e.g. "{customer}") is set.
     concurrency = models.PositiveIntegerField(null=True, blank=True)
     concurrency_key = models.CharField(max_length=256, null=True, blank=True)
+    # How fast its occurrences may start, on every worker (rules/throttles.py):
+    # {"limit", "period_ms", "burst", "key"}; None: no throttle.
+    throttle = models.JSONField(null=True, blank=True, default=None)
     # The follow-ups every occurrence of the job names (chains.py): enqueued when it succeeds
     # (``then``) or is dead-lettered (``on_dead_letter``); lists of {"job_id", "payload"?}.
     then = models.JSONField(null=True, blank=True, default=None)
@@ -362,6 +365,8 @@ class AuthorityPolicy(models.Model):
     max_units = models.PositiveIntegerField(default=100_000)
     # How many of the principal's occurrences run at once (None: no cap).
     max_running = models.PositiveIntegerField(null=True, blank=True)
+    # How fast the principal's occurrences may start ({"limit", "period_ms", "burst"}; None: no throttle).
+    throttle = models.JSONField(null=True, blank=True, default=None)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
 
@@ -527,6 +532,44 @@ class ConcurrencySlot(models.Model):
 
     def __str__(self) -> str:
         return self.slot_id
+
+
+class ThrottleBucket(models.Model):
+    """One throttle's token bucket (a principal's, or a job's or kind's per key): the claims
+    that start its work lock this row, so two claimers cannot both take its last token.
+
+    ``tat`` is the bucket as one instant (the "theoretical arrival time" of the generic cell
+    rate algorithm): a start is allowed at ``now >= tat - burst * interval``. ``horizon`` is the
+    same over the places handed to the work waiting for it, so each waiting occurrence is
+    given its own start time (docs/design.md, "Throttles")."""
+
+    bucket_id = models.CharField(max_length=64, primary_key=True)  # sha256 of the throttle's scope
+    scope = models.JSONField(default=list)  # what it throttles, for people: ["job", job_id, key]
+    tat = models.DateTimeField()
+    horizon = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "durable_scheduler_throttle_buckets"
+
+    def __str__(self) -> str:
+        return self.bucket_id
+
+
+class ThrottlePlace(models.Model):
+    """The start a throttle gave an occurrence over its rate (kernel/throttles.py): while the
+    occurrence's ``available_at`` equals ``slot``, it holds that place in its key's queue and
+    the work placed after it does not keep it waiting. Kept apart from the occurrence, so that
+    work without a throttle carries no column for it; removed when it starts."""
+
+    occurrence_id = models.CharField(max_length=68, primary_key=True)
+    slot = models.DateTimeField()
+
+    class Meta:
+        db_table = "durable_scheduler_throttle_places"
+
+    def __str__(self) -> str:
+        return self.occurrence_id
 
 
 class WorkerHeartbeat(models.Model):

@@ -35,6 +35,7 @@ from ..exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
 from ..rules.authority import default_authority, normalize_authority
 from ..rules.chains import EDGES, jobs_named, normalize_specs
 from ..rules.identity import canonical_json, normalize_json
+from ..rules.throttles import stored_throttle
 from ..rules.triggers import validate_trigger
 from ..rules.validation import (
     MAX_ATTEMPTS_LIMIT,
@@ -70,6 +71,7 @@ FIELDS = (
     "timeout",
     "concurrency",
     "concurrency_key",
+    "throttle",
     "then",
     "on_dead_letter",
 )
@@ -97,6 +99,8 @@ class DeclaredJob:
     # How many of its occurrences run at once (None: no cap), per its key template if given.
     concurrency: int | None = None
     concurrency_key: str | None = None
+    # How fast its occurrences may start (rules/throttles.py, as the job stores it; None: none).
+    throttle: dict[str, Any] | None = None
 
 
 _declared: dict[str, DeclaredJob] = {}
@@ -126,6 +130,7 @@ def _declaration(job_id: Any, kind: Any, fields: Mapping[str, Any], prefix: str)
         timeout_ms=timeout_ms(fields.get("timeout"), f"{prefix}timeout"),
         concurrency=normalize_limit(fields.get("concurrency"), f"{prefix}concurrency"),
         concurrency_key=normalize_template(fields.get("concurrency_key"), f"{prefix}concurrency_key"),
+        throttle=stored_throttle(fields.get("throttle"), f"{prefix}throttle"),
         then=normalize_specs(fields.get("then"), f"{prefix}then", nested=False),
         on_dead_letter=normalize_specs(fields.get("on_dead_letter"), f"{prefix}on_dead_letter", nested=False),
     )
@@ -167,6 +172,7 @@ def declare_job(
     timeout: float | timedelta | None = None,
     concurrency: int | None = None,
     concurrency_key: str | None = None,
+    throttle: dict[str, Any] | None = None,
     then: Any = None,
     on_dead_letter: Any = None,
     module: str | None = None,
@@ -175,7 +181,7 @@ def declare_job(
 
     The arguments are those of ``create_job`` (``concurrency``: how many of the job's
     occurrences run at once on every worker, per ``concurrency_key``, a template on the
-    payload, when given); the declaration is validated now, so a bad
+    payload, when given; ``throttle``: how fast they may start); the declaration is validated now, so a bad
     one fails where it is written. Returns the normalized declaration. The calling module's
     app (or ``module``'s, for a helper that declares on its caller's behalf) owns the job:
     once that app stops declaring it, a sync disables it.
@@ -194,6 +200,7 @@ def declare_job(
             "timeout": timeout,
             "concurrency": concurrency,
             "concurrency_key": concurrency_key,
+            "throttle": throttle,
             "then": then,
             "on_dead_letter": on_dead_letter,
         },
@@ -281,7 +288,7 @@ def changes_for(declaration: DeclaredJob, job: Job) -> dict[str, Any]:
     for edge in EDGES:
         if canonical_json(getattr(job, edge)) != canonical_json(getattr(declaration, edge)):
             changes[edge] = getattr(declaration, edge)
-    for name in ("concurrency", "concurrency_key"):
+    for name in ("concurrency", "concurrency_key", "throttle"):
         if getattr(job, name) != getattr(declaration, name):
             changes[name] = getattr(declaration, name)
     if job.timeout_ms != declaration.timeout_ms:
@@ -321,6 +328,7 @@ def _sync_one(declaration: DeclaredJob, using: str | None) -> str:
                     else timedelta(milliseconds=declaration.timeout_ms),
                     concurrency=declaration.concurrency,
                     concurrency_key=declaration.concurrency_key,
+                    throttle=declaration.throttle,
                     then=declaration.then,
                     on_dead_letter=declaration.on_dead_letter,
                     using=using,

@@ -11,7 +11,9 @@ from typing import Any
 
 from ..exceptions import InvalidArgument
 from ..kernel import concurrency as _limits
+from ..kernel import throttles as _throttles
 from ..rules.authority import MAX_BUDGET
+from ..rules.throttles import Throttle, normalize_throttle
 from ..rules.validation import normalize_identifier, normalize_int, normalize_limit, timeout_ms
 from .declared import add_declaration, declaration_from_handler, forget_kind
 
@@ -26,6 +28,7 @@ class Handler:
     timeout_ms: int | None = None
     concurrency: int | None = None
     concurrency_key: _limits.KeySpec | None = None
+    throttle: Throttle | None = None
 
 
 _handlers: dict[str, Handler] = {}
@@ -40,6 +43,7 @@ def handler(
     job: dict[str, Any] | None = None,
     concurrency: int | None = None,
     concurrency_key: _limits.KeySpec | None = None,
+    throttle: dict[str, Any] | None = None,
 ) -> Callable[[HandlerFunc], HandlerFunc]:
     """Register the decorated function as the handler of ``kind``.
 
@@ -64,8 +68,11 @@ def handler(
     runs of this kind may run at once across every worker (1..10,000; None: no cap), per
     ``concurrency_key`` when given: a template on the payload (``"{customer}"``) or a
     function of the payload, computed at enqueue (a job's own ``concurrency_key`` wins).
-    Every worker should register the same limits. See also
-    :func:`~django_durable_scheduler.declared.declare_job` for several jobs of one kind.
+    ``throttle``: how fast runs of this kind may start across every worker, ``{"limit": 100,
+    "period": 5, "burst": 20, "key": "{account}"}`` (``key``: a template on the payload,
+    computed at enqueue; a job's own throttle key wins); work over the rate waits in the queue.
+    Every worker should register the same limits and throttles. See also
+    :func:`~django_durable_scheduler.handlers.declared.declare_job` for several jobs of one kind.
     """
     kind = normalize_identifier(kind, "kind", max_length=128)
     if not callable(units):
@@ -73,6 +80,7 @@ def handler(
     limit_ms = timeout_ms(timeout, "timeout")
     at_once = normalize_limit(concurrency, "concurrency")
     key_spec = _limits.normalize_key_spec(concurrency_key, "concurrency_key")
+    rate = normalize_throttle(throttle, "throttle")
     declaration = None
     if job is not None:
         # Validated now, so a bad declaration fails where it is written (at import).
@@ -89,8 +97,9 @@ def handler(
             if declaration is not None:
                 # Before the handler: a conflict leaves neither. The handler's app owns the job.
                 add_declaration(replace(declaration, module=getattr(func, "__module__", None)))
-            _handlers[kind] = Handler(kind, func, units, limit_ms, at_once, key_spec)
+            _handlers[kind] = Handler(kind, func, units, limit_ms, at_once, key_spec, rate)
             _limits.register_kind(kind, at_once, key_spec)
+            _throttles.register_kind(kind, rate)
         return func
 
     return register
@@ -115,6 +124,7 @@ def unregister(kind: str) -> None:
     with _lock:
         _handlers.pop(kind, None)
         _limits.forget_kind(kind)
+        _throttles.forget_kind(kind)
     forget_kind(kind)
 
 

@@ -11,11 +11,14 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from django.db import connections
+from django.db.models import Q
 
 from ..db.dialect import in_params, read_models
 from ..exceptions import InvalidArgument
-from ..models import Occurrence
-from . import claim_sql, concurrency
+from ..models import AuthorityPolicy, Occurrence
+from ..rules.authority import Principal
+from ..rules.throttles import Throttle
+from . import claim_sql, concurrency, throttles
 
 # How many fair-ordered candidates to consider per wanted row: concurrent claimers skip
 # each other's locked rows, and a larger pool lets each still fill its batch.
@@ -78,6 +81,7 @@ class Candidate(NamedTuple):
     job_id: str
     concurrency_key: str | None
     concurrency: int | None  # the job's
+    throttle: Any  # the job's, as the database returns JSON (None: none)
 
     @property
     def due_order(self) -> tuple[datetime, datetime, str]:
@@ -118,8 +122,9 @@ class _Pool:
                 job,
                 limit_key,
                 None if limit is None else int(limit),
+                throttle,
             )
-            for pk, kind, key, due, at, priority, ms, job, limit_key, limit in rows
+            for pk, kind, key, due, at, priority, ms, job, limit_key, limit, throttle in rows
         ]
 
 
@@ -201,12 +206,18 @@ def _ranked(
 
 
 def _lock_pool(
-    alias: str, now: datetime, pool: list[Candidate], limit: int, gate: concurrency.Gate | None = None
+    alias: str,
+    now: datetime,
+    pool: list[Candidate],
+    limit: int,
+    gate: concurrency.Gate | None = None,
+    throttle: throttles.Gate | None = None,
 ) -> list[Occurrence]:
     """Lock up to ``limit`` of the pool's rows, in pool order, ``limit`` at a time, re-checking
     the due state under the lock: only rows returned stay locked, so a concurrent claimer is
     never kept from rows this one does not take. With a ``gate``, a row over one of its
-    concurrency limits is passed over (left as it is) and the next ones are tried."""
+    concurrency limits is passed over (left as it is) and the next ones are tried; with a
+    ``throttle``, a row over its rate is given its own later start (``throttles.Gate.park``)."""
     vendor = connections[alias].vendor
     rank = {row.occurrence_id: index for index, row in enumerate(pool)}
     at = claim_sql.adapted(alias, now)
@@ -218,16 +229,30 @@ def _lock_pool(
         sql = claim_sql.lock_statement(alias, vendor, len(chunk))
         params = [*in_params(connections[alias], chunk), at, at]
         locked = read_models(alias, Occurrence, sql, params)
-        if gate is None:
+        if gate is None and throttle is None:
             got += locked
         else:  # in rank order: the first of a limit's candidates take its free places
-            got += [row for row in sorted(locked, key=lambda row: rank[row.pk]) if gate.admit(row)]
+            ranked = sorted(locked, key=lambda row: rank[row.pk])
+            got += [row for row in ranked if _admit(row, gate, throttle)]
     got.sort(key=lambda row: rank[row.pk])
     for occurrence in got:
         row = pool[rank[occurrence.pk]]
         occurrence.claimed_kind = row.kind
         occurrence.claimed_timeout_ms = row.timeout_ms
     return got
+
+
+def _admit(row: Occurrence, gate: concurrency.Gate | None, throttle: throttles.Gate | None) -> bool:
+    """Whether the locked ``row`` starts now: a token of each of its throttles (else it is
+    given a later start) and a place in each of its concurrency limits (else it stays)."""
+    if throttle is not None and row.pk in throttle.throttles:
+        if not throttle.admit(row, take=False):
+            throttle.park(row)
+            return False
+        if gate is not None and not gate.admit(row):
+            return False
+        return throttle.admit(row)
+    return gate is None or gate.admit(row)
 
 
 def claim_candidates(
@@ -240,6 +265,8 @@ def claim_candidates(
     before_lock: Callable[[list[str]], None] | None = None,
     max_running_of: Callable[[list[str]], dict[str, int]] | None = None,
     prioritized: bool | None = None,
+    throttles_of: Callable[[list[str]], dict[str, Throttle]] | None = None,
+    waits: list[datetime] | None = None,
 ) -> list[Occurrence]:
     """Lock and return up to ``limit`` claimable occurrences, fair across principals.
 
@@ -259,6 +286,9 @@ def claim_candidates(
     ``max_running_of``: the principals' running caps (default: read from their policies);
     with any limit among the pool, its slots are locked next (:class:`concurrency.Gate`).
     ``prioritized``: whether any waiting row has a priority, when read with ``waiting``.
+    ``throttles_of``: the principals' throttles (default: read from their policies); with any
+    throttle among the pool, its buckets are locked after the slots (:class:`throttles.Gate`),
+    and the earliest start it found or gave work over the rate is appended to ``waits``.
     """
     want = limit * CANDIDATE_FACTOR
     if waiting is None:
@@ -273,11 +303,60 @@ def claim_candidates(
     principal_keys = sorted({row.principal_key for row in pool})
     if before_lock is not None:
         before_lock(principal_keys)
+    if max_running_of is None and throttles_of is None:  # a claim that locked no policy: one read
+        capped, throttled = _read_policies(principal_keys, alias)
+        max_running_of, throttles_of = (lambda keys: capped), (lambda keys: throttled)
     gate = _gate(alias, now, pool, principal_keys, max_running_of)
-    got = _lock_pool(alias, now, pool, limit, gate)
+    throttle = _throttle_gate(alias, now, pool, principal_keys, throttles_of)
+    got = _lock_pool(alias, now, pool, limit, gate, throttle)
     if gate is not None:
         gate.save()
+    if throttle is not None:
+        throttle.save()
+        if waits is not None and throttle.wake_at is not None:
+            waits.append(throttle.wake_at)
     return got
+
+
+def _read_policies(principal_keys: list[str], alias: str) -> tuple[dict[str, int], dict[str, Throttle]]:
+    """The principals' ``max_running`` and throttles where set, read (not locked) in one
+    statement: what a claim outside the worker, which locks no policy, holds them to (the
+    slot and bucket rows it locks are what makes them exact)."""
+    match = Q()
+    for key in principal_keys:
+        principal = Principal.from_key(key)
+        if principal is not None:
+            match |= Q(**principal.columns())
+    if not match:
+        return {}, {}
+    rows = (
+        AuthorityPolicy.objects.using(alias)
+        .filter(match)
+        .filter(Q(max_running__isnull=False) | Q(throttle__isnull=False))
+    )
+    found = list(rows.only("principal_type", "principal_id", "max_running", "throttle"))
+    capped = {
+        Principal.of_row(policy).key: policy.max_running for policy in found if policy.max_running is not None
+    }
+    return capped, throttles.policy_throttles(found)
+
+
+def _throttle_gate(
+    alias: str,
+    now: datetime,
+    pool: list[Candidate],
+    principal_keys: list[str],
+    throttles_of: Callable[[list[str]], dict[str, Throttle]] | None,
+) -> throttles.Gate | None:
+    """The pool's throttles, their buckets locked; None (nothing sent) when no candidate has
+    one, which is known from what the claim holds already (the job's throttle read with each
+    candidate, the handlers' registry, the principals' policies)."""
+    by_principal = {} if throttles_of is None else throttles_of(principal_keys)
+    if not by_principal:
+        kinds = throttles.throttled_kinds()
+        if not any(row.throttle is not None or row.kind in kinds for row in pool):
+            return None
+    return throttles.gate_for(alias, now, pool, by_principal)
 
 
 def _keys_at_claim(alias: str, pool: list[Candidate]) -> dict[str, str | None]:

@@ -133,10 +133,10 @@ SELECT NULL, NULL, NULL FROM ({PRIORITY_PROBE}) prioritized
 # The arms of the fair pool, one per (principal, waiting status), each one index range in due
 # order; sent together as one UNION ALL. A candidate row is (occurrence_id, kind,
 # principal_key, due at, scheduled_for, priority, the job's timeout_ms, job_id,
-# concurrency_key, the job's concurrency).
+# concurrency_key, the job's concurrency, the job's throttle).
 PENDING_ARM = """
 SELECT {o.occurrence_id}, {j.kind}, {o.principal_key}, {o.available_at}, {o.scheduled_for},
-       {o.priority}, {j.timeout_ms}, {o.job}, {o.concurrency_key}, {j.concurrency}
+       {o.priority}, {j.timeout_ms}, {o.job}, {o.concurrency_key}, {j.concurrency}, {j.throttle}
 FROM {occurrences}{by_fair_index}
 JOIN {jobs} ON {j.job_id} = {o.job}
 WHERE {o.principal_key} = %s AND {o.status} = {status} AND {o.available_at} <= %s
@@ -149,7 +149,7 @@ LIMIT %s
 # The same, of priority 0 only: when prioritized rows exist, those come from PRIORITIZED_ARM.
 PENDING_PRIORITY_0_ARM = """
 SELECT {o.occurrence_id}, {j.kind}, {o.principal_key}, {o.available_at}, {o.scheduled_for},
-       {o.priority}, {j.timeout_ms}, {o.job}, {o.concurrency_key}, {j.concurrency}
+       {o.priority}, {j.timeout_ms}, {o.job}, {o.concurrency_key}, {j.concurrency}, {j.throttle}
 FROM {occurrences}{by_fair_index}
 JOIN {jobs} ON {j.job_id} = {o.job}
 WHERE {o.principal_key} = %s AND {o.status} = {status} AND {o.priority} = 0 AND {o.available_at} <= %s
@@ -162,7 +162,7 @@ LIMIT %s
 # A principal's due rows of priority other than 0, highest first, through the priority index.
 PRIORITIZED_ARM = """
 SELECT {o.occurrence_id}, {j.kind}, {o.principal_key}, {o.available_at}, {o.scheduled_for},
-       {o.priority}, {j.timeout_ms}, {o.job}, {o.concurrency_key}, {j.concurrency}
+       {o.priority}, {j.timeout_ms}, {o.job}, {o.concurrency_key}, {j.concurrency}, {j.throttle}
 FROM {occurrences}{by_priority_index}
 JOIN {jobs} ON {j.job_id} = {o.job}
 WHERE {o.principal_key} = %s AND ({o.status} = {queued} OR {o.status} = {retry_wait})
@@ -180,7 +180,7 @@ LIMIT %s
 # running rows are read in order and the LIMIT stops the read without a sort.
 RECLAIM_ARM = """
 SELECT {o.occurrence_id}, {j.kind}, {o.principal_key}, {o.available_at}, {o.scheduled_for},
-       {o.priority}, {j.timeout_ms}, {o.job}, {o.concurrency_key}, {j.concurrency}
+       {o.priority}, {j.timeout_ms}, {o.job}, {o.concurrency_key}, {j.concurrency}, {j.throttle}
 FROM {occurrences}{by_claim_index}
 JOIN {jobs} ON {j.job_id} = {o.job}
 WHERE {reclaimable}

@@ -11,7 +11,7 @@ locked without blocking other claimers (``candidates``, whose statements are
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,8 +22,9 @@ from ..exceptions import InvalidArgument
 from ..models import Occurrence, OccurrenceStatus
 from ..rules.events import new_event
 from ..rules.lifecycle import Action, applied, event_of, writes
+from ..rules.throttles import Throttle
 from ..rules.validation import iso_ms, normalize_bool, normalize_identifier, normalize_int, to_duration_ms
-from . import claim_sql, leases
+from . import claim_sql, leases, throttles
 from .authority import reservations
 from .authority.reservations import AuthorizedClaim, Units
 from .candidates import claim_candidates, last_claimed_principal, waiting_work
@@ -99,11 +100,13 @@ def claim_planned(
     *,
     before_lock: Callable[[list[str]], None] | None = None,
     max_running_of: Callable[[list[str]], dict[str, int]] | None = None,
+    throttles_of: Callable[[list[str]], dict[str, Throttle]] | None = None,
+    waits: list[datetime] | None = None,
 ) -> list[Occurrence]:
     """The body of :func:`claim_batch`, inside the caller's write transaction on ``alias``:
     lock the fair batch, make it running and append its events. ``before_lock`` is called
     with the candidates' principal keys before any occurrence row is locked (see
-    :func:`claim_candidates`)."""
+    :func:`claim_candidates`, which also says what ``waits`` receives)."""
     owner, now, expires = plan.owner, plan.now, plan.expires
     rows = claim_candidates(
         alias,
@@ -115,6 +118,8 @@ def claim_planned(
         before_lock=before_lock,
         max_running_of=max_running_of,
         prioritized=plan.prioritized,
+        throttles_of=throttles_of,
+        waits=waits,
     )
     if not rows:
         return []
@@ -253,5 +258,17 @@ def claim_authorized(
                 if policy.max_running is not None
             }
 
-        claimed = claim_planned(plan, alias, before_lock=lock_policies, max_running_of=max_running)
-        return reservations.authorize_claimed(claimed, units_of, plan.owner, policies, alias)
+        def throttled(keys: list[str]) -> dict[str, Throttle]:
+            return throttles.policy_throttles(policies.values())
+
+        waits: list[datetime] = []
+        claimed = claim_planned(
+            plan,
+            alias,
+            before_lock=lock_policies,
+            max_running_of=max_running,
+            throttles_of=throttled,
+            waits=waits,
+        )
+        authorized = reservations.authorize_claimed(claimed, units_of, plan.owner, policies, alias)
+    return replace(authorized, throttled_until=min(waits)) if waits else authorized

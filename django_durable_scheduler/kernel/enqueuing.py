@@ -56,9 +56,18 @@ def _slot_args(scheduled_for: Any, trigger_key: Any, available_at: Any) -> tuple
 # The job columns an enqueued occurrence copies (its identity comes from the revision): an
 # enqueue from a remembered job inserts only while the stored row still has these values,
 # so it writes exactly what reading the job first would have written. The kind and the key
-# template are among them: the concurrency key is computed from them, and a job deleted and
+# templates are among them: the concurrency and throttle keys are computed from them, and a job deleted and
 # made again starts at the same revision.
-_JOB_GUARD = ("revision", "enabled", "max_attempts", "authority", "kind", "concurrency_key", *EDGES)
+_JOB_GUARD = (
+    "revision",
+    "enabled",
+    "max_attempts",
+    "authority",
+    "kind",
+    "concurrency_key",
+    "throttle",
+    *EDGES,
+)
 
 
 class _Remembered:

@@ -29,8 +29,10 @@ from ..rules.identity import (
     normalize_json,
 )
 from ..rules.lifecycle import Action, event_of
+from ..rules.throttles import render_key as throttle_key
 from ..rules.validation import from_ms, to_ms
 from ..telemetry.metrics import count_enqueued
+from . import throttles
 from .concurrency import key_spec_of, render_key
 
 # The caller gave no payload: the occurrence takes its job's.
@@ -47,6 +49,7 @@ class Builder:
         self.digest_of: Callable[[int, str], str] = identity_digester(job.job_id, job.revision)
         self.principal_key = Principal.of(job.authority).key
         self.key_spec = key_spec_of(job.concurrency_key, job.kind)
+        self.throttle_key = throttles.key_template(job.throttle, job.kind)
         self.chain = chains.of_job(job)
         # Each occurrence that takes the job's payload gets a copy of its own: a caller that
         # changes the one it was handed must not change the next enqueue's (a remembered
@@ -78,6 +81,8 @@ class Builder:
         digest = self.digest_of(scheduled_ms, trigger_key)
         scheduled = from_ms(scheduled_ms)
         payload = pickle.loads(self.job_payload) if payload is JOB_PAYLOAD else payload
+        if self.throttle_key is not None:  # refused now if the payload cannot key it (not stored)
+            throttle_key(self.throttle_key, payload)
         return Occurrence(
             occurrence_id=OCCURRENCE_ID_PREFIX + digest,
             # By id: a remembered job row may be stale in columns no guard covers.

@@ -22,6 +22,7 @@ from ..rules.chains import EDGES, normalize_specs
 from ..rules.events import JOB_CREATED, JOB_UPDATED, SLOT_SKIPPED, new_event
 from ..rules.identity import canonical_json, normalize_json
 from ..rules.schedules import MISFIRE_GRACE, catchup_window, expired_one_off, initial_fire_time
+from ..rules.throttles import stored_throttle
 from ..rules.triggers import validate_trigger
 from ..rules.validation import (
     MAX_ATTEMPTS_LIMIT,
@@ -73,6 +74,8 @@ def _job_fields(changes: dict[str, Any], *, creating: bool) -> dict[str, Any]:
             out["concurrency"] = normalize_limit(value, "concurrency")
         elif key == "concurrency_key":
             out["concurrency_key"] = normalize_template(value, "concurrency_key")
+        elif key == "throttle":
+            out["throttle"] = stored_throttle(value, "throttle")
         elif key in EDGES:
             out[key] = normalize_specs(value, key, nested=False)
         else:
@@ -162,6 +165,7 @@ def create_job(
     timeout: float | timedelta | None = None,
     concurrency: int | None = None,
     concurrency_key: str | None = None,
+    throttle: dict[str, Any] | None = None,
     then: Any = None,
     on_dead_letter: Any = None,
     using: str | None = None,
@@ -176,7 +180,8 @@ def create_job(
     it overrides the handler's and the ``DURABLE_SCHEDULER_HANDLER_TIMEOUT`` default.
     ``concurrency``: how many of its occurrences may run at once across every worker (None:
     no cap), per ``concurrency_key`` when given (a template on the payload, ``"{customer}"``,
-    computed at enqueue).
+    computed at enqueue). ``throttle``: ``{"limit", "period", "burst", "key"}``, how fast its
+    occurrences may start across every worker (docs/design.md, "Throttles"; None: none).
 
     Without ``authority`` the job runs as the app's default principal, requesting its kind,
     which that principal's policy is made to grant (:func:`policies.grant_default`)."""
@@ -196,6 +201,7 @@ def create_job(
             "timeout": timeout,
             "concurrency": concurrency,
             "concurrency_key": concurrency_key,
+            "throttle": throttle,
             "then": then,
             "on_dead_letter": on_dead_letter,
         },

@@ -69,6 +69,7 @@ class Action(StrEnum):
     RECORD_EXECUTION = "record_execution"
     RECORD_PROGRESS = "record_progress"
     ABANDON = "abandon"
+    THROTTLE = "throttle"
 
 
 class Fence(StrEnum):
@@ -111,6 +112,8 @@ RENEWED = ("lease_expires_at", "updated_at")  # the new expiry is never before t
 EXECUTION_RECORDED = ("metadata", "receipt", "updated_at")
 # A running handler's progress report (ctx.report_progress), throttled by the worker.
 PROGRESS_RECORDED = ("progress", "updated_at")
+# Over its throttle's rate when claimed: it is given its own later start and waits for it.
+THROTTLED = ("available_at", "updated_at")
 # The lease ends now (its holder is gone): the claim takes the row back at once, as a reclaim.
 LEASE_ENDED = ("lease_expires_at", "updated_at")
 
@@ -183,6 +186,8 @@ TRANSITIONS: tuple[Transition, ...] = (
       PROGRESS_RECORDED, None, Fence.CHECKS, Attempt.NONE, LEASE_LOST),
     T(A.ABANDON, (RUNNING,), "its holder's process is known to have ended; lease unexpired", None,
       LEASE_ENDED, OCCURRENCE_ABANDONED, Fence.NONE, Attempt.NONE, NOT_SELECTED),
+    T(A.THROTTLE, (QUEUED, RETRY_WAIT), "due, but over its throttle's rate when claimed", None,
+      THROTTLED, None, Fence.NONE, Attempt.NONE, NOT_SELECTED),
 )
 # fmt: on
 del T, A

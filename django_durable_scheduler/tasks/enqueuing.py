@@ -12,7 +12,15 @@ from ..exceptions import NotFound
 from ..models import Occurrence
 from ..rules.validation import normalize_identifier, to_ms
 from .jobs import ensure_job, forget_job, job_id_for
-from .options import KEY_FIELD, TaskOptions, options_for, task_concurrency_key, unique_for
+from .options import (
+    KEY_FIELD,
+    THROTTLE_FIELD,
+    TaskOptions,
+    options_for,
+    task_concurrency_key,
+    task_throttle_key,
+    unique_for,
+)
 
 if TYPE_CHECKING:
     from .framework import AnyTask
@@ -32,9 +40,12 @@ def enqueue(
     if task.run_after is not None:
         payload["runAfter"] = to_ms(task.run_after, "run_after")
     # Computed now, before the task's job is made or brought up to date: a bad key writes nothing.
-    key_spec = options_for(task.module_path).merged_over(defaults).concurrency_key
+    options = options_for(task.module_path).merged_over(defaults)
+    key_spec = options.concurrency_key
     if key_spec is not None:
         payload[KEY_FIELD] = task_concurrency_key(key_spec, args, kwargs)
+    if options.throttle is not None and options.throttle.get("key") is not None:
+        payload[THROTTLE_FIELD] = task_throttle_key(options.throttle, kwargs)
     unique = unique_args(task, args, kwargs)
     try:
         return _enqueue(task, payload, unique, backend_alias, defaults, using)

@@ -15,7 +15,7 @@ from ..exceptions import Conflict, NotFound, RevisionConflict
 from ..models import Job
 from ..rules.identity import canonical_json
 from .framework import InvalidTask
-from .options import JOB_KEY_TEMPLATE, TaskOptions, options_for, queue_kind
+from .options import JOB_KEY_TEMPLATE, TaskOptions, job_throttle, options_for, queue_kind
 
 if TYPE_CHECKING:
     from .framework import AnyTask
@@ -37,7 +37,7 @@ def job_settings(task: AnyTask, defaults: TaskOptions) -> tuple[dict[str, Any], 
     """What the job of ``task`` holds, from its ``@durable`` options over ``defaults`` (the
     backend's ``OPTIONS``) over the app's defaults: ``({"kind", "max_attempts",
     "retry_base_delay_ms", "retry_max_delay_ms", "timeout_ms", "concurrency",
-    "concurrency_key"}, authority or None for the default principal)``. A task with a
+    "concurrency_key", "throttle"}, authority or None for the default principal)``. A task with a
     concurrency key gets a job keyed on the key each occurrence's payload carries."""
     opts = options_for(task.module_path).merged_over(defaults)
     kind = queue_kind(task.queue_name)
@@ -57,6 +57,7 @@ def job_settings(task: AnyTask, defaults: TaskOptions) -> tuple[dict[str, Any], 
         "timeout_ms": opts.timeout_ms,
         "concurrency": opts.concurrency,
         "concurrency_key": None if opts.concurrency_key is None else JOB_KEY_TEMPLATE,
+        "throttle": job_throttle(opts.throttle),
     }
     authority = None
     if opts.principal is not None:
@@ -108,6 +109,7 @@ def _sync_job(job_id: str, wanted: dict[str, Any], authority: dict[str, Any] | N
                         timeout=_timeout(wanted["timeout_ms"]),
                         concurrency=wanted["concurrency"],
                         concurrency_key=wanted["concurrency_key"],
+                        throttle=wanted["throttle"],
                         using=alias,
                     )
                 return
@@ -139,7 +141,7 @@ def _changes(job: Job, wanted: dict[str, Any], authority: dict[str, Any] | None)
         changes["retry_max_delay"] = timedelta(milliseconds=wanted["retry_max_delay_ms"])
     if job.timeout_ms != wanted["timeout_ms"]:
         changes["timeout"] = _timeout(wanted["timeout_ms"])
-    for name in ("concurrency", "concurrency_key"):
+    for name in ("concurrency", "concurrency_key", "throttle"):
         if getattr(job, name) != wanted[name]:
             changes[name] = wanted[name]
     stored = {key: job.authority.get(key) for key in ("principal", "requestedCapabilities")}

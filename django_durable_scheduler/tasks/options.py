@@ -18,6 +18,8 @@ from ..kernel.concurrency import render_key
 from ..kernel.unique import MAX_DEBOUNCE_MS, UNIQUE_WHILE
 from ..rules.authority import normalize_principal
 from ..rules.identity import canonical_json
+from ..rules.throttles import render_key as throttle_key
+from ..rules.throttles import stored_throttle
 from ..rules.validation import (
     MAX_ATTEMPTS_LIMIT,
     key_label,
@@ -51,6 +53,9 @@ def queue_of(kind: str) -> str | None:
 # The concurrency key template of a task's job: each occurrence's payload carries its key,
 # computed at enqueue from the call's arguments (``task_concurrency_key``).
 KEY_FIELD = "concurrencyKey"
+# Likewise the throttle key of a task with a keyed throttle (``task_throttle_key``).
+THROTTLE_FIELD = "throttleKey"
+THROTTLE_KEY_TEMPLATE = "{" + THROTTLE_FIELD + "}"
 JOB_KEY_TEMPLATE = "{" + KEY_FIELD + "}"
 
 
@@ -68,6 +73,9 @@ class TaskOptions:
     timeout_ms: int | None = None
     concurrency: int | None = None
     concurrency_key: str | Callable[..., Any] | None = None
+    # How fast its runs may start ({"limit", "period_ms", "burst", "key"}: the key a template
+    # naming the task's keyword arguments, computed at enqueue into the payload's THROTTLE_FIELD).
+    throttle: dict[str, Any] | None = None
 
     def merged_over(self, base: TaskOptions) -> TaskOptions:
         """These options, each one unset taken from ``base``."""
@@ -87,13 +95,14 @@ OPTION_KEYS = (
     "timeout",
     "concurrency",
     "concurrency_key",
+    "throttle",
 )
 
 
 def parse_options(values: dict[str, Any], field: str) -> TaskOptions:
     """``TaskOptions`` from ``max_attempts``, ``retry_base_delay``, ``retry_max_delay`` and
-    ``timeout`` (seconds or timedelta), ``principal`` (``{"type", "id"}``), ``concurrency``
-    and ``concurrency_key``; bad input names the field."""
+    ``timeout`` (seconds or timedelta), ``principal`` (``{"type", "id"}``), ``concurrency``,
+    ``concurrency_key`` and ``throttle``; bad input names the field."""
     if not isinstance(values, dict):
         raise InvalidArgument(field, "must be a dict")
     unknown = sorted(key_label(key) for key in values if key not in OPTION_KEYS)
@@ -118,6 +127,7 @@ def parse_options(values: dict[str, Any], field: str) -> TaskOptions:
         timeout_ms=timeout_ms(values.get("timeout"), f"{field}.timeout"),
         concurrency=normalize_limit(values.get("concurrency"), f"{field}.concurrency"),
         concurrency_key=_key_spec(values.get("concurrency_key"), f"{field}.concurrency_key"),
+        throttle=stored_throttle(values.get("throttle"), f"{field}.throttle"),
     )
     return options
 
@@ -142,6 +152,23 @@ def task_concurrency_key(spec: str | Callable[..., Any], args: Any, kwargs: Any)
     if key is None:
         raise InvalidArgument("concurrency_key", "must compute a string (or an int), not None")
     return key
+
+
+def task_throttle_key(
+    throttle: dict[str, Any] | None, kwargs: Any, field: str = "throttle.key"
+) -> str | None:
+    """The throttle key of one call: the task's throttle key template filled from its keyword
+    arguments (a missing one is refused, nothing written); None when it has none."""
+    if throttle is None or throttle.get("key") is None:
+        return None
+    return throttle_key(str(throttle["key"]), kwargs if isinstance(kwargs, dict) else {}, field)
+
+
+def job_throttle(throttle: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The throttle a task's job holds: the task's, keyed on the key each payload carries."""
+    if throttle is None or throttle.get("key") is None:
+        return throttle
+    return {**throttle, "key": THROTTLE_KEY_TEMPLATE}
 
 
 @dataclass(frozen=True)
@@ -211,6 +238,7 @@ def durable(
     timeout: float | timedelta | None = None,
     concurrency: int | None = None,
     concurrency_key: str | Callable[..., Any] | None = None,
+    throttle: dict[str, Any] | None = None,
     unique_key: bool | str | Callable[..., str | None] | None = None,
     unique_while: str | None = None,
     debounce: float | timedelta | None = None,
@@ -228,6 +256,9 @@ def durable(
     (1..10,000): how many runs of the task may run at once on every worker, per
     ``concurrency_key`` when given: a template naming the task's keyword arguments
     (``"{customer_id}"``) or a callable called with the call's arguments, computed at enqueue.
+    ``throttle``: how fast runs of the task may start on every worker, ``{"limit": 100,
+    "period": 5, "burst": 20, "key": "{account}"}`` (the key a template naming keyword
+    arguments); work over the rate waits in the queue.
 
     ``unique_key``: while a call of the task with the same key waits, another call returns
     its result instead of adding one (``unique_while="active"``: also while it runs). True
@@ -247,6 +278,7 @@ def durable(
             ("principal", principal),
             ("concurrency", concurrency),
             ("concurrency_key", concurrency_key),
+            ("throttle", throttle),
         )
         if value is not None
     }

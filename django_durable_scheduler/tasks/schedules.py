@@ -22,7 +22,7 @@ from ..models import TASK_SCHEDULE_PREFIX
 from ..rules.validation import normalize_identifier
 from .backend import DurableBackend
 from .framework import Task, task_backends
-from .options import KEY_FIELD, options_for, task_concurrency_key
+from .options import KEY_FIELD, THROTTLE_FIELD, options_for, task_concurrency_key, task_throttle_key
 
 if TYPE_CHECKING:
     from .framework import AnyTask
@@ -122,9 +122,13 @@ def schedule_settings(task: AnyTask, trigger: Any, args: Any = (), kwargs: Any =
         "backend": backend.alias,
     }
     wanted, authority = backend.job_settings(task)
-    key_spec = options_for(task.module_path).merged_over(backend.defaults).concurrency_key
+    options = options_for(task.module_path).merged_over(backend.defaults)
+    key_spec = options.concurrency_key
     if key_spec is not None:  # the arguments are the same every run: so is the key
         payload[KEY_FIELD] = task_concurrency_key(key_spec, payload["args"], payload["kwargs"])
+    throttle_key = task_throttle_key(options.throttle, payload["kwargs"])
+    if throttle_key is not None:
+        payload[THROTTLE_FIELD] = throttle_key
     timeout_ms = wanted["timeout_ms"]
     return {
         "kind": wanted["kind"],
@@ -137,4 +141,5 @@ def schedule_settings(task: AnyTask, trigger: Any, args: Any = (), kwargs: Any =
         "timeout": None if timeout_ms is None else timedelta(milliseconds=timeout_ms),
         "concurrency": wanted["concurrency"],
         "concurrency_key": wanted["concurrency_key"],
+        "throttle": wanted["throttle"],
     }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import time
+from datetime import datetime
 
 from .. import conf
 from ..handlers import registry
@@ -46,6 +47,8 @@ class Claimer:
         self.pool = pool
         self.reporter = reporter
         self._principal_cursor: str | None = None
+        # The earliest start a claim gave work over a throttle's rate: the loop wakes then.
+        self.throttled_until: datetime | None = None
 
     def claim(self, limit: int, kinds: list[str]) -> list[Occurrence]:
         """Claim and authorize up to ``limit`` occurrences of ``kinds`` in one transaction
@@ -63,6 +66,8 @@ class Claimer:
             sweep_expired=False,
             using=self.using,
         )
+        if batch.throttled_until is not None or self.throttled_until is not None:
+            self._throttled(batch.throttled_until)
         if batch.claimed:
             # Round-robin: the next claim starts after the last principal served.
             self._principal_cursor = batch.claimed[-1].principal_key
@@ -78,6 +83,18 @@ class Claimer:
         self.reporter.claimed(runnable)
         self.pool.submit(runnable)
         return batch.claimed
+
+    def _throttled(self, until: datetime | None) -> None:
+        """Keep the earliest throttled start still to come (one passed is forgotten)."""
+        now = conf.now()
+        kept = [at for at in (until, self.throttled_until) if at is not None and at > now]
+        self.throttled_until = min(kept) if kept else None
+
+    def throttle_wait(self, now: datetime) -> float | None:
+        """Seconds until the earliest throttled start this worker knows of (None: none)."""
+        if self.throttled_until is None:
+            return None
+        return max(0.0, (self.throttled_until - now).total_seconds())
 
     def _hold(self, claimed: list[Occurrence]) -> list[Run]:
         """Register claimed occurrences as held (the heartbeat renews their leases)."""

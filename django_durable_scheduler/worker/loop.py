@@ -373,6 +373,8 @@ class Worker:
                 # only keep the GIL from the handler threads starting what was claimed.
                 continue
             idle = self.pacer.idle_wait(time.monotonic(), lambda: kernel.next_due_at(using=self.using))
+            if self.claimer.throttled_until is not None:  # work over a rate starts at its turn
+                idle = min(idle, self.claimer.throttle_wait(conf.now()) or 0.0)
             self._sleep(self.pacer.wait(idle, held_elsewhere=turn.held_elsewhere))
             self.waker.gather(self.held, self._capacity(), self._stopping)
         self._shutdown()

@@ -13,8 +13,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import kernel, registry, signals, testing
+from django_durable_scheduler import kernel, signals, testing
 from django_durable_scheduler.exceptions import InvalidArgument, LeaseLost
+from django_durable_scheduler.handlers import registry
 from django_durable_scheduler.models import Occurrence
 from django_durable_scheduler.rules.progress import Progress
 from django_durable_scheduler.testing.handlers import run_handler

@@ -42,6 +42,7 @@ from ...rules.authority import (
     normalize_authority,
     normalize_capabilities,
 )
+from ...rules.throttles import stored_throttle
 from ...rules.validation import (
     MAX_IDENTIFIER_LENGTH,
     column_max,
@@ -109,6 +110,8 @@ def policy_content(policy: AuthorityPolicy) -> dict[str, Any]:
     }
     if policy.max_running is not None:
         content["max_running"] = policy.max_running
+    if policy.throttle is not None:
+        content["throttle"] = policy.throttle
     return content
 
 
@@ -169,6 +172,7 @@ def change_policy(
     expected_revision: int | None = None,
     changed_by: str | None = None,
     max_running: int | None = None,
+    throttle: dict[str, Any] | None = None,
     using: str | None = None,
 ) -> PolicyChange:
     """:func:`set_policy`, returning what the change did (:class:`PolicyChange`)."""
@@ -184,6 +188,7 @@ def change_policy(
         expected_revision=expected_revision,
         changed_by=changed_by,
         max_running=max_running,
+        throttle=throttle,
     )
     # A deadlock aborts the whole transaction; retry only when this call owns it.
     retries = 0 if connections[alias].in_atomic_block else 3
@@ -209,6 +214,7 @@ class _Change:
     expected: int | None  # the compare-and-set revision, if any
     actor: str | None
     max_running: int | None = None
+    throttle: dict[str, Any] | None = None
 
 
 def _validated_change(
@@ -223,6 +229,7 @@ def _validated_change(
     expected_revision: Any,
     changed_by: Any,
     max_running: Any = None,
+    throttle: Any = None,
 ) -> _Change:
     return _Change(
         principal=Principal.parse((principal_type, principal_id)),
@@ -236,6 +243,7 @@ def _validated_change(
         else normalize_int(expected_revision, "expected_revision", minimum=0, maximum=MAX_REVISION),
         actor=None if changed_by is None else normalize_identifier(changed_by, "changed_by"),
         max_running=normalize_limit(max_running, "max_running"),
+        throttle=stored_throttle(throttle, "throttle", keyed=False),
     )
 
 
@@ -253,6 +261,7 @@ def _insert_policy(change: _Change, now: datetime, alias: str) -> tuple[Authorit
         max_runs=change.max_runs,
         max_units=change.max_units,
         max_running=change.max_running,
+        throttle=change.throttle,
         created_at=now,
         updated_at=now,
     )
@@ -306,6 +315,7 @@ def _replace_policy(policy: AuthorityPolicy, change: _Change, now: datetime, ali
     policy.max_runs = change.max_runs
     policy.max_units = change.max_units
     policy.max_running = change.max_running
+    policy.throttle = change.throttle
     policy.updated_at = now
     policy.save(
         using=alias,
@@ -317,6 +327,7 @@ def _replace_policy(policy: AuthorityPolicy, change: _Change, now: datetime, ali
             "max_runs",
             "max_units",
             "max_running",
+            "throttle",
             "updated_at",
         ],
     )
@@ -377,12 +388,15 @@ def set_policy(
     expected_revision: int | None = None,
     changed_by: str | None = None,
     max_running: int | None = None,
+    throttle: dict[str, Any] | None = None,
     using: str | None = None,
 ) -> AuthorityPolicy:
     """Create or replace the principal's policy (``docs/design.md``, "Authority checks").
 
     ``max_running``: how many of the principal's occurrences may run at once across every
-    worker (1..10,000; None: no cap).
+    worker (1..10,000; None: no cap). ``throttle``: how fast they may start across every
+    worker, ``{"limit": 100, "period": 5, "burst": 20}`` (no ``key``: it counts all the
+    principal's runs; None: no throttle); work over the rate waits in the queue.
 
     ``expected_revision`` makes it compare-and-set (0: the policy must not exist yet);
     a mismatch raises ``SCHEDULER_AUTHORITY_POLICY_CONFLICT`` with ``expected_revision``
@@ -400,6 +414,7 @@ def set_policy(
         expected_revision=expected_revision,
         changed_by=changed_by,
         max_running=max_running,
+        throttle=throttle,
         using=using,
     )
     policy = change.policy
@@ -504,6 +519,7 @@ def grant_default(capability: str, *, job_id: str, using: str | None = None) -> 
                 max_runs=policy.max_runs if policy else DEFAULT_MAX_RUNS,
                 max_units=policy.max_units if policy else DEFAULT_MAX_UNITS,
                 max_running=policy.max_running if policy else None,
+                throttle=policy.throttle if policy else None,
                 enabled=policy.enabled if policy else True,
                 expected_revision=policy.revision if policy else 0,
                 changed_by=_grant_note(job_id),

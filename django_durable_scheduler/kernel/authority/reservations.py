@@ -505,12 +505,15 @@ class AuthorizedClaim:
     """What a claimed batch came to (``claiming.claim_authorized``): ``claimed`` (all of it,
     in claim order), ``runnable`` (reserved or reused: the handlers may start), ``refused``
     (denied or deferred, already written, with their verdict) and ``unpriced`` (held, but
-    the units function failed: the caller settles them as failed)."""
+    the units function failed: the caller settles them as failed). ``throttled_until``: the
+    earliest start the claim gave work over a throttle's rate, or found for it (None: none),
+    so that the worker wakes then."""
 
     claimed: list[Occurrence]
     runnable: list[Occurrence]
     refused: list[tuple[Occurrence, Authorization]]
     unpriced: list[tuple[Occurrence, InvalidArgument]]
+    throttled_until: datetime | None = None
 
 
 def lock_policies_of(principal_keys: list[str], alias: str) -> LockedPolicies:
