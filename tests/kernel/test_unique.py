@@ -245,8 +245,9 @@ def test_a_stream_of_debounced_calls_still_runs_by_its_cap(job, clock):
     starts = []
     for n in range(1, 6):
         clock.advance(10)
+        cap = timedelta(minutes=1)
         moved, deduplicated = enqueue(
-            clock, f"t{n}", unique_key="k", debounce=30, debounce_max_wait=timedelta(minutes=1), payload={"n": n}
+            clock, f"t{n}", unique_key="k", debounce=30, debounce_max_wait=cap, payload={"n": n}
         )
         assert deduplicated and moved.pk == first.pk
         starts.append(Occurrence.objects.get(pk=first.pk).available_at - first_call)
