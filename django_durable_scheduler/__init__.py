@@ -44,6 +44,9 @@ _EXPORTS = {
     "record_execution": "kernel",
     "deny": "kernel",
     "defer": "kernel",
+    "pause": "kernel",
+    "resume": "kernel",
+    "paused_kinds": "kernel",
     # authority policies and reservations
     "set_policy": "kernel.policies",
     "change_policy": "kernel.policies",
