@@ -15,11 +15,11 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from .. import conf, registry
+from .. import conf
 from ..db import dialect
 from ..db.wakeup import notify_new_work
 from ..exceptions import NotFound
-from ..models import Job, PausedKind
+from ..models import Job, PausedKind, WorkerHeartbeat
 from ..rules.events import KIND_PAUSED, KIND_RESUMED, new_event
 from ..rules.validation import normalize_identifier
 
@@ -30,14 +30,14 @@ MAX_BY = 256
 def pause(kind: str, *, by: str | None = None, using: str | None = None) -> bool:
     """Pause ``kind`` on every worker: from the commit on, no claim takes its occurrences;
     running ones finish. ``by`` says who, for the record. True if this call paused it, False
-    if it was paused already (nothing is written then). A kind that no job has and no handler
-    registered in this process runs is refused (``SCHEDULER_NOT_FOUND``, naming ``kind``)."""
+    if it was paused already (nothing is written then). A kind that no job has and no running
+    worker runs is refused (``SCHEDULER_NOT_FOUND``, naming ``kind``): a typo pauses nothing."""
     kind = normalize_identifier(kind, "kind", max_length=MAX_KIND)
     who = "" if by is None else normalize_identifier(by, "by", max_length=MAX_BY)
     now = conf.now()
     with dialect.write_transaction(using) as alias:
         jobs = _jobs_of(kind, alias)
-        if not jobs and kind not in registry.registered_kinds():
+        if not jobs and not _run_by_a_worker(kind, alias):
             raise _unknown(kind)
         try:
             with transaction.atomic(using=alias):
@@ -59,7 +59,7 @@ def resume(kind: str, *, by: str | None = None, using: str | None = None) -> boo
         jobs = _jobs_of(kind, alias)
         deleted, _ = PausedKind.objects.using(alias).filter(kind=kind).delete()
         if not deleted:
-            if not jobs and kind not in registry.registered_kinds():
+            if not jobs and not _run_by_a_worker(kind, alias):
                 raise _unknown(kind)
             return False
         _record(jobs, KIND_RESUMED, {"kind": kind, "by": who}, now, alias)
@@ -77,6 +77,13 @@ def _jobs_of(kind: str, alias: str) -> list[str]:
     return list(jobs.values_list("job_id", flat=True))
 
 
+def _run_by_a_worker(kind: str, alias: str) -> bool:
+    """Whether a worker not stopped lists ``kind`` among those it runs: a queue or a handler
+    that no job has used yet is known to the workers that run it."""
+    workers = WorkerHeartbeat.objects.using(alias).filter(stopped_at__isnull=True)
+    return any(isinstance(kinds, list) and kind in kinds for kinds in workers.values_list("kinds", flat=True))
+
+
 def _record(jobs: list[str], event_type: str, data: dict[str, Any], now: Any, alias: str) -> None:
     """The change's event on each job of the kind: each job's history shows it."""
     dialect.insert(alias, [new_event(job_id, event_type, now, data=data) for job_id in jobs])
@@ -84,6 +91,6 @@ def _record(jobs: list[str], event_type: str, data: dict[str, Any], now: Any, al
 
 def _unknown(kind: str) -> NotFound:
     return NotFound(
-        f"kind {kind!r}: no job has this kind and no handler is registered for it",
+        f"kind {kind!r}: no job has this kind and no running worker runs it",
         {"field": "kind", "kind": kind},
     )

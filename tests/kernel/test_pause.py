@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel
-from django_durable_scheduler.models import Event, Occurrence, PausedKind
+from django_durable_scheduler.models import Event, Occurrence, PausedKind, WorkerHeartbeat
 
 from ..conftest import AUTHORITY, snapshot
 
@@ -89,8 +89,14 @@ def test_pausing_what_is_paused_or_resuming_what_is_not_changes_nothing(world):
     assert PausedKind.objects.get().paused_by == "first"
 
 
-def test_a_kind_with_a_handler_but_no_job_yet_can_be_paused(db, clock, registered):
-    registered("reports.later")
+def test_a_kind_a_worker_runs_but_no_job_has_yet_can_be_paused(db, clock):
+    with pytest.raises(scheduler.NotFound):
+        scheduler.pause("reports.later")
+    heartbeat = {"hostname": "h", "pid": 1, "concurrency": 1, "started_at": clock(), "last_seen_at": clock()}
+    WorkerHeartbeat.objects.create(worker_id="gone", kinds=["reports.later"], stopped_at=clock(), **heartbeat)
+    with pytest.raises(scheduler.NotFound):
+        scheduler.pause("reports.later")  # a stopped worker runs nothing
+    WorkerHeartbeat.objects.create(worker_id="w", kinds=["reports.later"], **heartbeat)
     assert scheduler.pause("reports.later") is True
     assert not Event.objects.exists()  # no job of the kind to record it on
     scheduler.create_job("job-l", "reports.later", authority={**AUTHORITY, "requestedCapabilities": ["x"]})
