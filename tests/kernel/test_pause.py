@@ -4,7 +4,11 @@ each change is an event on every job of the kind, and bad input writes nothing."
 
 from __future__ import annotations
 
+import json
+from io import StringIO
+
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -152,3 +156,56 @@ def test_the_claim_reads_the_pause_inside_its_own_statements(world):
     with CaptureQueriesContext(connection) as paused:
         assert [row.job_id for row in claim_all()] == ["job-c"]
     assert len(paused.captured_queries) == len(plain.captured_queries)
+
+
+# --------------------------------------------------------------------------- manage.py scheduler_pause
+
+
+def command(*args: str) -> str:
+    out = StringIO()
+    call_command("scheduler_pause", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_the_command_pauses_lists_and_resumes(world):
+    assert command("reports.send", "reports.other", "--by", "bob") == (
+        "reports.send: paused\nreports.other: paused\npaused kinds: 2\n"
+        "  reports.other since 2026-01-05T12:00:00.000Z by bob\n"
+        "  reports.send since 2026-01-05T12:00:00.000Z by bob\n"
+    )
+    assert claim_all() == []
+    assert command("reports.send").startswith("reports.send: already paused, unchanged\n")
+    assert json.loads(command("--json")) == {
+        "changed": {},
+        "paused": [
+            {"kind": "reports.other", "paused_at": "2026-01-05T12:00:00.000Z", "paused_by": "bob"},
+            {"kind": "reports.send", "paused_at": "2026-01-05T12:00:00.000Z", "paused_by": "bob"},
+        ],
+    }
+    assert command("--resume", "reports.send").startswith("reports.send: resumed\npaused kinds: 1\n")
+    assert sorted(row.job_id for row in claim_all()) == ["job-a", "job-b"]
+    assert Event.objects.filter(event_type="kind_resumed").first().data["by"] == "manage.py scheduler_pause"
+
+
+def test_the_command_takes_queue_names(world):
+    scheduler.create_job(
+        "task-job", "django.tasks:emails", authority={**AUTHORITY, "requestedCapabilities": ["x"]}
+    )
+    assert command("--queue", "emails").startswith("django.tasks:emails: paused\n")
+    assert [p.kind for p in scheduler.paused_kinds()] == ["django.tasks:emails"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("reports.send", "no.such.kind"), "scheduler_pause: kind 'no.such.kind': no job has this kind"),
+        (("reports.send", " "), "scheduler_pause: kind: must not be empty"),
+        (("reports.send", "--by", " "), "scheduler_pause: by: must not be empty"),
+    ],
+)
+def test_the_command_refuses_bad_input_and_changes_nothing(world, args, message):
+    before = snapshot()
+    with pytest.raises(CommandError) as caught:
+        command(*args)
+    assert str(caught.value).startswith(message)
+    assert snapshot() == before
