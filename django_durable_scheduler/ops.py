@@ -327,10 +327,7 @@ def collect_status(
         .order_by()
     )
     jobs = rollups.job_kinds([job_id for job_id, *_ in active], alias)
-    paused = {
-        row.kind: PausedBacklog(row.kind, row.paused_at, row.paused_by, 0, 0)
-        for row in PausedKind.objects.using(alias)
-    }
+    paused = _paused(alias)
     due_by_kind: dict[str, int] = {}
     waiting_by_kind: dict[str, int] = {}
     disabled_waiting = 0
@@ -380,6 +377,12 @@ def collect_status(
     status.batches, status.stalled_batches = _batches(now - max_lag, alias)
     status.problems.extend(_problems(status, max_lag))
     return status
+
+
+def _paused(alias: str) -> dict[str, PausedBacklog]:
+    """The paused kinds, by kind, their waiting work not counted yet."""
+    rows = PausedKind.objects.using(alias)
+    return {row.kind: PausedBacklog(row.kind, row.paused_at, row.paused_by, 0, 0) for row in rows}
 
 
 def _problems(status: Status, max_lag: timedelta) -> list[str]:

@@ -116,12 +116,11 @@ def enqueue(
     ``unique_key`` (per job): if an occurrence of the job with that key is waiting (queued
     or retry_wait; with ``unique_while="active"`` also running), return it instead of adding
     one. With ``debounce`` (seconds or timedelta, >= 0) give the waiting one this payload
-    and move its start to ``debounce`` from now (never earlier), or add one due then;
-    ``debounce_max_wait`` (>= ``debounce``) caps that: the start never moves past the first
-    call (the one that added the waiting occurrence) plus it. The
-    call's identity still comes first: the same call again (same slot, trigger key and
-    payload) returns the occurrence it returned the first time, untouched, whatever its status
-    now; with another payload it raises ``SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH``.
+    and move its start to ``debounce`` from now (never earlier), or add one due then; never
+    past the first call plus ``debounce_max_wait`` (>= ``debounce``), when given. The call's
+    identity still comes first: the same call again (same slot, trigger key and payload)
+    returns the occurrence it returned the first time, untouched, whatever its status now;
+    with another payload it raises ``SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH``.
 
     ``then`` / ``on_dead_letter``: the follow-ups enqueued when it succeeds / is
     dead-lettered, after its job's own (a job id, a dict ``{"job_id", "payload"?, "then"?,
