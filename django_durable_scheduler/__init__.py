@@ -45,6 +45,9 @@ _EXPORTS = {
     "record_progress": "kernel",
     "deny": "kernel",
     "defer": "kernel",
+    "pause": "kernel",
+    "resume": "kernel",
+    "paused_kinds": "kernel",
     # authority policies and reservations
     "set_policy": "kernel.authority.policies",
     "change_policy": "kernel.authority.policies",

@@ -684,6 +684,24 @@ class UniqueCall(models.Model):
         return self.call_key
 
 
+class PausedKind(models.Model):
+    """A kind no worker claims while this row exists (``kernel/pausing.py``): its waiting
+    occurrences stay waiting, its running ones finish. Every claim reads this table inside
+    its own statements, which stay one pass; resuming deletes the row."""
+
+    kind = models.CharField(max_length=128, primary_key=True)
+    paused_at = models.DateTimeField()
+    paused_by = models.CharField(max_length=256, blank=True, default="")  # who, for people
+
+    class Meta:
+        db_table = "durable_scheduler_paused_kinds"
+        ordering = ["kind"]
+        verbose_name = "paused kind"
+
+    def __str__(self) -> str:
+        return self.kind
+
+
 # The jobs behind the schedules of django.tasks tasks (tasks.schedule, the admin).
 TASK_SCHEDULE_PREFIX = "task-schedule:"
 

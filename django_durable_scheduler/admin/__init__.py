@@ -11,7 +11,9 @@ so are batches, but for their close and cancel actions (``kernel.close_batch``/`
                      an action's confirmation page, applying it row by row, its report
     forms            the job, task schedule and policy forms, which save through the API
     policies         authority policies (with their usage, preview and history) and revisions
-    jobs             jobs, their recent occurrences and the enable/disable/run-now actions
+    jobs             jobs, their recent occurrences and the enable/disable/run-now actions, and
+                     the pause/resume of their kinds
+    pauses           the paused kinds, their resume, and the dashboard's pause control
     task_schedules   the schedules of django.tasks tasks (registered with a DurableBackend)
     occurrences      occurrences, their task, chain and batch fields, and their actions
     chainview        what an occurrence's and a batch's pages show of chains and batches
@@ -32,6 +34,7 @@ from . import (
     events,
     jobs,
     occurrences,
+    pauses,
     policies,
     reservations,
     task_schedules,
@@ -45,6 +48,7 @@ __all__ = [
     "events",
     "jobs",
     "occurrences",
+    "pauses",
     "policies",
     "reservations",
     "task_schedules",

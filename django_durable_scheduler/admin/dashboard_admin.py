@@ -11,16 +11,16 @@ from django.template.response import TemplateResponse
 
 from ..db.dialect import alias_for
 from ..models import SchedulerDashboard
-from . import dashboard, dashboard_charts, dashboard_series
+from . import dashboard, dashboard_charts, dashboard_series, pauses
 from .base import ReadOnlyAdmin
 
 
 @admin.register(SchedulerDashboard)
 class DashboardAdmin(ReadOnlyAdmin):
     """The dashboard page, in place of a list: what ran per kind, and over time (``?range=``
-    hour, day or week, ``&kind=`` one kind or all), how late work is, the workers, budget use
-    and the last day's dead letters. Needs only the view permission on
-    occurrences, and refreshes itself."""
+    hour, day or week, ``&kind=`` one kind or all), how late work is, the workers, the paused
+    kinds (with their pause and resume control), budget use and the last day's dead letters.
+    Needs only the view permission on occurrences, and refreshes itself."""
 
     REFRESH_SECONDS = 5
 
@@ -64,6 +64,9 @@ class DashboardAdmin(ReadOnlyAdmin):
             "workers": board.workers(),
             # The cancel action's own confirmation page follows the button.
             "can_cancel": request.user.has_perm("durable_scheduler.change_occurrence"),
+            # The pause control lists the jobs' kinds not paused already.
+            "can_pause": request.user.has_perm(pauses.PERMISSION),
+            "pausable": sorted(set(kinds) - {p.kind for p in board.status.paused}),
             "chart_width": dashboard.LABEL_WIDTH + dashboard.BAR_WIDTH + 40,
             "refresh": self.REFRESH_SECONDS,
             "batches_shown": dashboard.BATCHES_SHOWN,

@@ -1,5 +1,6 @@
 """Jobs in the admin: the job form (saved with ``kernel.create_job``/``update_job``), each
-job's last outcome and recent occurrences, and the enable, disable and run-now actions."""
+job's last outcome and recent occurrences, and the enable, disable, run-now, and pause and
+resume (of their kinds) actions."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ..exceptions import SchedulerError
 from ..models import Event, Job, Occurrence, OccurrenceStatus
 from ..rules.triggers.descriptions import describe_trigger
 from ..rules.validation import iso_ms
-from . import dashboard
+from . import dashboard, pauses
 from .base import ApiFormAdmin, report
 from .forms import JobForm
 
@@ -38,7 +39,7 @@ class JobAdmin(ApiFormAdmin):
     ]
     list_filter = ["enabled", "kind", "declared_in"]
     search_fields = ["job_id", "kind"]
-    actions = ["enable_jobs", "disable_jobs", "run_now"]
+    actions = ["enable_jobs", "disable_jobs", "run_now", "pause_kinds", "resume_kinds"]
     ordering = ["job_id"]
 
     _EDIT = [
@@ -188,6 +189,17 @@ class JobAdmin(ApiFormAdmin):
     @admin.action(description="Disable selected jobs", permissions=["change"])
     def disable_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         self._set_enabled(request, queryset, False)
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm(pauses.PERMISSION))
+
+    @admin.action(description="Pause the kinds of selected jobs (on every worker)", permissions=["pause"])
+    def pause_kinds(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        pauses.change_kinds(self, request, queryset.values_list("kind", flat=True), kernel.pause, "paused")
+
+    @admin.action(description="Resume the kinds of selected jobs", permissions=["pause"])
+    def resume_kinds(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        pauses.change_kinds(self, request, queryset.values_list("kind", flat=True), kernel.resume, "resumed")
 
     @admin.action(description="Run selected jobs now", permissions=["change"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:

@@ -25,6 +25,7 @@ from ..models import (
     BatchStatus,
     Occurrence,
     OccurrenceStatus,
+    PausedKind,
     WorkerHeartbeat,
 )
 from ..rules.authority import Principal
@@ -122,6 +123,26 @@ class KindBacklog:
 
 
 @dataclass
+class PausedBacklog:
+    """A paused kind (``kernel/pausing.py``) and its occurrences that wait for the resume."""
+
+    kind: str
+    paused_at: datetime
+    paused_by: str
+    waiting: int  # queued or retry_wait, due or not
+    due: int  # due now (including running ones whose lease expired): paused, not late
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "paused_at": iso_ms(self.paused_at),
+            "paused_by": self.paused_by,
+            "waiting": self.waiting,
+            "due": self.due,
+        }
+
+
+@dataclass
 class BudgetUsage:
     principal_type: str
     principal_id: str
@@ -167,6 +188,8 @@ class Status:
     # member left whose completion is overdue (batches.py: a worker's sweep completes them).
     batches: dict[str, int] = field(default_factory=dict)
     stalled_batches: list[str] = field(default_factory=list)
+    # The paused kinds, whose work waits by design: counted here, not as due, late or unhandled.
+    paused: list[PausedBacklog] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -196,6 +219,7 @@ class Status:
             "retention": self.last_retention.as_json(),
             "batches": self.batches,
             "stalled_batches": self.stalled_batches,
+            "paused_kinds": [p.as_json() for p in self.paused],
         }
 
 
@@ -286,8 +310,8 @@ def collect_status(
 
     Unhealthy (``problems`` non-empty) when there is due work and no live worker, when the
     oldest due occurrence has waited longer than ``max_lag``, or when due work is of a kind
-    that no live worker has a handler for. Occurrences of disabled jobs wait by design and
-    count for none of these (``disabled_waiting`` counts them).
+    that no live worker has a handler for. Occurrences of disabled jobs and of paused kinds
+    wait by design and count for none of these (``disabled_waiting`` and ``paused`` count them).
     """
     alias = dialect.alias_for(using)
     now = conf.now()
@@ -303,6 +327,7 @@ def collect_status(
         .order_by()
     )
     jobs = rollups.job_kinds([job_id for job_id, *_ in active], alias)
+    paused = _paused(alias)
     due_by_kind: dict[str, int] = {}
     waiting_by_kind: dict[str, int] = {}
     disabled_waiting = 0
@@ -312,6 +337,10 @@ def collect_status(
         kind, enabled = jobs[job_id]
         if not enabled:
             disabled_waiting += n if status_name in PENDING_STATUSES else 0
+            continue
+        if kind in paused:
+            paused[kind].waiting += n if status_name in PENDING_STATUSES else 0
+            paused[kind].due += due
             continue
         if status_name in PENDING_STATUSES:
             waiting_by_kind[kind] = waiting_by_kind.get(kind, 0) + n
@@ -343,10 +372,17 @@ def collect_status(
             principal.label: jobs for principal, jobs in jobs_without_policy(using=alias).items()
         },
         last_retention=last_run(alias, now),
+        paused=list(paused.values()),
     )
     status.batches, status.stalled_batches = _batches(now - max_lag, alias)
     status.problems.extend(_problems(status, max_lag))
     return status
+
+
+def _paused(alias: str) -> dict[str, PausedBacklog]:
+    """The paused kinds, by kind, their waiting work not counted yet."""
+    rows = PausedKind.objects.using(alias)
+    return {row.kind: PausedBacklog(row.kind, row.paused_at, row.paused_by, 0, 0) for row in rows}
 
 
 def _problems(status: Status, max_lag: timedelta) -> list[str]:
@@ -399,6 +435,13 @@ def format_status(status: Status) -> str:
         )
     if status.disabled_waiting:
         lines.append(f"waiting on disabled jobs: {status.disabled_waiting}")
+    if status.paused:
+        lines.append("paused kinds (no worker claims them):")
+        lines.extend(
+            f"  {p.kind}: {p.waiting} waiting, {p.due} due; paused at {iso_ms(p.paused_at)}"
+            + (f" by {p.paused_by}" if p.paused_by else "")
+            for p in status.paused
+        )
     if status.batches:
         lines.append(
             "batches not completed: " + ", ".join(f"{name} {n}" for name, n in sorted(status.batches.items()))

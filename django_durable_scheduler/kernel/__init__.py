@@ -10,6 +10,8 @@ It is a few modules, one per concept, gathered here under one name:
   ``close_batch``, ``cancel_batch``, ``enqueue_batch``); ``followups`` enqueues what a chain
   names (``chains``) when an occurrence ends;
 - ``materialize``: schedule slots becoming occurrences (``materialize_due``);
+- ``pausing``: a kind that no worker claims for a while (``pause``, ``resume``,
+  ``paused_kinds``), which the claim's statements read;
 - ``claiming``: taking due occurrences fairly (``claim``, ``claim_batch``, ``has_due``), from
   the pool ``candidates`` reads, with the statements of ``claim_sql``; ``concurrency`` and
   ``reservations`` gate what it takes (limits, authority and budgets: ``budgets``,
@@ -58,6 +60,7 @@ from .jobs import (
 )
 from .leases import Renewals, abandon, dead_letter_expired, record_execution, renew, renew_many
 from .materialize import materialize_due, next_due_at
+from .pausing import pause, paused_kinds, resume
 from .progress import record_progress
 from .settling import backoff_delay_ms, defer, deny, release, settle, settle_many
 
@@ -94,11 +97,14 @@ __all__ = [
     "materialize_due",
     "next_due_at",
     "open_batch",
+    "pause",
+    "paused_kinds",
     "record_execution",
     "record_progress",
     "release",
     "renew",
     "renew_many",
+    "resume",
     "retry_dead_letter",
     "run_now",
     "set_declared_in",

@@ -5,8 +5,8 @@ PostgreSQL and SQLite read the partial indexes (a loose index scan over the prin
 index range per principal and status); MySQL/MariaDB, which have no partial indexes, list
 the principals with a ``GROUP BY`` over the claim index (the portable form).
 ``{o.status}``-style names are the models' columns (``o`` occurrences, ``j`` jobs, ``e``
-events), filled in from ``_meta`` once per connection; the claim's and the reclaim's
-conditions are the lifecycle table's (``{claimable}``, ``{reclaimable}``); the statuses are
+events, ``p`` paused kinds), filled in from ``_meta`` once per connection; the claim's and the
+reclaim's conditions are the lifecycle table's (``{claimable}``, ``{reclaimable}``); the statuses are
 written as literals because SQLite uses a partial index only when the query's own terms
 imply its predicate; every other value is a bound parameter.
 """
@@ -25,7 +25,7 @@ from django.utils.dateparse import parse_datetime
 
 from .. import conf
 from ..db.dialect import concrete_fields, in_list, in_params, model_columns
-from ..models import Event, Job, Occurrence, OccurrenceStatus
+from ..models import Event, Job, Occurrence, OccurrenceStatus, PausedKind
 from ..rules.events import OCCURRENCE_CLAIMED, OCCURRENCE_RECLAIMED
 from ..rules.lifecycle import CLAIMABLE_SQL, RECLAIMABLE_SQL, Action, sql_sets
 from . import settling
@@ -131,7 +131,9 @@ SELECT NULL, NULL, NULL FROM ({PRIORITY_PROBE}) prioritized
 
 
 # The arms of the fair pool, one per (principal, waiting status), each one index range in due
-# order; sent together as one UNION ALL. A candidate row is (occurrence_id, kind,
+# order; sent together as one UNION ALL. Each leaves out the kinds paused (``pausing.py``):
+# checked in the arm itself, so that pausing costs a claim no statement, and every claim
+# from the pause's commit on leaves the kind alone. A candidate row is (occurrence_id, kind,
 # principal_key, due at, scheduled_for, priority, the job's timeout_ms, job_id,
 # concurrency_key, the job's concurrency, the job's throttle).
 PENDING_ARM = """
@@ -141,6 +143,7 @@ FROM {occurrences}{by_fair_index}
 JOIN {jobs} ON {j.job_id} = {o.job}
 WHERE {o.principal_key} = %s AND {o.status} = {status} AND {o.available_at} <= %s
   AND {j.enabled} = %s{of_kinds}
+  AND NOT EXISTS (SELECT 1 FROM {paused_kinds} WHERE {p.kind} = {j.kind})
 ORDER BY {o.available_at}, {o.scheduled_for}, {o.occurrence_id}
 LIMIT %s
 """
@@ -154,6 +157,7 @@ FROM {occurrences}{by_fair_index}
 JOIN {jobs} ON {j.job_id} = {o.job}
 WHERE {o.principal_key} = %s AND {o.status} = {status} AND {o.priority} = 0 AND {o.available_at} <= %s
   AND {j.enabled} = %s{of_kinds}
+  AND NOT EXISTS (SELECT 1 FROM {paused_kinds} WHERE {p.kind} = {j.kind})
 ORDER BY {o.available_at}, {o.scheduled_for}, {o.occurrence_id}
 LIMIT %s
 """
@@ -168,6 +172,7 @@ JOIN {jobs} ON {j.job_id} = {o.job}
 WHERE {o.principal_key} = %s AND ({o.status} = {queued} OR {o.status} = {retry_wait})
   AND NOT ({o.priority} = 0) AND {o.available_at} <= %s
   AND {j.enabled} = %s{of_kinds}
+  AND NOT EXISTS (SELECT 1 FROM {paused_kinds} WHERE {p.kind} = {j.kind})
 ORDER BY {o.priority} DESC, {o.available_at}, {o.scheduled_for}, {o.occurrence_id}
 LIMIT %s
 """
@@ -185,6 +190,7 @@ FROM {occurrences}{by_claim_index}
 JOIN {jobs} ON {j.job_id} = {o.job}
 WHERE {reclaimable}
   AND {j.enabled} = %s{of_kinds}
+  AND NOT EXISTS (SELECT 1 FROM {paused_kinds} WHERE {p.kind} = {j.kind})
 ORDER BY {o.available_at}, {o.lease_expires_at}, {o.scheduled_for}, {o.occurrence_id}
 LIMIT %s
 """
@@ -206,13 +212,14 @@ WHERE {ids}
 
 
 # Whether anything is claimable (a read without locks): a due waiting row or an expired lease
-# with attempts left, of an enabled job of these kinds.
+# with attempts left, of an enabled job of these kinds, not paused.
 DUE = """
 SELECT 1 FROM (
     SELECT {o.occurrence_id} FROM {occurrences}{by_claim_index}
     JOIN {jobs} ON {j.job_id} = {o.job}
     WHERE {claimable}
       AND {j.enabled} = %s{of_kinds}
+      AND NOT EXISTS (SELECT 1 FROM {paused_kinds} WHERE {p.kind} = {j.kind})
     LIMIT 1
 ) due_row
 UNION ALL
@@ -221,6 +228,7 @@ SELECT 1 FROM (
     JOIN {jobs} ON {j.job_id} = {o.job}
     WHERE {reclaimable}
       AND {j.enabled} = %s{of_kinds}
+      AND NOT EXISTS (SELECT 1 FROM {paused_kinds} WHERE {p.kind} = {j.kind})
     LIMIT 1
 ) expired_row
 """
@@ -297,9 +305,11 @@ def _names(connection: BaseDatabaseWrapper) -> dict[str, Any]:
         "o": columns(Occurrence),
         "j": columns(Job),
         "e": columns(Event),
+        "p": columns(PausedKind),
         "occurrences": quote(Occurrence._meta.db_table),
         "jobs": quote(Job._meta.db_table),
         "events": quote(Event._meta.db_table),
+        "paused_kinds": quote(PausedKind._meta.db_table),
         **{status.value: f"'{status.value}'" for status in OccurrenceStatus},  # our own constants
         "by_fair_index": hint.format(FAIR_INDEX),
         "by_priority_index": hint.format(PRIORITY_INDEX),

@@ -109,6 +109,7 @@ def enqueue(
     unique_key: str | None = None,
     unique_while: str | None = None,
     debounce: float | timedelta | None = None,
+    debounce_max_wait: float | timedelta | None = None,
     then: Any = None,
     on_dead_letter: Any = None,
     batch: str | None = None,
@@ -124,10 +125,11 @@ def enqueue(
     ``unique_key`` (per job): if an occurrence of the job with that key is waiting (queued
     or retry_wait; with ``unique_while="active"`` also running), return it instead of adding
     one. With ``debounce`` (seconds or timedelta, >= 0) give the waiting one this payload
-    and move its start to ``debounce`` from now (never earlier), or add one due then. The
-    call's identity still comes first: the same call again (same slot, trigger key and
-    payload) returns the occurrence it returned the first time, untouched, whatever its status
-    now; with another payload it raises ``SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH``.
+    and move its start to ``debounce`` from now (never earlier), or add one due then; never
+    past the first call plus ``debounce_max_wait`` (>= ``debounce``), when given. The call's
+    identity still comes first: the same call again (same slot, trigger key and payload)
+    returns the occurrence it returned the first time, untouched, whatever its status now;
+    with another payload it raises ``SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH``.
 
     ``then`` / ``on_dead_letter``: the follow-ups enqueued when it succeeds / is
     dead-lettered, after its job's own (a job id, a dict ``{"job_id", "payload"?, "then"?,
@@ -140,7 +142,7 @@ def enqueue(
     """
     job_id, scheduled_ms, key, available_ms = _enqueue_args(job_id, scheduled_for, trigger_key, available_at)
     priority = normalize_int(priority, "priority", minimum=MIN_PRIORITY, maximum=MAX_PRIORITY)
-    unique = unique_request(unique_key, unique_while, debounce, available_at)
+    unique = unique_request(unique_key, unique_while, debounce, available_at, debounce_max_wait)
     follow_ups = _follow_ups(then, on_dead_letter)
     if unique is not None and (follow_ups is not None or batch is not None):
         raise InvalidArgument("unique_key", "cannot be combined with then, on_dead_letter or batch")

@@ -1,7 +1,8 @@
 """Unique while pending, and debounce: an enqueue given a ``unique_key`` adds an occurrence
 only if none of the same job and key is waiting (or, with ``unique_while="active"``, waiting
 or running); with ``debounce`` it moves the waiting one's start later and gives it the newest
-payload instead (the ``debounce`` row of ``lifecycle.TRANSITIONS``).
+payload instead (the ``debounce`` row of ``lifecycle.TRANSITIONS``), never past its first
+call plus ``debounce_max_wait`` when one is given.
 
 Each such call is recorded (``UniqueCall``: its identity, the occurrence it resolved to, its
 payload's digest), and the same call again is answered from that record, so a retried call
@@ -49,21 +50,27 @@ MAX_DEBOUNCE_MS = 31 * 24 * 60 * 60 * 1000
 
 @dataclass(frozen=True)
 class UniqueRequest:
-    """One enqueue's key, the statuses of the occurrence that stands for it, and its debounce
-    in milliseconds (None: unique, the waiting one is returned untouched)."""
+    """One enqueue's key, the statuses of the occurrence that stands for it, its debounce in
+    milliseconds (None: unique, the waiting one is returned untouched) and the debounce's cap
+    (None: none)."""
 
     key: str
     statuses: tuple[OccurrenceStatus, ...]
     debounce_ms: int | None = None
+    max_wait_ms: int | None = None
 
-    def start(self, now: datetime) -> datetime:
-        """When a debounced occurrence is due: ``debounce`` after ``now``."""
+    def start(self, now: datetime, first: datetime | None = None) -> datetime:
+        """When a debounced occurrence is due: ``debounce`` after ``now``, but no later than
+        ``debounce_max_wait`` after ``first``, the call that added it (default: this one)."""
         assert self.debounce_ms is not None
-        return now + timedelta(milliseconds=self.debounce_ms)
+        start = now + timedelta(milliseconds=self.debounce_ms)
+        if self.max_wait_ms is None:
+            return start
+        return min(start, (now if first is None else first) + timedelta(milliseconds=self.max_wait_ms))
 
 
 def unique_request(
-    unique_key: Any, unique_while: Any, debounce: Any, available_at: Any
+    unique_key: Any, unique_while: Any, debounce: Any, available_at: Any, debounce_max_wait: Any = None
 ) -> UniqueRequest | None:
     """The enqueue's unique or debounce request (None: neither was asked for); bad input is
     refused naming the argument, before anything is read or written."""
@@ -72,14 +79,19 @@ def unique_request(
             raise InvalidArgument("unique_while", "needs a unique_key")
         if debounce is not None:
             raise InvalidArgument("debounce", "needs a unique_key")
+        if debounce_max_wait is not None:
+            raise InvalidArgument("debounce_max_wait", "needs a unique_key and a debounce")
         return None
     key = normalize_identifier(unique_key, "unique_key", max_length=MAX_UNIQUE_KEY)
     if debounce is None:
+        if debounce_max_wait is not None:
+            raise InvalidArgument("debounce_max_wait", "needs a debounce, which it caps")
         mode = "pending" if unique_while is None else unique_while
         if not isinstance(mode, str) or mode not in UNIQUE_WHILE:
             raise InvalidArgument("unique_while", "must be 'pending' or 'active'")
         return UniqueRequest(key, UNIQUE_WHILE[mode])
     debounce_ms = to_duration_ms(debounce, "debounce", minimum_ms=0, maximum_ms=MAX_DEBOUNCE_MS)
+    max_wait_ms = max_wait(debounce_max_wait, debounce_ms, "debounce_max_wait")
     if unique_while is not None:
         raise InvalidArgument(
             "unique_while", "must not be given with debounce, which changes only a waiting occurrence"
@@ -88,7 +100,18 @@ def unique_request(
         raise InvalidArgument(
             "available_at", "must not be given with debounce, which sets it to now + debounce"
         )
-    return UniqueRequest(key, PENDING_STATUSES, debounce_ms)
+    return UniqueRequest(key, PENDING_STATUSES, debounce_ms, max_wait_ms)
+
+
+def max_wait(value: Any, debounce_ms: int, field: str) -> int | None:
+    """``debounce_max_wait`` in milliseconds (None: no cap): at least the debounce, which a
+    smaller cap would silently shorten for every call."""
+    if value is None:
+        return None
+    ms = to_duration_ms(value, field, minimum_ms=0, maximum_ms=MAX_DEBOUNCE_MS)
+    if ms < debounce_ms:
+        raise InvalidArgument(field, f"must be at least debounce ({debounce_ms / 1000:g} seconds)")
+    return ms
 
 
 def lock_job(job_id: str, now: datetime, alias: str) -> None:
@@ -160,24 +183,26 @@ def debounce(
     occurrence: Occurrence, request: UniqueRequest, payload: Any, trigger_key: str, now: datetime, alias: str
 ) -> Occurrence:
     """Give the waiting ``occurrence`` the newest ``payload`` and move its start to
-    ``debounce`` after ``now``, never earlier than it was (a retry's backoff is kept; running it
+    ``debounce`` after ``now``, but not past ``debounce_max_wait`` after the call that added it
+    (its ``created_at``), and never earlier than it was (a retry's backoff is kept; running it
     sooner is ``run_now``'s job), and record it."""
     previous = occurrence.available_at
-    values = writes(Action.DEBOUNCE, now, available_at=max(previous, request.start(now)), payload=payload)
+    start = request.start(now, occurrence.created_at)
+    values = writes(Action.DEBOUNCE, now, available_at=max(previous, start), payload=payload)
     for name, value in values.items():
         setattr(occurrence, name, value)
     occurrence.save(using=alias, update_fields=list(values))
+    data = {
+        "uniqueKey": request.key,
+        "triggerKey": trigger_key,
+        "previousAvailableAt": iso_ms(previous),
+        "availableAt": iso_ms(occurrence.available_at),
+        "status": occurrence.status,
+    }
+    if request.max_wait_ms is not None:
+        cap = occurrence.created_at + timedelta(milliseconds=request.max_wait_ms)
+        data["maxWaitUntil"] = iso_ms(cap)
     new_event(
-        occurrence.job_id,
-        event_of(Action.DEBOUNCE),
-        now,
-        occurrence_id=occurrence.occurrence_id,
-        data={
-            "uniqueKey": request.key,
-            "triggerKey": trigger_key,
-            "previousAvailableAt": iso_ms(previous),
-            "availableAt": iso_ms(occurrence.available_at),
-            "status": occurrence.status,
-        },
+        occurrence.job_id, event_of(Action.DEBOUNCE), now, occurrence_id=occurrence.occurrence_id, data=data
     ).save(using=alias)
     return occurrence

@@ -36,6 +36,8 @@ BATCH_CLOSED = "batch_closed"
 BATCH_CANCELLED = "batch_cancelled"
 BATCH_COMPLETED = "batch_completed"
 OCCURRENCE_ABANDONED = "occurrence_abandoned"
+KIND_PAUSED = "kind_paused"
+KIND_RESUMED = "kind_resumed"
 
 # Every type above, in that order: what the admin's event filter offers.
 EVENT_TYPES = (
@@ -62,6 +64,8 @@ EVENT_TYPES = (
     BATCH_CANCELLED,
     BATCH_COMPLETED,
     OCCURRENCE_ABANDONED,
+    KIND_PAUSED,
+    KIND_RESUMED,
 )
 
 

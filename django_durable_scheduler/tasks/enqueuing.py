@@ -78,9 +78,9 @@ def _enqueue(
 
 
 def unique_args(task: AnyTask, args: Any, kwargs: Any) -> dict[str, Any]:
-    """The task's ``@durable`` unique key and debounce as ``kernel.enqueue``'s arguments
-    for this call (none: the call has no key). A debounced task's ``run_after`` is its
-    debounced start."""
+    """The task's ``@durable`` unique key and debounce (and its cap) as ``kernel.enqueue``'s
+    arguments for this call (none: the call has no key). A debounced task's ``run_after`` is
+    its debounced start."""
     unique = unique_for(task.module_path)
     key = None if unique is None else unique.key_of(args, kwargs)
     if unique is None or key is None:
@@ -92,4 +92,8 @@ def unique_args(task: AnyTask, args: Any, kwargs: Any) -> dict[str, Any]:
     delay = timedelta(milliseconds=unique.debounce_ms)
     if task.run_after is not None:
         delay = max(task.run_after - conf.now(), timedelta(0))
-    return {"unique_key": key, "debounce": delay}
+    if unique.max_wait_ms is None:
+        return {"unique_key": key, "debounce": delay}
+    # A run_after past the cap is held to it, as the cap holds every later call.
+    cap = timedelta(milliseconds=unique.max_wait_ms)
+    return {"unique_key": key, "debounce": min(delay, cap), "debounce_max_wait": cap}

@@ -15,7 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from ..exceptions import InvalidArgument
 from ..kernel.concurrency import render_key
-from ..kernel.unique import MAX_DEBOUNCE_MS, UNIQUE_WHILE
+from ..kernel.unique import MAX_DEBOUNCE_MS, UNIQUE_WHILE, max_wait
 from ..rules.authority import normalize_principal
 from ..rules.identity import canonical_json
 from ..rules.throttles import render_key as throttle_key
@@ -180,6 +180,7 @@ class TaskUnique:
     key: Any
     unique_while: str | None = None
     debounce_ms: int | None = None
+    max_wait_ms: int | None = None  # debounce_max_wait
 
     def key_of(self, args: Any, kwargs: Any) -> Any:
         """This call's key, for ``kernel.enqueue`` to check (None: no key)."""
@@ -191,9 +192,13 @@ class TaskUnique:
         return self.key(*args, **kwargs)
 
 
-def parse_unique(key: Any, unique_while: Any, debounce: Any, field: str) -> TaskUnique | None:
-    """``@durable``'s ``unique_key``, ``unique_while`` and ``debounce``; a mode without a key
-    keys on the arguments. Bad input names the field."""
+def parse_unique(
+    key: Any, unique_while: Any, debounce: Any, field: str, debounce_max_wait: Any = None
+) -> TaskUnique | None:
+    """``@durable``'s ``unique_key``, ``unique_while``, ``debounce`` and ``debounce_max_wait``;
+    a mode without a key keys on the arguments. Bad input names the field."""
+    if debounce is None and debounce_max_wait is not None:
+        raise InvalidArgument(f"{field}.debounce_max_wait", "needs a debounce, which it caps")
     if key is None and unique_while is None and debounce is None:
         return None
     if key is None:
@@ -204,14 +209,15 @@ def parse_unique(key: Any, unique_while: Any, debounce: Any, field: str) -> Task
         raise InvalidArgument(f"{field}.unique_key", "must be True, a string or a callable")
     if unique_while is not None and (not isinstance(unique_while, str) or unique_while not in UNIQUE_WHILE):
         raise InvalidArgument(f"{field}.unique_while", "must be 'pending' or 'active'")
-    debounce_ms = None
+    debounce_ms = max_wait_ms = None
     if debounce is not None:
         debounce_ms = to_duration_ms(debounce, f"{field}.debounce", minimum_ms=0, maximum_ms=MAX_DEBOUNCE_MS)
+        max_wait_ms = max_wait(debounce_max_wait, debounce_ms, f"{field}.debounce_max_wait")
         if unique_while is not None:
             raise InvalidArgument(
                 f"{field}.unique_while", "must not be given with debounce, which changes only a waiting task"
             )
-    return TaskUnique(key, unique_while, debounce_ms)
+    return TaskUnique(key, unique_while, debounce_ms, max_wait_ms)
 
 
 _options: dict[str, TaskOptions] = {}
@@ -242,6 +248,7 @@ def durable(
     unique_key: bool | str | Callable[..., str | None] | None = None,
     unique_while: str | None = None,
     debounce: float | timedelta | None = None,
+    debounce_max_wait: float | timedelta | None = None,
 ) -> Callable[[F], F]:
     """This app's options for one task, above or below ``@task``::
 
@@ -266,7 +273,8 @@ def durable(
     with the arguments and returns the key (None: no key for this call). ``debounce``
     (seconds or timedelta): a call finding one waiting gives it its arguments and moves its
     start to ``debounce`` from now (``run_after``, if set, instead); keyed on the arguments
-    unless ``unique_key`` says otherwise.
+    unless ``unique_key`` says otherwise. ``debounce_max_wait`` (>= ``debounce``): the start
+    never moves past the first such call plus it, however many calls keep coming.
     """
     values = {
         key: value
@@ -283,7 +291,7 @@ def durable(
         if value is not None
     }
     options = parse_options(values, "durable")
-    unique = parse_unique(unique_key, unique_while, debounce, "durable")
+    unique = parse_unique(unique_key, unique_while, debounce, "durable", debounce_max_wait)
 
     def decorate(target: F) -> F:
         path = _module_path(target)

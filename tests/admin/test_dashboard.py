@@ -4,6 +4,8 @@ queries that does not grow with the rows."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -166,3 +168,63 @@ def test_an_unknown_range_or_kind_is_named_on_the_page(admin_client, world):
     page = admin_client.get(reverse(URL), {"range": "week", "kind": "crm.sync"})
     assert (page.context["timeline"].range.name, page.context["timeline"].kind) == ("week", "crm.sync")
     assert not list(page.context["messages"])
+
+
+PAUSE = "admin:durable_scheduler_pausedkind_pause_or_resume"
+
+
+def test_a_kind_is_paused_and_resumed_from_the_page(client, world, clock):
+    """A user who may change paused kinds gets the pause control (the jobs' kinds) and a resume
+    button per paused kind; the paused kind's due work shows as paused, not late. A viewer
+    gets neither, and a post without the permission is refused."""
+    kernel.enqueue("mail", scheduled_for=clock() - timedelta(minutes=30), trigger_key="late")
+    client.force_login(staff_user("viewer", "view_occurrence"))
+    html = client.get(reverse(URL)).content.decode()
+    assert 'id="dsch-pause"' not in html and "None: every kind is claimed." in html
+    assert client.post(reverse(PAUSE), {"change": "pause", "kind": "mail.send"}).status_code == 403
+    assert scheduler.paused_kinds() == []
+    client.force_login(staff_user("operator", "view_occurrence", "change_pausedkind"))
+    html = client.get(reverse(URL)).content.decode()
+    assert '<option value="mail.send">' in html.split('id="dsch-pause"')[1]
+    page = client.post(reverse(PAUSE), {"change": "pause", "kind": "mail.send"}, follow=True)
+    assert [str(m) for m in page.context["messages"]] == ["Paused 1 kind."]
+    (paused,) = scheduler.paused_kinds()
+    assert (paused.kind, paused.paused_by) == ("mail.send", "operator")
+    board = page.context["board"]
+    assert board.status.due == 0 and [(p.kind, p.due) for p in board.status.paused] == [("mail.send", 1)]
+    html = page.content.decode()
+    assert "Paused, not late" in html and 'name="change" value="resume"' in html
+    assert '<option value="mail.send">' not in html.split('id="dsch-pause"')[1]
+    page = client.post(reverse(PAUSE), {"change": "resume", "kind": "mail.send"}, follow=True)
+    assert [str(m) for m in page.context["messages"]] == ["Resumed 1 kind."]
+    assert scheduler.paused_kinds() == [] and page.context["board"].status.due == 1
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"change": "pause", "kind": ""}, "1 failed: : kind: must not be empty"),
+        ({"change": "pause", "kind": "no.such"}, "1 failed: no.such: kind 'no.such': no job has this kind"),
+        ({"change": "stop", "kind": "mail.send"}, "change: must be pause or resume, not 'stop'"),
+    ],
+)
+def test_a_bad_post_of_the_control_is_named_and_changes_nothing(admin_client, world, data, message):
+    page = admin_client.post(reverse(PAUSE), data, follow=True)
+    assert any(str(m).startswith(message) for m in page.context["messages"]), list(page.context["messages"])
+    assert scheduler.paused_kinds() == [] and not Event.objects.filter(event_type="kind_paused").exists()
+    assert admin_client.get(reverse(PAUSE)).status_code == 405
+
+
+def test_the_jobs_and_paused_kinds_admins_pause_and_resume(admin_client, world):
+    jobs = reverse("admin:durable_scheduler_job_changelist")
+    admin_client.post(jobs, {"action": "pause_kinds", "_selected_action": ["mail", "sync"]})
+    assert [p.kind for p in scheduler.paused_kinds()] == ["crm.sync", "mail.send"]
+    page = admin_client.post(jobs, {"action": "pause_kinds", "_selected_action": ["mail"]}, follow=True)
+    assert [str(m) for m in page.context["messages"]][-1] == "Paused 0 kinds. 1 skipped (already paused)."
+    paused = reverse("admin:durable_scheduler_pausedkind_changelist")
+    assert "mail.send" in admin_client.get(paused).content.decode()
+    admin_client.post(paused, {"action": "resume_kinds", "_selected_action": ["mail.send"]})
+    assert [p.kind for p in scheduler.paused_kinds()] == ["crm.sync"]
+    admin_client.post(jobs, {"action": "resume_kinds", "_selected_action": ["sync"]})
+    assert scheduler.paused_kinds() == []
+    assert Event.objects.filter(event_type="kind_resumed", data__by="admin").count() == 2

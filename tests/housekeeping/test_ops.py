@@ -196,6 +196,31 @@ def test_occurrences_of_disabled_jobs_wait_by_design(job, clock):
     assert (data["due"], data["disabled_waiting"]) == (0, 1)
 
 
+def test_a_paused_kinds_work_is_shown_paused_not_late(job, clock):
+    enqueue(clock, "a", ago=900)  # due 15 minutes ago: late, but for the pause
+    enqueue(clock, "b", ago=-60)
+    worker("w", clock(), kinds=["reports.send"])
+    assert status_json()[0] == 1  # late
+    scheduler.pause("reports.send", by="ops")
+    code, data, err = status_json()
+    assert code == 0, err
+    assert (data["due"], data["oldest_due_at"], data["unhandled_kinds"]) == (0, None, [])
+    assert data["paused_kinds"] == [
+        {
+            "kind": "reports.send",
+            "paused_at": "2026-01-05T12:00:00.000Z",
+            "paused_by": "ops",
+            "waiting": 2,
+            "due": 1,
+        }
+    ]
+    _, out, _ = run("scheduler_status")
+    assert "paused kinds (no worker claims them):" in out
+    assert "  reports.send: 2 waiting, 1 due; paused at 2026-01-05T12:00:00.000Z by ops" in out
+    scheduler.resume("reports.send")
+    assert status_json()[1]["paused_kinds"] == []
+
+
 def policy(max_runs=10, max_units=100, window_ms=3_600_000, revision=1, enabled=True, pid="alice"):
     now = datetime(2026, 1, 1, tzinfo=UTC)
     return AuthorityPolicy.objects.create(

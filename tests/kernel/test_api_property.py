@@ -207,6 +207,7 @@ ARGUMENTS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "unique_key": arg(None, st.just("k")),
         "unique_while": arg(None, st.sampled_from(["pending", "active"])),
         "debounce": arg(None, st.just(5)),
+        "debounce_max_wait": arg(None, st.just(60)),
         "then": arg(None, st.just(["job-b"]), st.just([{"job_id": "job-b", "then": "job-a"}])),
         "on_dead_letter": arg(None, st.just("job-a")),
         "batch": arg(None, st.just("open-batch")),
@@ -251,6 +252,8 @@ ARGUMENTS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
         "fence": arg(None),
     },
     "run_now": {"occurrence_id": arg(QUEUED), "reason": arg(None)},
+    "pause": {"kind": arg("reports.send"), "by": arg(None, st.just("alice"))},
+    "resume": {"kind": arg("reports.send"), "by": arg(None, st.just("alice"))},
     "retry_dead_letter": {"occurrence_id": arg(QUEUED)},
     "claim": {"owner": arg("w2"), "lease": arg(30), "kinds": arg(None, st.lists(VALUES, max_size=2))},
     "claim_batch": {
@@ -338,6 +341,8 @@ REQUIRED: dict[str, set[str]] = {
     "batch_members": {"batch_id"},
     "cancel": {"occurrence_id"},
     "run_now": {"occurrence_id"},
+    "pause": {"kind"},
+    "resume": {"kind"},
     "retry_dead_letter": {"occurrence_id"},
     "claim": {"owner", "lease"},
     "claim_batch": {"owner", "lease"},
@@ -403,6 +408,7 @@ def test_every_public_function_is_called():
         "authorize",
         "authorize_many",
         "audit_budgets",  # no argument but ``using``
+        "paused_kinds",  # likewise
         "handler",
         "declare_job",
     }

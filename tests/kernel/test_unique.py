@@ -232,6 +232,78 @@ def test_debounce_writes_exactly_the_lifecycle_columns(job, clock):
     }
 
 
+# --------------------------------------------------------------------------- debounce_max_wait
+
+
+@pytest.mark.django_db
+def test_a_stream_of_debounced_calls_still_runs_by_its_cap(job, clock):
+    """A call every 10 s with a 30 s debounce would postpone the run for ever; a 60 s cap holds
+    its start at the first call plus 60 s, and it runs then with the newest payload."""
+    first_call = clock()
+    first, _ = enqueue(clock, "t0", unique_key="k", debounce=30, debounce_max_wait=60, payload={"n": 0})
+    assert first.available_at == first_call + timedelta(seconds=30)
+    starts = []
+    for n in range(1, 6):
+        clock.advance(10)
+        cap = timedelta(minutes=1)
+        moved, deduplicated = enqueue(
+            clock, f"t{n}", unique_key="k", debounce=30, debounce_max_wait=cap, payload={"n": n}
+        )
+        assert deduplicated and moved.pk == first.pk
+        starts.append(Occurrence.objects.get(pk=first.pk).available_at - first_call)
+    assert starts == [timedelta(seconds=s) for s in (40, 50, 60, 60, 60)]
+    event = Event.objects.filter(event_type="occurrence_debounced").order_by("-event_id").first()
+    assert event.data["maxWaitUntil"] == "2026-01-05T12:01:00.000Z"
+    clock.advance(10)  # first call + 60 s: due, although the calls kept coming
+    row = claim()
+    assert row.pk == first.pk and row.payload == {"n": 5}
+    # Running, it is no longer waiting: the next call adds one, capped from its own first call.
+    later, deduplicated = enqueue(clock, "t6", unique_key="k", debounce=30, debounce_max_wait=45)
+    assert not deduplicated and later.available_at == clock() + timedelta(seconds=30)
+
+
+@pytest.mark.django_db
+def test_the_cap_never_moves_a_start_earlier(job, clock):
+    first, _ = enqueue(clock, "t1", unique_key="k", debounce=30)  # no cap: due at +30 s
+    clock.advance(20)
+    enqueue(clock, "t2", unique_key="k", debounce=5, debounce_max_wait=5)
+    assert Occurrence.objects.get(pk=first.pk).available_at == clock() + timedelta(seconds=10)
+
+
+@pytest.mark.django_db
+def test_retrying_a_capped_call_is_answered_as_it_was(job, clock):
+    at = clock()
+    first, _ = call(at, "a", {"n": 1}, debounce=30, debounce_max_wait=40)
+    clock.advance(30)
+    call(at, "b", {"n": 2}, debounce=30, debounce_max_wait=40)
+    before = snapshot()
+    clock.advance(5)
+    again, deduplicated = call(at, "b", {"n": 2}, debounce=30, debounce_max_wait=40)
+    assert deduplicated and again.pk == first.pk and snapshot() == before
+    assert again.available_at == at + timedelta(seconds=40)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"unique_key": "k", "debounce_max_wait": 60}, "debounce_max_wait"),
+        ({"debounce": 5, "debounce_max_wait": 60}, "debounce"),
+        ({"debounce_max_wait": 60}, "debounce_max_wait"),
+        ({"unique_key": "k", "debounce": 30, "debounce_max_wait": 29}, "debounce_max_wait"),
+        ({"unique_key": "k", "debounce": 30, "debounce_max_wait": -1}, "debounce_max_wait"),
+        ({"unique_key": "k", "debounce": 30, "debounce_max_wait": "1m"}, "debounce_max_wait"),
+        ({"unique_key": "k", "debounce": 30, "debounce_max_wait": 10**9}, "debounce_max_wait"),
+    ],
+)
+def test_a_bad_debounce_max_wait_is_refused_naming_it_and_nothing_written(job, clock, options, field):
+    before = snapshot()
+    with pytest.raises(scheduler.InvalidArgument) as caught:
+        enqueue(clock, "t1", **options)
+    assert caught.value.details["field"] == field
+    assert snapshot() == before
+
+
 # --------------------------------------------------------------------------- the same call again
 
 

@@ -801,9 +801,27 @@ def test_a_debounced_task_takes_the_newest_arguments_and_starts_later(db):
     assert kernel.claim(owner="w", lease=30, kinds=[DEFAULT_KIND]) is None
 
 
+def test_a_debounced_task_with_a_cap_runs_by_it_however_many_calls_come(db, clock):
+    first = djtasks.digest.enqueue(7)
+    start = clock()
+    for _ in range(8):
+        clock.advance(10)
+        assert djtasks.digest.enqueue(7).id == first.id
+    stored = Occurrence.objects.get(pk=first.id)
+    assert stored.available_at == start + timedelta(seconds=60)
+    # A run_after past the cap is held to it too.
+    other = djtasks.digest.using(run_after=clock() + timedelta(hours=1)).enqueue(8)
+    assert Occurrence.objects.get(pk=other.id).available_at == clock() + timedelta(seconds=60)
+    assert claim().pk == first.id  # due since first call + 60 s
+    assert kernel.claim(owner="w", lease=30, kinds=[DEFAULT_KIND]) is None
+
+
 @pytest.mark.parametrize(
     ("options", "field"),
     [
+        ({"debounce_max_wait": 60}, "durable.debounce_max_wait"),
+        ({"debounce": 30, "debounce_max_wait": 10}, "durable.debounce_max_wait"),
+        ({"debounce": 30, "debounce_max_wait": "1m"}, "durable.debounce_max_wait"),
         ({"unique_key": 5}, "durable.unique_key"),
         ({"unique_key": ""}, "durable.unique_key"),
         ({"unique_key": "a\x00b"}, "durable.unique_key"),

@@ -129,6 +129,13 @@ def summarize(customer_id, note=None):
 
 
 @task
+@durable(unique_key=lambda customer_id: f"customer-{customer_id}", debounce=30, debounce_max_wait=60)
+def digest(customer_id):
+    """Debounced per customer, but run at most a minute after the first call."""
+    return customer_id
+
+
+@task
 @durable(unique_key="all", unique_while="active")
 def rebuild():
     """One at a time, waiting or running."""
