@@ -29,8 +29,7 @@ exist exactly when the caller commits.
 
 from __future__ import annotations
 
-from ..rules.events import history
-from ..rules.outcomes import Outcome, check_result, storable_error, storable_result
+from ..rules.outcomes import Outcome, backoff_delay_ms, check_result, storable_error, storable_result
 from ..rules.validation import MAX_ATTEMPTS_LIMIT
 from .batches import close_batch, get_batch, open_batch
 from .batches import complete_due as complete_due_batches
@@ -46,6 +45,7 @@ from .enqueuing import (
     retry_dead_letter,
     run_now,
 )
+from .events import history
 from .inserting import JOB_PAYLOAD
 from .jobs import (
     create_job,
@@ -58,7 +58,7 @@ from .jobs import (
 )
 from .leases import Renewals, abandon, dead_letter_expired, record_execution, renew, renew_many
 from .materialize import materialize_due, next_due_at
-from .settling import backoff_delay_ms, defer, deny, release, settle, settle_many
+from .settling import defer, deny, release, settle, settle_many
 
 __all__ = [
     "JOB_PAYLOAD",
