@@ -49,6 +49,7 @@ class Occurrence(Protocol):
     lease_expires_at: datetime | None
     cancel_requested_fence: int | None
 
+
 QUEUED = OccurrenceStatus.QUEUED
 RUNNING = OccurrenceStatus.RUNNING
 RETRY_WAIT = OccurrenceStatus.RETRY_WAIT
