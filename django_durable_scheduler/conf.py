@@ -21,6 +21,8 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
+from .rules.validation import MAX_RETRY_BASE_DELAY_MS, MAX_RETRY_MAX_DELAY_MS, MAX_TIMEOUT_MS
+
 logger = logging.getLogger("django_durable_scheduler")
 
 DEFAULTS: dict[str, Any] = {
@@ -80,9 +82,6 @@ MAX_LEASE_MS = 24 * 60 * 60 * 1000  # DEFAULT_LEASE, and any lease a claim asks 
 MAX_DEFAULT_LEASE = MAX_LEASE_MS // 1000
 # A job's backoff bounds and the longest timeout a handler, a job or the default setting may
 # give (31 days): the settings below and the validation of every job share them.
-MAX_RETRY_BASE_DELAY_MS = 24 * 60 * 60 * 1000
-MAX_RETRY_MAX_DELAY_MS = 31 * MAX_RETRY_BASE_DELAY_MS
-MAX_TIMEOUT_MS = 31 * 24 * 60 * 60 * 1000
 MAX_RETRY_BASE_DELAY = MAX_RETRY_BASE_DELAY_MS // 1000
 MAX_RETRY_MAX_DELAY = MAX_RETRY_MAX_DELAY_MS // 1000
 MAX_HANDLER_TIMEOUT = MAX_TIMEOUT_MS // 1000

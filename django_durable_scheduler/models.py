@@ -16,18 +16,26 @@ from django.db import models
 from django.db.models import F, Q
 
 from .constraints import OneOf, SameTruth
+from .rules.authority import PRINCIPAL_KEY_LENGTH
+from .rules.statuses import (
+    ACTIVE_STATUSES,
+    PENDING_STATUSES,
+    TERMINAL_STATUSES,
+    BatchStatus,
+    OccurrenceStatus,
+    ReservationStatus,
+)
+
+__all__ = [
+    "ACTIVE_STATUSES",
+    "PENDING_STATUSES",
+    "TERMINAL_STATUSES",
+    "BatchStatus",
+    "OccurrenceStatus",
+    "ReservationStatus",
+]
 
 
-class OccurrenceStatus(models.TextChoices):
-    QUEUED = "queued"
-    RUNNING = "running"
-    RETRY_WAIT = "retry_wait"
-    SUCCEEDED = "succeeded"
-    DEAD_LETTER = "dead_letter"
-    CANCELLED = "cancelled"
-
-
-TERMINAL_STATUSES = (OccurrenceStatus.SUCCEEDED, OccurrenceStatus.DEAD_LETTER, OccurrenceStatus.CANCELLED)
 # The rows of the unique index: a unique key, and waiting or running. A query that gives
 # this condition word for word (as ``unique.py`` does) lets SQLite read the partial index.
 UNIQUE_LIVE = Q(unique_key__isnull=False) & (
@@ -35,14 +43,6 @@ UNIQUE_LIVE = Q(unique_key__isnull=False) & (
     | Q(status=OccurrenceStatus.RETRY_WAIT)
     | Q(status=OccurrenceStatus.RUNNING)
 )
-PENDING_STATUSES = (OccurrenceStatus.QUEUED, OccurrenceStatus.RETRY_WAIT)
-ACTIVE_STATUSES = (OccurrenceStatus.QUEUED, OccurrenceStatus.RUNNING, OccurrenceStatus.RETRY_WAIT)
-
-
-class ReservationStatus(models.TextChoices):
-    RESERVED = "reserved"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
 
 
 class Job(models.Model):
@@ -128,7 +128,7 @@ class Occurrence(models.Model):
     updated_at = models.DateTimeField()
     settled_at = models.DateTimeField(null=True, blank=True)
     # Partition key for fair claiming across principals: canonical JSON of [type, id].
-    principal_key = models.CharField(max_length=400, default="")
+    principal_key = models.CharField(max_length=PRINCIPAL_KEY_LENGTH, default="")
     # Recorded by the handler while it runs (ctx.record_metadata / ctx.record_receipt).
     metadata = models.JSONField(null=True, blank=True, default=None)
     receipt = models.JSONField(null=True, blank=True, default=None)
@@ -294,12 +294,6 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_type} #{self.event_id}"
-
-
-class BatchStatus(models.TextChoices):
-    OPEN = "open"  # members may be added
-    CLOSED = "closed"  # no more members: complete once every one is terminal
-    COMPLETED = "completed"  # every member terminal and the callback enqueued
 
 
 class Batch(models.Model):

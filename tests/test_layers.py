@@ -30,13 +30,14 @@ RANKS: dict[str, float] = {
     "exceptions": 0,
     "signals": 0,
     "constraints": 0,
+    # The pure rules: the statuses, lifecycle table, event types, triggers, schedules, chain
+    # specs, authority envelopes, outcomes, identity and validation. The models store them.
+    "rules": 0.25,
     "models": 0.5,
     # Database-specific SQL behind one interface, and the wake-ups.
     "db": 1,
     # Settings and the clock (the database clock reads the server's time through db).
     "conf": 2,
-    # The pure rules: lifecycle table, events, triggers, schedules, chain specs, authority.
-    "rules": 3,
     # Metrics and traces, which the kernel records as it writes.
     "telemetry": 4,
     # Every transactional writer of occurrence state.
@@ -93,6 +94,82 @@ def wrong_way_imports() -> list[str]:
                     f"{module} imports {target} ({here} is rank {RANKS[here]}, {there} {RANKS[there]})"
                 )
     return found
+
+
+# The modules at the top of the package: the ones Django and its readers look for there, and
+# the check constraints' expressions, which the migrations name by their import path.
+TOP_LEVEL = {
+    "__init__",
+    "__main__",
+    "apps",
+    "checks",
+    "conf",
+    "constraints",
+    "exceptions",
+    "models",
+    "signals",
+}
+# What a module under rules/ may import at run time from the package, and from Django.
+PURE_PACKAGE = ("exceptions", "rules")
+PURE_DJANGO = ("django.db.models.enums",)
+
+
+def _runtime_imports(path: Path, module: str) -> list[tuple[int, str]]:
+    """(line, absolute module) of every import in the file but those under ``if TYPE_CHECKING:``."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for stmt in node.body
+        for inner in ast.walk(stmt)
+    }
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join([*base, node.module] if node.module else base)
+            found.extend((node.lineno, f"{target}.{alias.name}") for alias in node.names)
+    return found
+
+
+def impure_rules(root: Path = ROOT) -> list[str]:
+    found = []
+    for path in sorted((root / PACKAGE / "rules").rglob("*.py")):
+        module = ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        for line, target in _runtime_imports(path, module):
+            inner = target.removeprefix(PACKAGE + ".")
+            if target.startswith(PACKAGE + "."):
+                allowed = inner.split(".", 1)[0] in PURE_PACKAGE
+            elif target.startswith("django."):
+                allowed = target.startswith(PURE_DJANGO)
+            else:
+                allowed = True
+            if not allowed:
+                found.append(f"{path.relative_to(root).as_posix()}:{line} imports {target}")
+    return found
+
+
+def test_the_rules_touch_no_database():
+    """The rules are pure: at run time a module under rules/ imports, of the package, only the
+    exceptions and other rules, and of Django only the plain choices enums (``TextChoices``)
+    the statuses are written in. Not the models, ``db``, ``conf`` (the database clock), the
+    kernel, nor ``django.db``'s connections, transactions, querysets or expressions: whatever
+    reads or writes a row is the kernel's. A type named only for annotations (under
+    ``if TYPE_CHECKING:``) runs nothing and is allowed."""
+    found = impure_rules()
+    assert not found, "rules that touch the database (move the read to the kernel):\n" + "\n".join(found)
+
+
+def test_the_top_level_modules_are_the_conventional_ones():
+    """Everything else at the top of the package lives in the subpackage of its layer."""
+    top = {path.stem for path in (ROOT / PACKAGE).glob("*.py")}
+    assert top == TOP_LEVEL, "give a new module a home in a subpackage"
 
 
 def test_every_part_of_the_package_has_a_rank():

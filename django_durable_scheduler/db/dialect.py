@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Field, Model, QuerySet
 
 from ..exceptions import InvalidArgument
@@ -321,3 +322,10 @@ def in_params(connection: BaseDatabaseWrapper, values: Sequence[Any]) -> list[An
 
 def placeholders(width: int) -> str:
     return "(" + ", ".join(["%s"] * width) + ")"
+
+
+def column_max(model: Any, name: str) -> int:
+    """The largest value the integer column ``model.name`` holds on every supported database
+    (the portable ranges Django checks against: e.g. 32767 for a small integer)."""
+    internal_type = model._meta.get_field(name).get_internal_type()
+    return int(BaseDatabaseOperations.integer_field_ranges[internal_type][1])

@@ -8,22 +8,22 @@ It is a few modules, one per concept, gathered here under one name:
   is asked to stop, by ``cancelling``);
 - ``batches``: sets of occurrences with a callback once all are done (``open_batch``,
   ``close_batch``, ``cancel_batch``, ``enqueue_batch``); ``followups`` enqueues what a chain
-  names (``chains``) when an occurrence ends;
+  names when an occurrence ends, and ``chaining`` checks the jobs a chain names;
 - ``materialize``: schedule slots becoming occurrences (``materialize_due``);
 - ``pausing``: a kind that no worker claims for a while (``pause``, ``resume``,
   ``paused_kinds``), which the claim's statements read;
 - ``claiming``: taking due occurrences fairly (``claim``, ``claim_batch``, ``has_due``), from
   the pool ``candidates`` reads, with the statements of ``claim_sql``; ``concurrency`` and
-  ``reservations`` gate what it takes (limits, authority and budgets: ``budgets``,
-  ``policies``, ``binding``);
+  ``authority/`` gate what it takes (limits; policies, binding, budgets and reservations);
 - ``leases``: renew held leases (one, or all a worker holds at once), record what a
   handler did, and the expiry sweep; ``progress``: a running handler's progress report;
 - ``settling``: settle, release, and the authority verdicts (``deny``, ``defer``) that end
   a claim; ``cancelling``: the cancel, of one occurrence or a batch's waiting members.
 
 ``inserting`` writes a new occurrence for every path that makes one, ``unique`` the unique
-and debounced enqueues, and ``notices`` what is told after a commit. What each operation may
-do to an occurrence is a row of ``rules.lifecycle.TRANSITIONS``. Every
+and debounced enqueues, ``events`` appends the history and reads it back (``history``), and
+``notices`` what is told after a commit. What each operation may do to an occurrence is a row
+of ``rules.lifecycle.TRANSITIONS``, written as ``transitions.writes`` says. Every
 operation is one short transaction that also appends the event recording it. They
 may run inside a caller's ``transaction.atomic()``: then they join it, and their effects
 exist exactly when the caller commits.
@@ -31,8 +31,7 @@ exist exactly when the caller commits.
 
 from __future__ import annotations
 
-from ..rules.events import history
-from ..rules.outcomes import Outcome, check_result, storable_error, storable_result
+from ..rules.outcomes import Outcome, backoff_delay_ms, check_result, storable_error, storable_result
 from ..rules.validation import MAX_ATTEMPTS_LIMIT
 from .batches import close_batch, get_batch, open_batch
 from .batches import complete_due as complete_due_batches
@@ -48,6 +47,7 @@ from .enqueuing import (
     retry_dead_letter,
     run_now,
 )
+from .events import history
 from .inserting import JOB_PAYLOAD
 from .jobs import (
     create_job,
@@ -62,7 +62,7 @@ from .leases import Renewals, abandon, dead_letter_expired, record_execution, re
 from .materialize import materialize_due, next_due_at
 from .pausing import pause, paused_kinds, resume
 from .progress import record_progress
-from .settling import backoff_delay_ms, defer, deny, release, settle, settle_many
+from .settling import defer, deny, release, settle, settle_many
 
 __all__ = [
     "JOB_PAYLOAD",

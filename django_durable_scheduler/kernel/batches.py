@@ -27,9 +27,10 @@ from .. import conf
 from ..db.dialect import alias_for, write_transaction
 from ..exceptions import Conflict, InvalidArgument, InvalidState, NotFound
 from ..models import ACTIVE_STATUSES, Batch, BatchStatus, Job, Occurrence, OccurrenceStatus
-from ..rules.events import BATCH_CLOSED, BATCH_COMPLETED, BATCH_OPENED, new_event
+from ..rules.events import BATCH_CLOSED, BATCH_COMPLETED, BATCH_OPENED
 from ..rules.identity import canonical_json, normalize_json
 from ..rules.validation import normalize_identifier, normalize_int, to_ms
+from .events import new_event
 from .inserting import JOB_PAYLOAD, insert_occurrence
 from .notices import batch_completed
 

@@ -23,16 +23,18 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from .. import conf
-from ..db.dialect import alias_for, insert, write_transaction
+from ..db.dialect import alias_for, column_max, insert, write_transaction
 from ..exceptions import InvalidArgument, InvalidState
 from ..models import PENDING_STATUSES, Batch, Occurrence, OccurrenceStatus
-from ..rules.events import BATCH_CANCELLED, new_event
+from ..rules.events import BATCH_CANCELLED
 from ..rules.identity import normalize_json
-from ..rules.lifecycle import Action, applied, cancel_requested, check, event_of, writes
-from ..rules.validation import column_max, normalize_identifier, normalize_int
+from ..rules.lifecycle import Action, applied, cancel_requested, check, event_of
+from ..rules.validation import normalize_identifier, normalize_int
 from . import batches
 from .authority.budgets import settle_cancelled
+from .events import new_event
 from .followups import TERMINAL_FIELDS, reached_terminal
+from .transitions import writes
 
 MAX_REQUESTED_BY = 256
 MAX_CANCEL_REASON = 1024

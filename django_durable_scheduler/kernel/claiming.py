@@ -20,14 +20,15 @@ from ..db import guarded
 from ..db.dialect import alias_for, write_transaction
 from ..exceptions import InvalidArgument
 from ..models import Occurrence, OccurrenceStatus
-from ..rules.events import new_event
-from ..rules.lifecycle import Action, applied, event_of, writes
+from ..rules.lifecycle import Action, applied, event_of
 from ..rules.throttles import Throttle
 from ..rules.validation import iso_ms, normalize_bool, normalize_identifier, normalize_int, to_duration_ms
 from . import claim_sql, leases, throttles
 from .authority import reservations
 from .authority.reservations import AuthorizedClaim, Units
 from .candidates import claim_candidates, last_claimed_principal, waiting_work
+from .events import new_event
+from .transitions import writes
 
 
 def _kinds(kinds: Any) -> list[str] | None:

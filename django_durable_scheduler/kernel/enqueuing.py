@@ -22,17 +22,19 @@ from ..db import dialect, guarded
 from ..db.wakeup import notify_new_work
 from ..exceptions import DataCorrupt, InvalidArgument, InvalidState, JobDisabled, NotFound
 from ..models import Batch, BatchStatus, Job, Occurrence
-from ..rules.chains import EDGES, check_jobs_exist, normalize_specs
-from ..rules.events import new_event
+from ..rules.chains import EDGES, normalize_specs
 from ..rules.identity import canonical_json, normalize_json
-from ..rules.lifecycle import Action, check, event_of, writes
+from ..rules.lifecycle import Action, check, event_of
 from ..rules.validation import iso_ms, key_label, normalize_identifier, normalize_int, to_ms
 from ..telemetry import tracing
 from ..telemetry.metrics import count_enqueued
 from . import batches
 from .cancelling import cancel_reason
+from .chaining import check_jobs_exist
+from .events import new_event
 from .inserting import JOB_PAYLOAD, Builder, found, insert_occurrence, payload_mismatch
 from .jobs import get_job
+from .transitions import writes
 from .unique import UniqueRequest, answered, find_live, lock_job, payload_digest, record, unique_request
 from .unique import debounce as debounce_waiting
 

@@ -17,9 +17,10 @@ from typing import Any
 
 from ..models import Job, Occurrence, OccurrenceStatus
 from ..rules.chains import EDGE_OF_STATUS, EDGES
-from ..rules.events import FOLLOW_UP_SKIPPED, new_event
+from ..rules.events import FOLLOW_UP_SKIPPED
 from ..rules.validation import to_ms
 from . import batches
+from .events import new_event
 from .inserting import JOB_PAYLOAD, Builder, insert_occurrence
 from .notices import follow_up_enqueued
 

@@ -20,7 +20,6 @@ from ..exceptions import DataCorrupt, IdempotencyPayloadMismatch, JobDisabled
 from ..models import Event, Job, Occurrence, OccurrenceStatus
 from ..rules import chains
 from ..rules.authority import Principal
-from ..rules.events import new_event
 from ..rules.identity import (
     IDEMPOTENCY_KEY_PREFIX,
     OCCURRENCE_ID_PREFIX,
@@ -34,6 +33,7 @@ from ..rules.validation import from_ms, to_ms
 from ..telemetry.metrics import count_enqueued
 from . import throttles
 from .concurrency import key_spec_of, render_key
+from .events import new_event
 
 # The caller gave no payload: the occurrence takes its job's.
 JOB_PAYLOAD: Any = object()

@@ -13,20 +13,18 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from .. import conf
-from ..db.dialect import alias_for, write_transaction
+from ..db.dialect import alias_for, column_max, write_transaction
 from ..exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
 from ..models import PENDING_STATUSES, Job, Occurrence
-from ..rules import chains
 from ..rules.authority import Principal, default_authority, normalize_authority
 from ..rules.chains import EDGES, normalize_specs
-from ..rules.events import JOB_CREATED, JOB_UPDATED, SLOT_SKIPPED, new_event
+from ..rules.events import JOB_CREATED, JOB_UPDATED, SLOT_SKIPPED
 from ..rules.identity import canonical_json, normalize_json
 from ..rules.schedules import MISFIRE_GRACE, catchup_window, expired_one_off, initial_fire_time
 from ..rules.throttles import stored_throttle
 from ..rules.triggers import validate_trigger
 from ..rules.validation import (
     MAX_ATTEMPTS_LIMIT,
-    column_max,
     key_label,
     normalize_bool,
     normalize_identifier,
@@ -37,8 +35,10 @@ from ..rules.validation import (
     retry_max_delay_ms,
     timeout_ms,
 )
+from . import chaining
 from .authority.policies import bind_to_current_policy, get_policy, grant_default
 from .cancelling import CANCEL_FIELDS, cancel_pending
+from .events import new_event
 
 logger = logging.getLogger("django_durable_scheduler")
 
@@ -124,8 +124,8 @@ def _check_chain(job_id: str, fields: dict[str, Any], alias: str) -> None:
     """The jobs a job's follow-ups name exist (itself aside: a job may follow itself only
     through a cycle, which is refused next), and lead nowhere back to it."""
     declared = {edge: fields.get(edge) for edge in EDGES}
-    chains.check_jobs_exist(declared, alias, skip=job_id)
-    chains.check_no_cycle(job_id, declared, alias)
+    chaining.check_jobs_exist(declared, alias, skip=job_id)
+    chaining.check_no_cycle(job_id, declared, alias)
 
 
 def _check_retry_delays(base_ms: int, max_ms: int) -> None:

@@ -4,7 +4,7 @@ attempts whose leases expired. Part of the kernel, the only writer of occurrence
 operation is one short transaction.
 
 A lease is held by (owner, fence) until it expires at ``lease_expires_at <= now``; every
-operation on a held occurrence checks all three (the fence rule, ``lifecycle.held``), so a
+operation on a held occurrence checks all three (the fence rule, ``transitions.held``), so a
 worker that lost its lease can never overwrite the newer owner's writes. Settling a held
 occurrence, giving it back and the authority verdicts are ``settling``'s.
 """
@@ -29,25 +29,24 @@ from ..db.dialect import (
 )
 from ..exceptions import InvalidArgument
 from ..models import Occurrence, OccurrenceStatus
-from ..rules.events import new_event
 from ..rules.identity import normalize_json
 from ..rules.lifecycle import (
     Action,
     applied,
     cancel_requested,
     event_of,
-    held,
     holds_lease,
     lease_lost,
-    writes,
 )
-from ..rules.lifecycle import expired as lifecycle_expired
 from ..rules.outcomes import MAX_RESULT_BYTES
 from ..rules.validation import iso_ms, normalize_identifier, normalize_int, to_duration_ms
 from .authority.budgets import settle_cancelled, settle_reservations
 from .cancelling import CANCELLED_WHILE_RUNNING, cancelled_error
+from .events import new_event
 from .followups import TERMINAL_FIELDS, reached_terminal
 from .settling import lease_args
+from .transitions import expired as lifecycle_expired
+from .transitions import held, writes
 
 MAX_LEASE_MS = conf.MAX_LEASE_MS
 
@@ -136,7 +135,7 @@ def dead_letter_expired(*, limit: int | None = None, using: str | None = None) -
 
 
 def _held(alias: str, occurrence_id: str, owner: str, fence: int, now: datetime) -> QuerySet[Occurrence]:
-    """The occurrence, if ``owner`` holds its lease at ``fence`` (``lifecycle.held``)."""
+    """The occurrence, if ``owner`` holds its lease at ``fence`` (``transitions.held``)."""
     return Occurrence.objects.using(alias).filter(held(owner, fence, now), pk=occurrence_id)
 
 

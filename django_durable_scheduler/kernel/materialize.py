@@ -15,10 +15,11 @@ from django.db.models import Count, Min, Q
 from .. import conf
 from ..db.dialect import alias_for, insert, lock_rows, write_transaction
 from ..models import PENDING_STATUSES, Job, Occurrence, OccurrenceStatus
-from ..rules.events import SLOT_SKIPPED, new_event
+from ..rules.events import SLOT_SKIPPED
 from ..rules.schedules import plan_slots
 from ..rules.triggers.fire_times import slot_trigger_key
 from ..rules.validation import normalize_int, to_ms
+from .events import new_event
 from .inserting import JOB_PAYLOAD, insert_occurrence
 
 

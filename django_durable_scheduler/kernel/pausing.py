@@ -20,8 +20,9 @@ from ..db import dialect
 from ..db.wakeup import notify_new_work
 from ..exceptions import NotFound
 from ..models import Job, PausedKind, WorkerHeartbeat
-from ..rules.events import KIND_PAUSED, KIND_RESUMED, new_event
+from ..rules.events import KIND_PAUSED, KIND_RESUMED
 from ..rules.validation import normalize_identifier
+from .events import new_event
 
 MAX_KIND = 128  # the column's length
 MAX_BY = 256

@@ -12,9 +12,10 @@ from typing import Any
 from .. import conf
 from ..db.dialect import write_transaction
 from ..models import Occurrence
-from ..rules.lifecycle import Action, held, lease_lost, writes
+from ..rules.lifecycle import Action, lease_lost
 from ..rules.progress import Progress, normalize_progress
 from .settling import lease_args
+from .transitions import held, writes
 
 
 def record_progress(

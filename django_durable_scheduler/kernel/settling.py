@@ -12,25 +12,30 @@ lease can never overwrite the newer owner's outcome.
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, cast
 
 from .. import conf
-from ..db.dialect import insert, write_transaction
+from ..db.dialect import column_max, insert, write_transaction
 from ..exceptions import InvalidArgument, LeaseLost
 from ..models import TERMINAL_STATUSES, Job, Occurrence, OccurrenceStatus
-from ..rules.events import new_event
 from ..rules.identity import normalize_json
-from ..rules.lifecycle import Action, applied, cancel_requested, event_of, refusal, writes
+from ..rules.lifecycle import Action, applied, cancel_requested, event_of, refusal
 
 # The fence rule, also used by the authority checks as settling.holds_lease and settling.lease_lost.
 from ..rules.lifecycle import holds_lease as holds_lease
 from ..rules.lifecycle import lease_lost as lease_lost
-from ..rules.outcomes import FAILED, MAX_RESULT_BYTES, SUCCEEDED, Outcome, check_result, normalize_error
+from ..rules.outcomes import (
+    FAILED,
+    MAX_RESULT_BYTES,
+    SUCCEEDED,
+    Outcome,
+    backoff_delay_ms,
+    check_result,
+    normalize_error,
+)
 from ..rules.validation import (
-    column_max,
     from_ms,
     iso_ms,
     key_label,
@@ -41,7 +46,9 @@ from ..rules.validation import (
 )
 from .authority.budgets import settle_reservations
 from .cancelling import CANCELLED_WHILE_RUNNING, cancelled_error
+from .events import new_event
 from .followups import TERMINAL_FIELDS, reached_terminal
+from .transitions import writes
 
 MAX_FENCE = column_max(Occurrence, "fence")
 # What settling reads of each held row under the lock: its state, lease, attempts and job
@@ -76,14 +83,6 @@ def lease_args(occurrence_id: Any, owner: Any, fence: Any) -> tuple[str, str, in
         _owner(owner),
         normalize_int(fence, "fence", minimum=1, maximum=MAX_FENCE),
     )
-
-
-def backoff_delay_ms(attempt: int, base_ms: int, max_ms: int, jitter: float | None = None) -> int:
-    """Exponential backoff with jitter: base * 2**(attempt-1), capped, +/- jitter."""
-    jitter = conf.settings.RETRY_JITTER if jitter is None else jitter
-    raw = min(max_ms, base_ms * (2 ** max(0, min(attempt - 1, 40))))
-    spread = raw * jitter
-    return max(1, min(max_ms, int(raw + random.uniform(-spread, spread))))
 
 
 SETTLE_ITEM_KEYS = frozenset(
@@ -269,7 +268,9 @@ def _settle_values(
     if action is Action.SETTLE_RETRY:
         if spec.retry_at is None:
             base_ms, max_ms = delays[current.job_id]
-            available = now + timedelta(milliseconds=backoff_delay_ms(current.attempt, base_ms, max_ms))
+            available = now + timedelta(
+                milliseconds=backoff_delay_ms(current.attempt, base_ms, max_ms, conf.settings.RETRY_JITTER)
+            )
         else:
             available = max(now, cast(datetime, spec.retry_at))
         data["retryAt"] = iso_ms(available)

@@ -27,8 +27,9 @@ from ..exceptions import InvalidArgument
 from ..models import AuthorityPolicy, Occurrence, OccurrenceStatus, ThrottleBucket, ThrottlePlace
 from ..rules import throttles as rule
 from ..rules.authority import Principal
-from ..rules.lifecycle import Action, writes
+from ..rules.lifecycle import Action
 from ..rules.throttles import Throttle
+from .transitions import writes
 
 # The handlers' throttles by kind, registered with them (``@scheduler.handler(kind,
 # throttle=...)``): kept here so that the claim and the enqueue read them without the registry.

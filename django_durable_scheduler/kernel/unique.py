@@ -33,11 +33,12 @@ from ..models import (
     UniqueCall,
     UniqueLock,
 )
-from ..rules.events import new_event
 from ..rules.identity import canonical_json
-from ..rules.lifecycle import Action, event_of, writes
+from ..rules.lifecycle import Action, event_of
 from ..rules.validation import iso_ms, normalize_identifier, to_duration_ms
+from .events import new_event
 from .inserting import payload_mismatch
+from .transitions import writes
 
 # What each ``unique_while`` counts as the occurrence that stands for the key.
 UNIQUE_WHILE: dict[str, tuple[OccurrenceStatus, ...]] = {

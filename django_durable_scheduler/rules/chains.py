@@ -5,7 +5,8 @@ transaction as its predecessor's settle: ``then`` when the predecessor succeeds,
 ``on_dead_letter`` when it is dead-lettered (a cancelled one has none). A job declares the
 follow-ups of all its occurrences (``create_job(then=...)``, ``@handler(job={"then": ...})``);
 an enqueue adds its own (``enqueue(then=...)``), which may nest further steps. What settling
-does with them is ``followups.py``'s; the semantics: docs/design.md, "Chains and batches".
+does with them is ``kernel/followups.py``'s, and the reads that check a declaration against
+the stored jobs are ``kernel/chaining.py``'s; the semantics: docs/design.md, "Chains and batches".
 
 A spec is a job id, or a dict ``{"job_id", "payload"?}`` (at enqueue also ``"then"`` and
 ``"on_dead_letter"``, for the follow-up's own follow-ups). Stored as
@@ -15,14 +16,11 @@ A spec is a job id, or a dict ``{"job_id", "payload"?}`` (at enqueue also ``"the
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..exceptions import InvalidArgument, NotFound
+from ..exceptions import InvalidArgument
 from .identity import normalize_json
 from .validation import key_label, normalize_identifier
-
-if TYPE_CHECKING:
-    from ..models import Job
 
 EDGES = ("then", "on_dead_letter")
 # What an occurrence's status at its terminal transition sends to: none for cancelled.
@@ -84,8 +82,8 @@ def _spec(item: Any, label: str, nested: bool, depth: int, counter: list[int]) -
     return spec
 
 
-def of_job(job: Job) -> dict[str, list[dict[str, Any]]]:
-    """The follow-ups ``job`` declares for all its occurrences."""
+def of_job(job: Any) -> dict[str, list[dict[str, Any]]]:
+    """The follow-ups ``job`` (a ``Job`` row) declares for all its occurrences."""
     return {edge: getattr(job, edge) for edge in EDGES if getattr(job, edge)}
 
 
@@ -106,45 +104,3 @@ def jobs_named(follow_ups: Mapping[str, Any] | None) -> set[str]:
         found.add(spec["job_id"])
         stack.extend(inner for edge in EDGES for inner in spec.get(edge) or ())
     return found
-
-
-def check_jobs_exist(follow_ups: Mapping[str, Any] | None, alias: str, *, skip: str | None = None) -> None:
-    """``NotFound`` naming the first job a chain names that does not exist (``skip``: one
-    that is being created)."""
-    named = jobs_named(follow_ups) - {skip}
-    if not named:
-        return
-    from ..models import Job  # here: jobs declared in code are checked as modules import
-
-    present = set(Job.objects.using(alias).filter(pk__in=sorted(named)).values_list("pk", flat=True))
-    missing = sorted(named - present)
-    if missing:
-        field = next(edge for edge in EDGES if missing[0] in jobs_named({edge: (follow_ups or {}).get(edge)}))
-        raise NotFound(f"{field}: job {missing[0]!r} does not exist", {"field": field, "job_id": missing[0]})
-
-
-def check_no_cycle(job_id: str, declared: Mapping[str, Any] | None, alias: str) -> None:
-    """Refuse job follow-ups that lead back to ``job_id`` through the follow-ups the other
-    jobs declare: every occurrence would then enqueue another, forever."""
-    from ..models import Job  # here: jobs declared in code are checked as modules import
-
-    parent = {name: job_id for name in jobs_named(declared)}
-    frontier, seen = set(parent), {job_id}
-    while frontier:
-        if job_id in frontier:
-            path, node = [job_id], parent[job_id]
-            while node != job_id:
-                path.append(node)
-                node = parent[node]
-            path = [job_id, *reversed(path)]
-            # The field is the edge of this job's own that the cycle leaves by.
-            field = next(edge for edge in EDGES if path[1] in jobs_named({edge: (declared or {}).get(edge)}))
-            raise InvalidArgument(field, f"makes a cycle of follow-ups: {' -> '.join(path)}", {"cycle": path})
-        seen |= frontier
-        found: set[str] = set()
-        for row in Job.objects.using(alias).filter(pk__in=sorted(frontier)).only("job_id", *EDGES):
-            for target in jobs_named(of_job(row)):
-                if target == job_id or target not in seen:
-                    parent.setdefault(target, row.job_id)
-                    found.add(target)
-        frontier = found

@@ -15,12 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
-
-from django.db.models import Case, F, PositiveSmallIntegerField, Q, When
+from typing import Any, Protocol
 
 from ..exceptions import InvalidState, LeaseLost, NotFound, SchedulerError
-from ..models import Occurrence, OccurrenceStatus
 from .events import (
     AUTHORITY_DEFERRED,
     AUTHORITY_DENIED,
@@ -38,6 +35,20 @@ from .events import (
     OCCURRENCE_RETRY_SCHEDULED,
     OCCURRENCE_SUCCEEDED,
 )
+from .statuses import OccurrenceStatus
+
+
+class Occurrence(Protocol):
+    """What the rules read and set of an occurrence row (the model's, or any alike)."""
+
+    status: str
+    attempt: int
+    max_attempts: int
+    fence: int
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    cancel_requested_fence: int | None
+
 
 QUEUED = OccurrenceStatus.QUEUED
 RUNNING = OccurrenceStatus.RUNNING
@@ -211,19 +222,6 @@ RECLAIMABLE_SQL = (
 )
 
 
-def expired(now: datetime) -> Q:
-    """The expiry sweep's rows (``expire``, ``expire_cancelled``): running, the lease expired
-    on the final attempt (the complement of :data:`RECLAIMABLE_SQL` among expired leases)."""
-    return Q(status=RUNNING, lease_expires_at__lte=now, attempt__gte=F("max_attempts"))
-
-
-def held(owner: str, fence: int, now: datetime) -> Q:
-    """The fence rule (:func:`holds_lease`) as a condition: ``owner`` holds the running
-    occurrence's lease at ``fence``, unexpired. For a write that must not touch a lease it
-    lost, made as one UPDATE instead of a read under a lock."""
-    return Q(status=RUNNING, lease_owner=owner, fence=fence, lease_expires_at__gt=now)
-
-
 # How a refusal with ``INVALID_STATE`` names the action in its message.
 _VERBS = {
     Action.CANCEL: "cancelled",
@@ -231,16 +229,6 @@ _VERBS = {
     Action.RETRY_DEAD_LETTER: "retried",
     Action.REQUEST_CANCEL: "asked to stop",
 }
-
-_ATTEMPT = {
-    Attempt.USES: F("attempt") + 1,
-    Attempt.GIVES_BACK: Case(
-        When(attempt__gt=0, then=F("attempt") - 1),
-        default=F("attempt"),
-        output_field=PositiveSmallIntegerField(),
-    ),
-}
-
 
 # How the database works out each expression the table writes, for the row in memory.
 _DERIVED: dict[Attempt | Fence | str, Callable[[Occurrence], Any]] = {
@@ -287,16 +275,12 @@ def _writes_of(transition: Transition) -> _Writes:
         elif column in LEASE_FREED and transition.target not in (None, RUNNING):
             fixed[column] = None
         elif column == "attempt" and transition.attempt is not Attempt.NONE:
-            fixed[column] = _ATTEMPT[transition.attempt]
             derived_by.append((column, transition.attempt))
         elif column == "fence" and transition.fence is Fence.ADVANCES:
-            fixed[column] = F("fence") + 1
             derived_by.append((column, Fence.ADVANCES))
-        elif column == "cancel_requested_fence":
-            fixed[column] = F("fence")
-            derived_by.append((column, column))
-        elif column == "max_attempts" and transition.action is Action.REQUEST_CANCEL:
-            fixed[column] = F("attempt")
+        elif column == "cancel_requested_fence" or (
+            column == "max_attempts" and transition.action is Action.REQUEST_CANCEL
+        ):
             derived_by.append((column, column))
         else:
             needed.add(column)
@@ -309,9 +293,10 @@ _WRITES = {transition.action: _writes_of(transition) for transition in TRANSITIO
 
 
 def writes(action: Action, now: datetime, **given: Any) -> dict[str, Any]:
-    """The column values the ``action``'s UPDATE writes: exactly its ``sets``. The table
-    decides the status, the times (``now``), the freed lease, the attempt and the fence;
-    the writer gives the rest (a result, an error, ``available_at``, a new lease) in
+    """The plain column values the ``action``'s UPDATE writes: its ``sets`` but the ones the
+    database computes from the row (:func:`derived_by`; ``kernel.transitions.writes`` adds
+    them as expressions). The table decides the status, the times (``now``) and the freed
+    lease; the writer gives the rest (a result, an error, ``available_at``, a new lease) in
     ``given``. A column the table does not set, or one it needs and was not given, is a
     bug in the writer: ``TypeError``. Settling calls this per occurrence, so the work is
     done once, in ``_WRITES``."""
@@ -325,6 +310,12 @@ def writes(action: Action, now: datetime, **given: Any) -> dict[str, Any]:
     for column in plan.timed:
         values[column] = now
     return values
+
+
+def derived_by(action: Action) -> tuple[tuple[str, Attempt | Fence | str], ...]:
+    """The columns the ``action``'s UPDATE computes from the row, each with what it computes
+    (an ``Attempt``, a ``Fence``, or the column's own name)."""
+    return _WRITES[action].derived_by
 
 
 def sql_sets(action: Action) -> dict[str, str | None]:

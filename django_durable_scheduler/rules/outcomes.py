@@ -5,6 +5,7 @@ what of its result and error any database stores."""
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -159,3 +160,12 @@ def storable_result(result: Any, field: str = "result") -> Any:
         elif isinstance(item, str) and "\x00" in item:
             raise InvalidArgument(field, "holds a NUL character (U+0000), which the database cannot store")
     return value
+
+
+def backoff_delay_ms(attempt: int, base_ms: int, max_ms: int, jitter: float) -> int:
+    """The delay before retry ``attempt + 1``: exponential backoff, base * 2**(attempt-1),
+    capped at ``max_ms``, spread by +/- ``jitter`` (a share of it) so that retries of many
+    occurrences that failed together do not arrive together."""
+    raw = min(max_ms, base_ms * (2 ** max(0, min(attempt - 1, 40))))
+    spread = raw * jitter
+    return max(1, min(max_ms, int(raw + random.uniform(-spread, spread))))

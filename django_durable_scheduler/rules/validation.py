@@ -14,8 +14,13 @@ import string
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ..conf import MAX_RETRY_BASE_DELAY_MS, MAX_RETRY_MAX_DELAY_MS, MAX_TIMEOUT_MS
 from ..exceptions import InvalidArgument
+
+# The largest retry delays and handler timeout a job may ask for (settings are checked
+# against the same limits).
+MAX_RETRY_BASE_DELAY_MS = 24 * 60 * 60 * 1000
+MAX_RETRY_MAX_DELAY_MS = 31 * MAX_RETRY_BASE_DELAY_MS
+MAX_TIMEOUT_MS = 31 * 24 * 60 * 60 * 1000
 
 MAX_SAFE_INTEGER = 2**53 - 1
 
@@ -114,15 +119,6 @@ def normalize_int(
     if maximum is not None and value > maximum:
         raise InvalidArgument(field, f"must be <= {maximum} (got {preview(value)})")
     return int(value)
-
-
-def column_max(model: Any, name: str) -> int:
-    """The largest value the integer column ``model.name`` holds on every supported database
-    (the portable ranges Django checks against: e.g. 32767 for a small integer)."""
-    from django.db.backends.base.operations import BaseDatabaseOperations
-
-    internal_type = model._meta.get_field(name).get_internal_type()
-    return int(BaseDatabaseOperations.integer_field_ranges[internal_type][1])
 
 
 def normalize_bool(value: Any, field: str) -> bool:

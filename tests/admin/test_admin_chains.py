@@ -19,8 +19,8 @@ from django_durable_scheduler import kernel
 from django_durable_scheduler.admin import chainview
 from django_durable_scheduler.exceptions import InvalidArgument
 from django_durable_scheduler.housekeeping.retention.plan import prune
+from django_durable_scheduler.kernel import events
 from django_durable_scheduler.models import Batch, BatchStatus, Event, Job, Occurrence, OccurrenceStatus
-from django_durable_scheduler.rules import events
 
 from ..conftest import CLOCK_START, authority_for, snapshot
 from .test_admin import form_errors, job_data, page_messages, run_action, staff_user, url

@@ -394,7 +394,7 @@ def test_rows_are_deleted_in_statements_the_database_accepts(job, clock):
     from django.db import connection
 
     from django_durable_scheduler.db import dialect
-    from django_durable_scheduler.rules.events import new_event
+    from django_durable_scheduler.kernel.events import new_event
 
     dialect.insert(connection.alias, [new_event("job-a", "probe", clock()) for _ in range(2_500)])
     ids = sorted(Event.objects.filter(event_type="probe").values_list("pk", flat=True))

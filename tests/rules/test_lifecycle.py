@@ -18,7 +18,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_durable_scheduler import kernel
 from django_durable_scheduler.exceptions import InvalidState, LeaseLost, NotFound
-from django_durable_scheduler.kernel import throttles
+from django_durable_scheduler.kernel import throttles, transitions
 from django_durable_scheduler.models import (
     TERMINAL_STATUSES,
     Event,
@@ -92,7 +92,9 @@ def test_writes_sets_exactly_the_table_columns():
             extra.update(lease_owner=OWNER, lease_expires_at=now)
         if t.action in (Action.RENEW, Action.ABANDON):
             extra.update(lease_expires_at=now)
-        assert set(lifecycle.writes(t.action, now, **extra)) == set(t.sets), t.action
+        derived = {column for column, _ in lifecycle.derived_by(t.action)}
+        assert set(lifecycle.writes(t.action, now, **extra)) == set(t.sets) - derived, t.action
+        assert set(transitions.writes(t.action, now, **extra)) == set(t.sets), t.action
 
 
 def test_writes_refuses_a_column_the_table_does_not_set_or_cannot_decide():

@@ -27,7 +27,7 @@ from typing import Any
 from django.db import IntegrityError, OperationalError, connections, transaction
 
 from ... import conf
-from ...db.dialect import alias_for, is_deadlock, write_transaction
+from ...db.dialect import alias_for, column_max, is_deadlock, write_transaction
 from ...exceptions import AuthorityPolicyConflict, InvalidArgument
 from ...models import AuthorityPolicy, AuthorityPolicyRevision
 from ...rules.authority import (
@@ -45,7 +45,6 @@ from ...rules.authority import (
 from ...rules.throttles import stored_throttle
 from ...rules.validation import (
     MAX_IDENTIFIER_LENGTH,
-    column_max,
     normalize_bool,
     normalize_identifier,
     normalize_int,

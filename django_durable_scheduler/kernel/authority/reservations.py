@@ -32,7 +32,7 @@ from django.db import connections
 
 from ... import conf
 from ...db import dialect
-from ...db.dialect import alias_for, write_transaction
+from ...db.dialect import alias_for, column_max, write_transaction
 from ...exceptions import (
     AuthorityBudgetExhausted,
     AuthorityBudgetStateInvalid,
@@ -49,7 +49,7 @@ from ...exceptions import (
 )
 from ...models import AuthorityPolicy, AuthorityReservation, Occurrence, OccurrenceStatus
 from ...rules.authority import MAX_BUDGET, Principal, bound_revision, missing_capabilities, policy_ref
-from ...rules.validation import column_max, normalize_identifier, normalize_int, preview, to_ms
+from ...rules.validation import normalize_identifier, normalize_int, preview, to_ms
 from .. import settling
 from . import budgets
 from .policies import lock_policy

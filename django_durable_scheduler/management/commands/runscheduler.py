@@ -115,7 +115,7 @@ class Command(BaseCommand):
             raise SystemExit(2)
         # A stop asked for while starting up (before the worker's own handlers) is recorded,
         # and the command then returns without running: no exit by the signal's default action.
-        # Those recorded before the command ran (startup.py) count too.
+        # Those recorded before the command ran (management/startup.py) count too.
         stopped: list[int] = []
         with _on_signals(stopped.append):
             stopped[:0] = startup.take()
