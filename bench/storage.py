@@ -26,6 +26,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+# An earlier commit's package to measure instead of the working tree's (bench/baselines.py).
+if os.environ.get("BENCH_PACKAGE_DIR"):
+    sys.path.insert(0, os.environ["BENCH_PACKAGE_DIR"])
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/dschbench_storage"
 CHUNK = 1000

@@ -211,7 +211,11 @@ class AuthorityPolicyForm(_ApiForm):
         help_text="Empty: no limit. With neither limit, runs are not charged.",
     )
     max_units = forms.IntegerField(
-        label="Max units per window", required=False, min_value=1, max_value=MAX_BUDGET, help_text="Empty: no limit."
+        label="Max units per window",
+        required=False,
+        min_value=1,
+        max_value=MAX_BUDGET,
+        help_text="Empty: no limit.",
     )
     max_running = forms.IntegerField(
         label="Max running at once",
