@@ -355,8 +355,10 @@ class AuthorityPolicy(models.Model):
     enabled = models.BooleanField(default=True)
     capabilities = models.JSONField(default=list)
     window_ms = models.BigIntegerField(default=24 * 60 * 60 * 1000)
-    max_runs = models.PositiveIntegerField(default=100_000)
-    max_units = models.PositiveIntegerField(default=100_000)
+    # Runs and units per window (None: no limit). With neither set no budget applies: its
+    # claims charge nothing and write no reservation (docs/authority.md, "Budgets").
+    max_runs = models.PositiveIntegerField(null=True, blank=True, default=None)
+    max_units = models.PositiveIntegerField(null=True, blank=True, default=None)
     # How many of the principal's occurrences run at once (None: no cap).
     max_running = models.PositiveIntegerField(null=True, blank=True)
     # How fast the principal's occurrences may start ({"limit", "period_ms", "burst"}; None: no throttle).
@@ -378,10 +380,12 @@ class AuthorityPolicy(models.Model):
                 name="dsch_policy_window_range",
             ),
             models.CheckConstraint(
-                condition=Q(max_runs__gte=1, max_runs__lte=1_000_000), name="dsch_policy_max_runs_range"
+                condition=Q(max_runs__isnull=True) | Q(max_runs__gte=1, max_runs__lte=1_000_000),
+                name="dsch_policy_max_runs_range",
             ),
             models.CheckConstraint(
-                condition=Q(max_units__gte=1, max_units__lte=1_000_000), name="dsch_policy_max_units_range"
+                condition=Q(max_units__isnull=True) | Q(max_units__gte=1, max_units__lte=1_000_000),
+                name="dsch_policy_max_units_range",
             ),
             models.CheckConstraint(
                 condition=Q(max_running__isnull=True) | Q(max_running__gte=1, max_running__lte=10_000),
@@ -391,6 +395,11 @@ class AuthorityPolicy(models.Model):
 
     def __str__(self) -> str:
         return f"{self.principal_type}:{self.principal_id}"
+
+    @property
+    def has_budget(self) -> bool:
+        """Whether its runs are charged: a limit on runs or units per window is set."""
+        return self.max_runs is not None or self.max_units is not None
 
 
 class AuthorityUsage(models.Model):

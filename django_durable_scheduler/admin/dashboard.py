@@ -135,6 +135,11 @@ class Dashboard:
             for title, kinds in self.outcomes.items()
         ]
 
+    @property
+    def held(self) -> list[ops.BudgetUsage]:
+        """The principals held at their budget: their claims wait until the window ends."""
+        return [usage for usage in self.budgets if usage.held]
+
     def dead_letter_rows(self) -> list[tuple[Occurrence, str]]:
         return [(occurrence, error_text(occurrence)) for occurrence in self.dead_letters]
 

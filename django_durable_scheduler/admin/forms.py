@@ -203,8 +203,20 @@ class AuthorityPolicyForm(_ApiForm):
     window_unit = forms.ChoiceField(
         label="Window unit", choices=[(unit, unit) for unit in WINDOW_UNITS], initial="hours"
     )
-    max_runs = forms.IntegerField(label="Max runs per window", min_value=1, max_value=MAX_BUDGET)
-    max_units = forms.IntegerField(label="Max units per window", min_value=1, max_value=MAX_BUDGET)
+    max_runs = forms.IntegerField(
+        label="Max runs per window",
+        required=False,
+        min_value=1,
+        max_value=MAX_BUDGET,
+        help_text="Empty: no limit. With neither limit, runs are not charged.",
+    )
+    max_units = forms.IntegerField(
+        label="Max units per window",
+        required=False,
+        min_value=1,
+        max_value=MAX_BUDGET,
+        help_text="Empty: no limit.",
+    )
     max_running = forms.IntegerField(
         label="Max running at once",
         required=False,
@@ -233,8 +245,6 @@ class AuthorityPolicyForm(_ApiForm):
         else:
             self.initial.setdefault("window_value", 24)
             self.initial.setdefault("window_unit", "hours")
-            self.initial.setdefault("max_runs", 100_000)
-            self.initial.setdefault("max_units", 100_000)
         for name in ("principal_type", "principal_id"):
             if name in self.fields:
                 self.fields[name].help_text = "Who the policy applies to (the jobs' authority.principal)."
@@ -264,8 +274,8 @@ class AuthorityPolicyForm(_ApiForm):
             principal_id,
             capabilities=data["capabilities"],
             window=timedelta(seconds=data["window_seconds"]),
-            max_runs=data["max_runs"],
-            max_units=data["max_units"],
+            max_runs=data.get("max_runs"),
+            max_units=data.get("max_units"),
             max_running=data.get("max_running"),
             enabled=data["enabled"],
             expected_revision=data["loaded_revision"],

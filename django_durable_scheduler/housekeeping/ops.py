@@ -150,9 +150,17 @@ class BudgetUsage:
     window_started_at: datetime
     window_ends_at: datetime
     runs: int
-    max_runs: int
+    max_runs: int | None  # None: no limit
     units: int
-    max_units: int
+    max_units: int | None
+
+    @property
+    def held(self) -> bool:
+        """Whether the window's runs or units are spent: the principal's claims wait until
+        ``window_ends_at``."""
+        return (self.max_runs is not None and self.runs >= self.max_runs) or (
+            self.max_units is not None and self.units >= self.max_units
+        )
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -261,11 +269,20 @@ def _workers(
     return live, stale, stopped
 
 
+def _limit(limit: int | None) -> str:
+    return "no limit" if limit is None else str(limit)
+
+
+def _used(used: int, limit: int | None, percent: int) -> bool:
+    return limit is not None and used * 100 >= limit * percent
+
+
 def budget_usage(now: datetime, percent: int, alias: str) -> list[BudgetUsage]:
-    """Enabled policies whose current window used ``percent`` % of its runs or units (0: every
-    one with usage in the window)."""
+    """Enabled policies with a budget whose current window used ``percent`` % of its runs or
+    units (0: every one with usage in the window)."""
     by_window: dict[int, list[AuthorityPolicy]] = defaultdict(list)
-    for policy in AuthorityPolicy.objects.using(alias).filter(enabled=True):
+    budgeted = Q(max_runs__isnull=False) | Q(max_units__isnull=False)
+    for policy in AuthorityPolicy.objects.using(alias).filter(budgeted, enabled=True):
         by_window[policy.window_ms].append(policy)
     now_ms = to_ms(now, "now")
     found: list[BudgetUsage] = []
@@ -281,7 +298,7 @@ def budget_usage(now: datetime, percent: int, alias: str) -> list[BudgetUsage]:
             row = usage.get((policy.principal_type, policy.principal_id, policy.revision))
             if row is None:
                 continue
-            if row.runs * 100 >= policy.max_runs * percent or row.units * 100 >= policy.max_units * percent:
+            if _used(row.runs, policy.max_runs, percent) or _used(row.units, policy.max_units, percent):
                 found.append(
                     BudgetUsage(
                         principal_type=policy.principal_type,
@@ -464,7 +481,8 @@ def format_status(status: Status) -> str:
         lines.extend(
             f"  {Principal.of_row(b).label} revision {b.policy_revision} "
             f"window {iso_ms(b.window_started_at)}..{iso_ms(b.window_ends_at)}: "
-            f"runs {b.runs}/{b.max_runs}, units {b.units}/{b.max_units}"
+            f"runs {b.runs}/{_limit(b.max_runs)}, units {b.units}/{_limit(b.max_units)}"
+            + (" (held until the window ends)" if b.held else "")
             for b in status.near_budget
         )
     if status.without_policy:

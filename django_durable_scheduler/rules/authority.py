@@ -21,8 +21,9 @@ MIN_WINDOW_MS = 60_000
 MAX_WINDOW_MS = 31 * 24 * 60 * 60 * 1000
 MAX_BUDGET = 1_000_000
 DEFAULT_WINDOW_MS = 24 * 60 * 60 * 1000
-DEFAULT_MAX_RUNS = 100_000
-DEFAULT_MAX_UNITS = 100_000
+# No budget unless one is configured: a policy made without one never holds work back.
+DEFAULT_MAX_RUNS: int | None = None
+DEFAULT_MAX_UNITS: int | None = None
 POLICY_REF_PREFIX = "scheduler-authority:"
 _POLICY_REF = re.compile(r"^scheduler-authority:([1-9][0-9]{0,17})$")
 

@@ -38,7 +38,7 @@ def grant(
     """Let ``principal`` (``"team:billing"``, a ``(type, id)`` pair, a principal dict or an
     authority envelope) use ``capabilities``: its policy is created, or widened to hold
     them too. ``runs`` / ``units``: the budget per ``window`` (default: one day; without
-    them, a budget no test reaches, or the policy's own); ``max_running``: runs at once.
+    them, no budget, or the policy's own); ``max_running``: runs at once.
 
     A run whose envelope requests a capability its principal was not granted is denied (it
     shows as ``denied`` in ``drain()``'s result); one over ``runs`` waits for the next window
@@ -50,7 +50,7 @@ def grant(
     runs = None if runs is None else normalize_int(runs, "runs", minimum=1, maximum=MAX_BUDGET)
     units = None if units is None else normalize_int(units, "units", minimum=1, maximum=MAX_BUDGET)
     current = get_policy(who.type, who.id, using=using)
-    budget: tuple[timedelta, int, int, int | None]
+    budget: tuple[timedelta, int | None, int | None, int | None]
     if current is None:
         held: list[str] = []
         budget = (timedelta(milliseconds=DEFAULT_WINDOW_MS), DEFAULT_MAX_RUNS, DEFAULT_MAX_UNITS, None)

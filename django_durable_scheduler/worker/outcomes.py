@@ -28,6 +28,7 @@ from ..rules.progress import Progress
 from ..rules.validation import to_ms
 from ..telemetry import metrics
 from .context import ExecutionContext
+from .holds import BudgetHolds
 from .runs import Held, Run, log_fields
 
 logger = logging.getLogger("django_durable_scheduler")
@@ -157,6 +158,7 @@ class OutcomeReporter:
         self.sender = sender
         self.using = using
         self.instruments = instruments
+        self.holds = BudgetHolds()
 
     def flush(self) -> None:
         """Settle every finished outcome in one transaction. When the database refuses the
@@ -315,7 +317,8 @@ class OutcomeReporter:
 
     def refused(self, occurrence: Occurrence, result: reservations.Authorization) -> None:
         """Log (and signal) an occurrence its authority refused: a denial, dead-lettered,
-        at WARNING; a budget deferral, which only waits, at INFO."""
+        at WARNING; a budget deferral, which only waits, at INFO, and its principal's spent
+        window once at WARNING (``holds``)."""
         kind = occurrence.claimed_kind or ""
         if result.verdict == reservations.LEASE_LOST:
             logger.warning(
@@ -325,6 +328,8 @@ class OutcomeReporter:
         error = result.error or {}
         reason = error.get("reason") or result.verdict
         denied = result.verdict == reservations.DENIED
+        if result.verdict == reservations.DEFERRED:
+            self.holds.deferred(Principal.label_of(occurrence.authority), error.get("details") or {})
         # The stored message names the reason and what was refused (the missing
         # capabilities, the principal), so the log line alone tells the operator.
         logger.log(

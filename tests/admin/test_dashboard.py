@@ -45,10 +45,24 @@ def run(job_id: str, outcome: str, clock, n: int = 1, **settle) -> None:
             )
 
 
+def budget(principal_id: str, max_runs: int) -> None:
+    """Give the ``app`` principal a budget of ``max_runs`` a day (it has none by default)."""
+    policy = scheduler.get_policy("app", principal_id)
+    scheduler.set_policy(
+        "app",
+        principal_id,
+        capabilities=policy.capabilities,
+        window=86_400,
+        max_runs=max_runs,
+        expected_revision=policy.revision,
+    )
+
+
 @pytest.fixture
 def world(clock):
     scheduler.create_job("mail", "mail.send")
     scheduler.create_job("sync", "crm.sync")
+    budget("durable_scheduler", 100_000)
     clock.advance(hours=-30)
     run("mail", "succeeded", clock, n=2)  # more than a day ago: in neither chart
     clock.advance(hours=26)
@@ -228,3 +242,24 @@ def test_the_jobs_and_paused_kinds_admins_pause_and_resume(admin_client, world):
     admin_client.post(jobs, {"action": "resume_kinds", "_selected_action": ["sync"]})
     assert scheduler.paused_kinds() == []
     assert Event.objects.filter(event_type="kind_resumed", data__by="admin").count() == 2
+
+
+def test_a_principal_held_at_its_budget_shows_until_when(admin_client, clock):
+    scheduler.create_job("mail", "mail.send")
+    budget("durable_scheduler", 2)
+    run("mail", "succeeded", clock, n=2)
+    board = dashboard.collect()
+    (held,) = board.held
+    assert (held.principal_id, held.runs, held.max_runs, held.max_units) == ("durable_scheduler", 2, 2, None)
+    page = admin_client.get(reverse(URL)).content.decode()
+    until = held.window_ends_at.strftime("%Y-%m-%d %H:%M:%S")
+    assert f"app:durable_scheduler is held at its budget until {until} UTC" in page
+    assert "2 (no limit)" in page  # the units, which have no limit
+
+
+def test_no_principal_is_held_below_its_budget(admin_client, clock):
+    scheduler.create_job("mail", "mail.send")
+    budget("durable_scheduler", 3)
+    run("mail", "succeeded", clock, n=2)
+    assert dashboard.collect().held == []
+    assert "held at its budget" not in admin_client.get(reverse(URL)).content.decode()

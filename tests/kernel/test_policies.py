@@ -302,10 +302,10 @@ def test_ensure_policy_creates_then_never_widens(clock):
     envelope = authority_for("frank", "b.cap", "a.cap")
     created = scheduler.ensure_policy(envelope)
     assert (created.revision, created.capabilities, created.window_ms) == (1, ["a.cap", "b.cap"], 86_400_000)
-    assert (created.max_runs, created.max_units) == (100_000, 100_000)
+    assert (created.max_runs, created.max_units) == (None, None)  # no budget unless configured
     wider = scheduler.ensure_policy(authority_for("frank", "a.cap", "b.cap", "c.cap"), max_runs=5)
     assert wider.pk == created.pk and wider.revision == 1 and wider.capabilities == ["a.cap", "b.cap"]
-    assert AuthorityPolicy.objects.get().max_runs == 100_000
+    assert AuthorityPolicy.objects.get().max_runs is None
     assert len(scheduler.policy_history("user", "frank")) == 1
     # A narrower existing policy stays narrow too.
     policy(pid="gina", caps=["a.cap"])

@@ -113,7 +113,8 @@ def granted(principal_id: str) -> dict:
     authority = authority_for(principal_id, "tests.run")
     ensure_policy = getattr(scheduler, "ensure_policy", None)
     if ensure_policy is not None:
-        ensure_policy(authority)
+        # A budget, so that the runs are charged and reserved (a policy has none by default).
+        ensure_policy(authority, max_runs=100_000, max_units=100_000)
     return authority
 
 

@@ -49,16 +49,21 @@ class WindowUsage:
     window_ends_at: datetime
     runs: int
     units: int
-    max_runs: int
-    max_units: int
+    max_runs: int | None  # None: no limit
+    max_units: int | None
 
     @property
-    def remaining_runs(self) -> int:
-        return max(0, self.max_runs - self.runs)
+    def remaining_runs(self) -> int | None:
+        return None if self.max_runs is None else max(0, self.max_runs - self.runs)
 
     @property
-    def remaining_units(self) -> int:
-        return max(0, self.max_units - self.units)
+    def remaining_units(self) -> int | None:
+        return None if self.max_units is None else max(0, self.max_units - self.units)
+
+    @property
+    def held(self) -> bool:
+        """Whether the window's runs or units are spent: its claims wait for the next one."""
+        return self.remaining_runs == 0 or self.remaining_units == 0
 
 
 def window_bounds(window_ms: int, now: datetime) -> tuple[datetime, datetime]:
@@ -234,6 +239,11 @@ def _state_invalid(
     )
 
 
+def over(limit: int | None, used: int) -> bool:
+    """Whether ``used`` goes past ``limit`` (None: no limit)."""
+    return limit is not None and used > limit
+
+
 def _reserve(
     policy: AuthorityPolicy,
     charges: list[tuple[Occurrence, int]],
@@ -248,7 +258,7 @@ def _reserve(
     used_runs, used_units = used
     out: list[AuthorityReservation | AuthorityBudgetExhausted] = []
     for occurrence, units in charges:
-        if used_runs + 1 > policy.max_runs or used_units + units > policy.max_units:
+        if over(policy.max_runs, used_runs + 1) or over(policy.max_units, used_units + units):
             out.append(_exhausted(principal, policy, window, (used_runs, used_units), units))
             continue
         used_runs += 1

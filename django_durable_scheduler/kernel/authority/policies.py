@@ -91,8 +91,9 @@ def _window_ms(window: Any, field: str = "window") -> int:
     return to_duration_ms(window, field, minimum_ms=MIN_WINDOW_MS, maximum_ms=MAX_WINDOW_MS)
 
 
-def _budget(value: Any, field: str) -> int:
-    return normalize_int(value, field, minimum=1, maximum=MAX_BUDGET)
+def _budget(value: Any, field: str) -> int | None:
+    """A limit per window, or None: no limit on that count."""
+    return None if value is None else normalize_int(value, field, minimum=1, maximum=MAX_BUDGET)
 
 
 def policy_content(policy: AuthorityPolicy) -> dict[str, Any]:
@@ -165,8 +166,8 @@ def change_policy(
     *,
     capabilities: Any,
     window: float | timedelta,
-    max_runs: int,
-    max_units: int,
+    max_runs: int | None = None,
+    max_units: int | None = None,
     enabled: bool = True,
     expected_revision: int | None = None,
     changed_by: str | None = None,
@@ -207,8 +208,8 @@ class _Change:
     principal: Principal
     capabilities: list[str]
     window_ms: int
-    max_runs: int
-    max_units: int
+    max_runs: int | None
+    max_units: int | None
     enabled: bool
     expected: int | None  # the compare-and-set revision, if any
     actor: str | None
@@ -381,8 +382,8 @@ def set_policy(
     *,
     capabilities: Any,
     window: float | timedelta,
-    max_runs: int,
-    max_units: int,
+    max_runs: int | None = None,
+    max_units: int | None = None,
     enabled: bool = True,
     expected_revision: int | None = None,
     changed_by: str | None = None,
@@ -392,6 +393,8 @@ def set_policy(
 ) -> AuthorityPolicy:
     """Create or replace the principal's policy (``docs/design.md``, "Authority checks").
 
+    ``max_runs`` / ``max_units``: the budget, runs and units per ``window`` (1..1,000,000;
+    None: no limit). With neither, no budget applies: runs are not charged nor reserved.
     ``max_running``: how many of the principal's occurrences may run at once across every
     worker (1..10,000; None: no cap). ``throttle``: how fast they may start across every
     worker, ``{"limit": 100, "period": 5, "burst": 20}`` (no ``key``: it counts all the
@@ -425,13 +428,14 @@ def ensure_policy(
     authority: dict[str, Any],
     *,
     window: float | timedelta = timedelta(milliseconds=DEFAULT_WINDOW_MS),
-    max_runs: int = DEFAULT_MAX_RUNS,
-    max_units: int = DEFAULT_MAX_UNITS,
+    max_runs: int | None = DEFAULT_MAX_RUNS,
+    max_units: int | None = DEFAULT_MAX_UNITS,
     changed_by: str | None = None,
     using: str | None = None,
 ) -> AuthorityPolicy:
     """The envelope principal's policy; when it has none, create one granting exactly the
-    envelope's requested capabilities. An existing policy is returned unchanged (never
+    envelope's requested capabilities, with no budget unless ``max_runs``/``max_units`` give
+    one. An existing policy is returned unchanged (never
     widened). An envelope that requests no capability cannot create a policy (a policy
     lists 1..256 capabilities): ``authority.requestedCapabilities`` is refused."""
     envelope = normalize_authority(authority, "authority")
@@ -499,7 +503,8 @@ def _grant_note(job_id: str) -> str:
 
 def grant_default(capability: str, *, job_id: str, using: str | None = None) -> AuthorityPolicy:
     """The default principal's policy (``DURABLE_SCHEDULER_DEFAULT_PRINCIPAL``), granting
-    ``capability``: created on first use with the default budget, widened when a job is
+    ``capability``: created on first use with no budget (nobody configured one, so it holds
+    no work back), widened when a job is
     created without an authority envelope for a kind it does not grant yet. Such a job's
     author asked for no restriction; an operator restricts it in the admin, and an explicit
     envelope stays fail-closed."""

@@ -56,6 +56,8 @@ from .policies import lock_policy
 
 RESERVED = "reserved"
 REUSED = "reused"
+# Passed the checks under a policy with no budget: nothing charged, no reservation written.
+AUTHORIZED = "authorized"
 DENIED = "denied"
 DEFERRED = "deferred"
 LEASE_LOST = "lease_lost"
@@ -70,6 +72,8 @@ REASONS: dict[type[SchedulerError], str] = {
     AuthorityReservationMismatch: "reservation_mismatch",
 }
 _DENIALS = tuple(REASONS)
+# The verdicts under which the handler may run.
+RUNNABLE = (RESERVED, REUSED, AUTHORIZED)
 
 Units = int | Callable[[Occurrence], int]
 # The policies a transaction has locked, by principal.
@@ -358,7 +362,7 @@ def _authorize_locked(
             continue
         principal = Principal.of(held.authority)
         try:
-            _check_held(held, policies.get(principal), principal)
+            policy = _check_held(held, policies.get(principal), principal)
             # A retry reuses the reservation its earlier attempt made (charged under the
             # revision and window of that attempt): no second charge.
             reservation = existing.get(held.pk)
@@ -369,6 +373,9 @@ def _authorize_locked(
                 continue
         except _DENIALS as exc:
             refused.append((index, held, exc))
+            continue
+        if not policy.has_budget:
+            verdicts[index] = Authorization(AUTHORIZED)
             continue
         charges.setdefault(principal, []).append((index, held, units))
     refused += _charge(charges, policies, now, alias)
@@ -449,10 +456,11 @@ def authorize(occurrence: Occurrence, *, units: Units = 1, owner: str, using: st
     """Authorize a claimed occurrence before its handler runs (``docs/design.md``, "Authority checks").
 
     Returns ``"reserved"`` (budget charged), ``"reused"`` (a retry keeps its reservation),
+    ``"authorized"`` (the policy has no budget: nothing charged, no reservation),
     ``"denied"`` (dead-lettered without retry: ``policy_required``, ``policy_unbound``,
     ``policy_stale``, ``permission_denied``, ``budget_state_invalid``) or ``"deferred"``
     (budget exhausted: queued again until the window ends, no attempt used). Only in the
-    first two cases may the handler run. ``units`` is an int or a function of the
+    first three cases may the handler run. ``units`` is an int or a function of the
     occurrence (the handler registration's ``units``). ``SCHEDULER_LEASE_LOST`` unless
     ``owner`` holds the occurrence's lease at its claimed fence.
     """
@@ -553,7 +561,7 @@ def authorize_claimed(
     for (occurrence, units), verdict in zip(items, verdicts, strict=True):
         if isinstance(verdict, LeaseLost):  # a lease shorter than the transaction
             refused.append((occurrence, Authorization(LEASE_LOST)))
-        elif verdict.verdict in (RESERVED, REUSED):
+        elif verdict.verdict in RUNNABLE:
             occurrence.charged_units = units if verdict.verdict == RESERVED else 0
             runnable.append(occurrence)
         else:
