@@ -520,6 +520,8 @@ def enqueue_batch(
     it, in one transaction: its ``callback`` job gets one occurrence once every member is
     terminal (see ``batches.open_batch`` for the batch's arguments). The same call again
     (same ``batch_id`` and items) returns the batch and its members, deduplicated."""
+    # Checked before the lookup: a malformed id (a lone surrogate) must be named, not sent.
+    batch_id = None if batch_id is None else batches.checked_batch_id(batch_id)
     with dialect.write_transaction(using) as alias:
         existed = batch_id is not None and Batch.objects.using(alias).filter(pk=batch_id).exists()
         batch = batches.open_batch(

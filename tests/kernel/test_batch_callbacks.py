@@ -204,6 +204,12 @@ def test_members_of_several_jobs_and_their_own_chains(jobs, clock):
         (lambda: kernel.cancel_batch("nope"), NotFound, "batch"),
         (lambda: kernel.enqueue_batch("export", _items(2), callback="nope"), NotFound, "callback"),
         (lambda: kernel.enqueue_batch("nope", _items(2), callback="report"), NotFound, None),
+        # A lone surrogate reached the batch lookup unchecked (psycopg: UnicodeEncodeError).
+        (
+            lambda: kernel.enqueue_batch("export", _items(2), callback="report", batch_id="\ud800"),
+            InvalidArgument,
+            "batch_id",
+        ),
         (
             lambda: kernel.enqueue(
                 "export", scheduled_for=CLOCK_START, trigger_key="a", batch="b", unique_key="u"
