@@ -9,7 +9,8 @@ from datetime import timedelta
 import pytest
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler.kernel import budgets, claiming, reservations
+from django_durable_scheduler.kernel import claiming
+from django_durable_scheduler.kernel.authority import budgets, reservations
 from django_durable_scheduler.models import AuthorityReservation, AuthorityUsage, Occurrence
 
 pytestmark = pytest.mark.django_db

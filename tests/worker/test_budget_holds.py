@@ -8,8 +8,8 @@ import logging
 import pytest
 
 import django_durable_scheduler as scheduler
-from django_durable_scheduler import registry
-from django_durable_scheduler.kernel import budgets
+from django_durable_scheduler.handlers import registry
+from django_durable_scheduler.kernel.authority import budgets
 from django_durable_scheduler.models import Occurrence
 from django_durable_scheduler.rules.validation import iso_ms
 from django_durable_scheduler.worker import Worker
