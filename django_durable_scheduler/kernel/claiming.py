@@ -26,6 +26,7 @@ from ..rules.validation import iso_ms, normalize_bool, normalize_identifier, nor
 from . import claim_sql, leases, reservations
 from .candidates import claim_candidates, last_claimed_principal, waiting_work
 from .reservations import AuthorizedClaim, Units
+from .writing import writing
 
 
 def _kinds(kinds: Any) -> list[str] | None:
@@ -146,7 +147,8 @@ def claim_planned(
         )
         applied(Action.CLAIM, row, values)
     # The UPDATE and its events in one round trip where the database can.
-    guarded.insert_after(alias, [update], events)
+    with writing(Action.CLAIM):
+        guarded.insert_after(alias, [update], events)
     return rows
 
 

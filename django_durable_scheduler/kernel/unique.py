@@ -37,6 +37,7 @@ from ..rules.identity import canonical_json
 from ..rules.lifecycle import Action, event_of, writes
 from ..rules.validation import iso_ms, normalize_identifier, to_duration_ms
 from .inserting import payload_mismatch
+from .writing import writing
 
 # What each ``unique_while`` counts as the occurrence that stands for the key.
 UNIQUE_WHILE: dict[str, tuple[OccurrenceStatus, ...]] = {
@@ -166,7 +167,8 @@ def debounce(
     values = writes(Action.DEBOUNCE, now, available_at=max(previous, request.start(now)), payload=payload)
     for name, value in values.items():
         setattr(occurrence, name, value)
-    occurrence.save(using=alias, update_fields=list(values))
+    with writing(Action.DEBOUNCE):
+        occurrence.save(using=alias, update_fields=list(values))
     new_event(
         occurrence.job_id,
         event_of(Action.DEBOUNCE),
