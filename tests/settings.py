@@ -87,6 +87,9 @@ if os.environ.get("DSCH_CLOCK_T0"):
     DURABLE_SCHEDULER_CLOCK = "tests.procs.clock.dilated"
 DURABLE_SCHEDULER_TIME_SOURCE = os.environ.get("DSCH_TIME_SOURCE", "host")
 DURABLE_SCHEDULER_LISTEN = os.environ.get("DSCH_LISTEN", "1") == "1"
+# Every UPDATE of the occurrence table held to the lifecycle table (tests/writecheck.py): off
+# only where Python calls are counted (tests/kernel/test_plain_budget.py).
+CHECK_OCCURRENCE_WRITES = os.environ.get("DSCH_CHECK_WRITES", "1") != "0"
 # A subprocess of tests/test_autodiscover.py starts without importing the handler modules.
 DURABLE_SCHEDULER_AUTODISCOVER = os.environ.get("DSCH_AUTODISCOVER", "1") == "1"
 # Subprocess workers of the retention tests get their retention (JSON) from the environment.

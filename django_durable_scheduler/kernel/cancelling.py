@@ -35,6 +35,7 @@ from .authority.budgets import settle_cancelled
 from .events import new_event
 from .followups import TERMINAL_FIELDS, reached_terminal
 from .transitions import writes
+from .writing import writing
 
 MAX_REQUESTED_BY = 256
 MAX_CANCEL_REASON = 1024
@@ -109,7 +110,8 @@ def request_cancel(
         "maxAttempts": current.max_attempts,
     }
     values = writes(Action.REQUEST_CANCEL, now)
-    Occurrence.objects.using(alias).filter(pk=occurrence_id).update(**values)
+    with writing(Action.REQUEST_CANCEL):
+        Occurrence.objects.using(alias).filter(pk=occurrence_id).update(**values)
     applied(Action.REQUEST_CANCEL, current, values)
     new_event(
         current.job_id,
@@ -135,7 +137,8 @@ def cancel_pending(
         return
     ids = [row.pk for row in rows]
     values = writes(Action.CANCEL, now, last_error={"code": "SCHEDULER_CANCELLED", "message": reason})
-    Occurrence.objects.using(alias).filter(pk__in=ids).update(**values)
+    with writing(Action.CANCEL):
+        Occurrence.objects.using(alias).filter(pk__in=ids).update(**values)
     settle_cancelled(ids, reason, now, alias)
     event = event_of(Action.CANCEL)
     events = []

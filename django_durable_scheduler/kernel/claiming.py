@@ -29,6 +29,7 @@ from .authority.reservations import AuthorizedClaim, Units
 from .candidates import claim_candidates, last_claimed_principal, waiting_work
 from .events import new_event
 from .transitions import writes
+from .writing import writing
 
 
 def _kinds(kinds: Any) -> list[str] | None:
@@ -153,7 +154,8 @@ def claim_planned(
         )
         applied(Action.CLAIM, row, values)
     # The UPDATE and its events in one round trip where the database can.
-    guarded.insert_after(alias, [update], events)
+    with writing(Action.CLAIM):
+        guarded.insert_after(alias, [update], events)
     return rows
 
 

@@ -37,6 +37,7 @@ from .jobs import get_job
 from .transitions import writes
 from .unique import UniqueRequest, answered, find_live, lock_job, payload_digest, record, unique_request
 from .unique import debounce as debounce_waiting
+from .writing import writing
 
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 _ITEM_KEYS = frozenset({"scheduled_for", "trigger_key", "available_at", "payload"})
@@ -435,7 +436,8 @@ def run_now(occurrence_id: str, *, reason: str | None = None, using: str | None 
             values = writes(Action.RUN_NOW, now, available_at=now)
             for name, value in values.items():
                 setattr(occurrence, name, value)
-            occurrence.save(using=alias, update_fields=list(values))
+            with writing(Action.RUN_NOW):
+                occurrence.save(using=alias, update_fields=list(values))
             new_event(
                 occurrence.job_id,
                 event_of(Action.RUN_NOW),

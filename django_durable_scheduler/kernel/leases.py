@@ -47,6 +47,7 @@ from .followups import TERMINAL_FIELDS, reached_terminal
 from .settling import lease_args
 from .transitions import expired as lifecycle_expired
 from .transitions import held, writes
+from .writing import writing
 
 MAX_LEASE_MS = conf.MAX_LEASE_MS
 
@@ -98,7 +99,8 @@ def _dead_letter_rows(rows: Sequence[Occurrence], now: datetime, alias: str, *, 
             for row in group
         ]
         values = writes(action, now, last_error=stored)
-        Occurrence.objects.using(alias).filter(pk__in=ids).update(**values)
+        with writing(action):
+            Occurrence.objects.using(alias).filter(pk__in=ids).update(**values)
         for row in group:
             applied(action, row, values)
         if action is Action.EXPIRE:
@@ -148,9 +150,10 @@ def renew(
     now = conf.now()
     wanted = now + timedelta(milliseconds=lease_ms)
     with write_transaction(using) as alias:
-        updated = _held(alias, occurrence_id, owner, fence, now).update(
-            **writes(Action.RENEW, now, lease_expires_at=Greatest(F("lease_expires_at"), wanted))
-        )
+        with writing(Action.RENEW):
+            updated = _held(alias, occurrence_id, owner, fence, now).update(
+                **writes(Action.RENEW, now, lease_expires_at=Greatest(F("lease_expires_at"), wanted))
+            )
         current = Occurrence.objects.using(alias).filter(pk=occurrence_id).first()
         if not updated or current is None:
             raise lease_lost(occurrence_id, current, owner, fence, now)
@@ -231,7 +234,8 @@ def _renew_chunk(
         renewed = [row for row in rows if holds_lease(row, owner, fences[row.pk], now)]
         if renewed:
             values = writes(Action.RENEW, now, lease_expires_at=Greatest(F("lease_expires_at"), wanted))
-            Occurrence.objects.using(alias).filter(pk__in=[row.pk for row in renewed]).update(**values)
+            with writing(Action.RENEW):
+                Occurrence.objects.using(alias).filter(pk__in=[row.pk for row in renewed]).update(**values)
         insert(
             alias,
             [
@@ -274,9 +278,10 @@ def record_execution(
         values.setdefault(column, F(column))  # the one not given is kept
     now = conf.now()
     with write_transaction(using) as alias:
-        updated = _held(alias, occurrence_id, owner, fence, now).update(
-            **writes(Action.RECORD_EXECUTION, now, **values)
-        )
+        with writing(Action.RECORD_EXECUTION):
+            updated = _held(alias, occurrence_id, owner, fence, now).update(
+                **writes(Action.RECORD_EXECUTION, now, **values)
+            )
         current = Occurrence.objects.using(alias).filter(pk=occurrence_id).first()
         if not updated or current is None:
             raise lease_lost(occurrence_id, current, owner, fence, now)
@@ -299,7 +304,8 @@ def abandon(owner: str, *, using: str | None = None) -> int:
         rows = list(leases.select_for_update().order_by("pk").only("pk", "job_id", "fence"))
         if not rows:
             return 0
-        leases.update(**writes(Action.ABANDON, now, lease_expires_at=now))
+        with writing(Action.ABANDON):
+            leases.update(**writes(Action.ABANDON, now, lease_expires_at=now))
         insert(
             alias,
             [

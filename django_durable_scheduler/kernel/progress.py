@@ -16,6 +16,7 @@ from ..rules.lifecycle import Action, lease_lost
 from ..rules.progress import Progress, normalize_progress
 from .settling import lease_args
 from .transitions import held, writes
+from .writing import writing
 
 
 def record_progress(
@@ -38,7 +39,9 @@ def record_progress(
     now = conf.now()
     with write_transaction(using) as alias:
         rows = Occurrence.objects.using(alias).filter(held(owner, fence, now), pk=occurrence_id)
-        if not rows.update(**writes(Action.RECORD_PROGRESS, now, progress=progress.as_json())):
+        with writing(Action.RECORD_PROGRESS):
+            written = rows.update(**writes(Action.RECORD_PROGRESS, now, progress=progress.as_json()))
+        if not written:
             # Only a refused write reads the row, to say why.
             current = Occurrence.objects.using(alias).filter(pk=occurrence_id).first()
             raise lease_lost(occurrence_id, current, owner, fence, now)

@@ -49,6 +49,7 @@ from .cancelling import CANCELLED_WHILE_RUNNING, cancelled_error
 from .events import new_event
 from .followups import TERMINAL_FIELDS, reached_terminal
 from .transitions import writes
+from .writing import writing
 
 MAX_FENCE = column_max(Occurrence, "fence")
 # What settling reads of each held row under the lock: its state, lease, attempts and job
@@ -315,7 +316,8 @@ def _settle_held(
         pending_events.append((current, event_of(action), data, spec.fence))
         out.append(current)
     for action, given, ids in updates.values():
-        Occurrence.objects.using(alias).filter(pk__in=ids).update(**writes(action, now, **given))
+        with writing(action):
+            Occurrence.objects.using(alias).filter(pk__in=ids).update(**writes(action, now, **given))
     reserved: dict[str, dict[str, Any]] = {}
     for status, outcome_data, ids in terminal.values():
         reserved.update(settle_reservations(ids, status, outcome_data, now, alias))
@@ -351,9 +353,10 @@ def _requeue_unattempted(
 ) -> None:
     """Back to queued, due at ``available``, lease dropped, and the claim's attempt given
     back (the fence stays: it only ever grows); the ``release`` and ``defer`` transitions."""
-    Occurrence.objects.using(alias).filter(pk=current.pk).update(
-        **writes(action, now, available_at=available)
-    )
+    with writing(action):
+        Occurrence.objects.using(alias).filter(pk=current.pk).update(
+            **writes(action, now, available_at=available)
+        )
     new_event(
         current.job_id,
         event_of(action),
@@ -437,7 +440,8 @@ def deny(
         }
         values = writes(Action.DENY, now, last_error=error)
         applied(Action.DENY, current, values)
-        current.save(using=alias, update_fields=list(values))
+        with writing(Action.DENY):
+            current.save(using=alias, update_fields=list(values))
         settled = settle_reservations(
             [occurrence_id],
             OccurrenceStatus.DEAD_LETTER,

@@ -30,6 +30,7 @@ from ..rules.authority import Principal
 from ..rules.lifecycle import Action
 from ..rules.throttles import Throttle
 from .transitions import writes
+from .writing import writing
 
 # The handlers' throttles by kind, registered with them (``@scheduler.handler(kind,
 # throttle=...)``): kept here so that the claim and the enqueue read them without the registry.
@@ -270,7 +271,8 @@ class Gate:
             ThrottleBucket.objects.using(self.alias).bulk_update(rows, ["tat", "horizon", "updated_at"])
         if self.parked:  # each row was given the table's values by park(): the same columns
             values = writes(Action.THROTTLE, self.now, available_at=self.now)
-            Occurrence.objects.using(self.alias).bulk_update(self.parked, list(values))
+            with writing(Action.THROTTLE):
+                Occurrence.objects.using(self.alias).bulk_update(self.parked, list(values))
             ids = [row.pk for row in self.parked]
             ThrottlePlace.objects.using(self.alias).filter(pk__in=ids).delete()
             ThrottlePlace.objects.using(self.alias).bulk_create(

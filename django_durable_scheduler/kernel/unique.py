@@ -39,6 +39,7 @@ from ..rules.validation import iso_ms, normalize_identifier, to_duration_ms
 from .events import new_event
 from .inserting import payload_mismatch
 from .transitions import writes
+from .writing import writing
 
 # What each ``unique_while`` counts as the occurrence that stands for the key.
 UNIQUE_WHILE: dict[str, tuple[OccurrenceStatus, ...]] = {
@@ -192,7 +193,8 @@ def debounce(
     values = writes(Action.DEBOUNCE, now, available_at=max(previous, start), payload=payload)
     for name, value in values.items():
         setattr(occurrence, name, value)
-    occurrence.save(using=alias, update_fields=list(values))
+    with writing(Action.DEBOUNCE):
+        occurrence.save(using=alias, update_fields=list(values))
     data = {
         "uniqueKey": request.key,
         "triggerKey": trigger_key,

@@ -6,7 +6,8 @@ its ``Action``, asks :func:`refusal` (or :func:`check`) whether the row may make
 transition, and writes exactly the columns :func:`writes` returns, then the transition's
 event. The claim, which selects its rows by a query instead of being handed one, follows the
 same rows of the table (``claim``, ``reclaim``, ``expire``), and so does a debounced enqueue,
-which finds its row by its unique key (``debounce``).
+which finds its row by its unique key (``debounce``), and a policy change, which rebinds the
+waiting rows of its principal (``rebind``).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class Action(StrEnum):
     RECORD_PROGRESS = "record_progress"
     ABANDON = "abandon"
     THROTTLE = "throttle"
+    REBIND = "rebind"
 
 
 class Fence(StrEnum):
@@ -127,6 +129,8 @@ PROGRESS_RECORDED = ("progress", "updated_at")
 THROTTLED = ("available_at", "updated_at")
 # The lease ends now (its holder is gone): the claim takes the row back at once, as a reclaim.
 LEASE_ENDED = ("lease_expires_at", "updated_at")
+# A policy change moves a waiting occurrence's authority to the new revision (kernel.binding).
+REBOUND = ("authority", "updated_at")
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,8 @@ TRANSITIONS: tuple[Transition, ...] = (
       LEASE_ENDED, OCCURRENCE_ABANDONED, Fence.NONE, Attempt.NONE, NOT_SELECTED),
     T(A.THROTTLE, (QUEUED, RETRY_WAIT), "due, but over its throttle's rate when claimed", None,
       THROTTLED, None, Fence.NONE, Attempt.NONE, NOT_SELECTED),
+    T(A.REBIND, (QUEUED, RETRY_WAIT), "its principal's policy changes to a revision it follows", None,
+      REBOUND, None, Fence.NONE, Attempt.NONE, NOT_SELECTED),
 )
 # fmt: on
 del T, A

@@ -16,6 +16,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel
 from django_durable_scheduler.exceptions import InvalidState, LeaseLost, NotFound
 from django_durable_scheduler.kernel import throttles, transitions
@@ -28,6 +29,7 @@ from django_durable_scheduler.models import (
     ThrottleBucket,
 )
 from django_durable_scheduler.rules import lifecycle
+from django_durable_scheduler.rules.authority import bound_revision
 from django_durable_scheduler.rules.lifecycle import (
     TRANSITION,
     TRANSITIONS,
@@ -38,6 +40,7 @@ from django_durable_scheduler.rules.lifecycle import (
 )
 
 from ..conftest import CLOCK_START, ROOT
+from ..writecheck import assigned_columns
 
 OWNER = "worker-1"
 LEASE = 600  # seconds; CLAIM looks 60 s later, while these leases still hold
@@ -85,6 +88,7 @@ def test_writes_sets_exactly_the_table_columns():
         "metadata": None,
         "receipt": None,
         "progress": None,
+        "authority": {},
     }
     for t in TRANSITIONS:
         extra = {k: v for k, v in given.items() if k in t.sets}
@@ -225,6 +229,11 @@ def request(action: Action, row: Occurrence | None, clock, *, fence: int | None 
             bucket_id=throttles.bucket_id(scope), scope=scope, tat=spent, horizon=spent, updated_at=clock()
         )
         return kernel.claim_batch(owner=OWNER, lease=LEASE, limit=10, sweep_expired=False)
+    if action is Action.REBIND:  # the principal's first policy: its waiting rows move to it
+        change = scheduler.change_policy(
+            "user", "alice", capabilities=["reports.send"], window=3600, max_runs=10, max_units=10
+        )
+        return change.rebound_occurrences
     assert action is Action.RETRY_DEAD_LETTER
     return kernel.retry_dead_letter(pk)
 
@@ -239,19 +248,12 @@ def snapshot() -> tuple[list[Any], int]:
 def updated_columns(queries: CaptureQueriesContext) -> set[str]:
     """The occurrence columns that the captured UPDATE statements set (an UPDATE anywhere in
     a statement, as a claim written as one statement may hold it)."""
-    quote = connection.ops.quote_name
-    head = f"UPDATE {quote(Occurrence._meta.db_table)} SET "
+    head = f"UPDATE {connection.ops.quote_name(Occurrence._meta.db_table)} SET "
     columns: set[str] = set()
     for query in queries.captured_queries:
-        for part in query["sql"].split(head)[1:]:
-            assignments = re.split(" WHERE | FROM | RETURNING ", part)[0]
-            # A bulk_update's CASE names the key of each row it sets, which it does not write.
-            assignments = re.sub(r"WHEN \(.*?\) THEN", "", assignments)
-            columns |= {
-                f.name
-                for f in Occurrence._meta.concrete_fields
-                if f"{quote(str(f.column))} = " in assignments
-            }
+        sql = query["sql"]
+        for at in (m.end() for m in re.finditer(re.escape(head), sql)):
+            columns |= set(assigned_columns(sql, at))
     return columns
 
 
@@ -363,6 +365,8 @@ def check_allowed(
             assert snapshot() == before
         if transition.action is Action.RENEW:  # extended, never shortened
             assert subject.lease_expires_at == now + timedelta(seconds=LEASE * 2)
+        if transition.action is Action.REBIND:
+            assert bound_revision(subject.authority) == 1 and bound_revision(row.authority) is None
         if transition.action is Action.RECORD_EXECUTION:  # the column not given is kept
             assert (subject.metadata, subject.receipt) == ({"step": 1}, row.receipt)
         if transition.action is Action.RECORD_PROGRESS:  # with the fence that reported it
@@ -515,19 +519,32 @@ class _WriterCheck(ast.NodeVisitor):
                 f"({ast.unparse(node)[:120]})",
             )
 
-    def _check_save(self, node: ast.Call) -> None:
+    def _check_bulk_update(self, node: ast.Call) -> None:
         self.seen += 1
-        fields = next((k.value for k in node.keywords if k.arg == "update_fields"), None)
-        if fields is None:
-            return  # a full save: an insert of a new row (the enqueue's), not a transition
-        ok = (
+        given = [k.value for k in node.keywords if k.arg == "fields"] + node.args[1:2]
+        if not (given and self._listed_from_table(given[0])):
+            self._problem(
+                node,
+                f"a bulk_update of occurrences whose fields are not lifecycle.writes()'s "
+                f"({ast.unparse(node)[:120]})",
+            )
+
+    def _listed_from_table(self, fields: ast.AST) -> bool:
+        """``list(values)``, ``values`` being ``writes()``'s."""
+        return (
             isinstance(fields, ast.Call)
             and isinstance(fields.func, ast.Name)
             and fields.func.id == "list"
             and len(fields.args) == 1
             and self._from_table(fields.args[0])
         )
-        if not ok:
+
+    def _check_save(self, node: ast.Call) -> None:
+        self.seen += 1
+        fields = next((k.value for k in node.keywords if k.arg == "update_fields"), None)
+        if fields is None:
+            return  # a full save: an insert of a new row (the enqueue's), not a transition
+        if not self._listed_from_table(fields):
             self._problem(
                 node,
                 f"an occurrence save(update_fields=...) whose fields are not lifecycle.writes()'s "
@@ -598,9 +615,9 @@ def test_every_occurrence_write_takes_its_columns_from_the_table():
     problems, seen = check_occurrence_writers(_package_sources())
     assert not problems, "occurrence writes outside the lifecycle table:\n" + "\n".join(problems)
     # claim, settle (grouped), release/defer, deny, the sweep, renew, record_execution, cancel,
-    # request_cancel, run_now and debounce: found, so judged (new rows are inserted by
+    # request_cancel, run_now, debounce and rebind: found, so judged (new rows are inserted by
     # dialect.insert and db.guarded, not by a save the check would see).
-    assert seen >= 11, f"the check looked at only {seen} occurrence writes"
+    assert seen >= 12, f"the check looked at only {seen} occurrence writes"
 
 
 def test_the_writer_check_names_what_it_refuses():
@@ -626,13 +643,20 @@ def fine(occurrence: Occurrence, now):
 
 
 SQL = "UPDATE {occurrences} SET status = 'running'"
+
+
+def rebind(rows: list[Occurrence], now):
+    Occurrence.objects.bulk_update(rows, ["authority"])
+    values = writes(Action.REBIND, now, authority={})
+    Occurrence.objects.bulk_update(rows, list(values))
 """
     problems, seen = check_occurrence_writers({"pkg/bad.py": bad})
-    assert seen == 5
+    assert seen == 7
     assert [p.split(": ", 1)[0] for p in problems] == [
         "pkg/bad.py:7",
         "pkg/bad.py:12",
         "pkg/bad.py:13",
         "pkg/bad.py:22",
+        "pkg/bad.py:26",
     ], problems
     assert "update() that does not take its columns from lifecycle.writes()" in problems[0]

@@ -9,13 +9,17 @@ rows, in keyset pages: the lock order of ``policies.py``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from ... import conf
 from ...db.dialect import alias_for
 from ...models import PENDING_STATUSES, AuthorityPolicy, Job, Occurrence
 from ...rules.authority import Principal, bind, bound_revision, missing_capabilities, normalize_capabilities
+from ...rules.lifecycle import Action, applied
 from ...rules.validation import normalize_bool
+from ..transitions import writes
+from ..writing import writing
 
 # Rows read (and locked) per batch while rebinding: memory stays bounded by this.
 REBIND_BATCH = 500
@@ -84,6 +88,23 @@ def _follows_the_policy(authority: dict[str, Any], before: AuthorityPolicy | Non
     )
 
 
+def _rebind_jobs(rows: list[Job], revision: int, alias: str) -> None:
+    for row in rows:
+        row.authority = bind(row.authority, revision)
+    Job.objects.using(alias).bulk_update(rows, ["authority"])
+
+
+def _rebind_occurrences(rows: list[Occurrence], revision: int, alias: str) -> None:
+    """The ``rebind`` transition of the lifecycle table, for each of ``rows`` (some), in one
+    UPDATE."""
+    now = conf.now()
+    for row in rows:
+        values = writes(Action.REBIND, now, authority=bind(row.authority, revision))
+        applied(Action.REBIND, row, values)
+    with writing(Action.REBIND):
+        Occurrence.objects.using(alias).bulk_update(rows, list(values))
+
+
 def rebind(
     principal: Principal,
     *,
@@ -99,11 +120,11 @@ def rebind(
     nothing is locked or written (a preview)."""
     counts = {"rebound_jobs": 0, "stale_jobs": 0, "rebound_occurrences": 0, "stale_occurrences": 0}
     lock = rebind_to is not None
-    sources: list[tuple[str, Iterator[list[Any]]]] = [
-        ("jobs", _job_batches(principal, alias, lock=lock)),
-        ("occurrences", _occurrence_batches(principal, alias, lock=lock)),
+    sources: list[tuple[str, Iterator[list[Any]], Callable[[list[Any], int, str], None]]] = [
+        ("jobs", _job_batches(principal, alias, lock=lock), _rebind_jobs),
+        ("occurrences", _occurrence_batches(principal, alias, lock=lock), _rebind_occurrences),
     ]
-    for label, batches in sources:
+    for label, batches, write in sources:
         for rows in batches:
             changed = []
             for row in rows:
@@ -114,10 +135,9 @@ def rebind(
                     if not _follows_the_policy(row.authority, before):
                         continue
                 if rebind_to is not None and bound_revision(row.authority) != rebind_to:
-                    row.authority = bind(row.authority, rebind_to)
                     changed.append(row)
-            if changed:
-                type(changed[0]).objects.using(alias).bulk_update(changed, ["authority"])
+            if changed and rebind_to is not None:
+                write(changed, rebind_to, alias)
     return counts
 
 
