@@ -30,7 +30,7 @@ exist exactly when the caller commits.
 from __future__ import annotations
 
 from ..rules.events import history
-from ..rules.outcomes import Outcome, check_result, storable_error, storable_result
+from ..rules.outcomes import Outcome, OutcomeStatus, check_result, storable_error, storable_result
 from ..rules.validation import MAX_ATTEMPTS_LIMIT
 from .batches import close_batch, get_batch, open_batch
 from .batches import complete_due as complete_due_batches
@@ -46,7 +46,7 @@ from .enqueuing import (
     retry_dead_letter,
     run_now,
 )
-from .inserting import JOB_PAYLOAD
+from .inserting import JOB_PAYLOAD, Enqueued
 from .jobs import (
     create_job,
     declared_jobs_of,
@@ -63,7 +63,9 @@ from .settling import backoff_delay_ms, defer, deny, release, settle, settle_man
 __all__ = [
     "JOB_PAYLOAD",
     "MAX_ATTEMPTS_LIMIT",
+    "Enqueued",
     "Outcome",
+    "OutcomeStatus",
     "Renewals",
     "abandon",
     "backoff_delay_ms",

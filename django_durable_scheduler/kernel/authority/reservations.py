@@ -26,6 +26,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from django.db import connections
@@ -54,11 +55,25 @@ from .. import settling
 from . import budgets
 from .policies import lock_policy
 
-RESERVED = "reserved"
-REUSED = "reused"
-DENIED = "denied"
-DEFERRED = "deferred"
-LEASE_LOST = "lease_lost"
+
+class Verdict(StrEnum):
+    """What the authority check made of a claimed occurrence: its handler may run when the
+    budget was charged (``reserved``) or a retry keeps its reservation (``reused``); else it
+    was ``denied`` (dead-lettered), ``deferred`` (waits for the next window), or its lease
+    was lost meanwhile (``lease_lost``, nothing written)."""
+
+    RESERVED = "reserved"
+    REUSED = "reused"
+    DENIED = "denied"
+    DEFERRED = "deferred"
+    LEASE_LOST = "lease_lost"
+
+
+RESERVED = Verdict.RESERVED
+REUSED = Verdict.REUSED
+DENIED = Verdict.DENIED
+DEFERRED = Verdict.DEFERRED
+LEASE_LOST = Verdict.LEASE_LOST
 
 # Denial reasons (stored on the occurrence and in the ``authority_denied`` event).
 REASONS: dict[type[SchedulerError], str] = {
@@ -83,7 +98,7 @@ class Authorization:
     (``reason``, ``code``, ``details``, ``message``); for ``"deferred"``, why it waits
     (``reason``, ``message``, ``details`` with ``windowEndsAt``), for the log."""
 
-    verdict: str
+    verdict: Verdict
     error: dict[str, Any] | None = None
 
 
@@ -445,10 +460,10 @@ def _claimed(occurrence: Any, field: str) -> tuple[Occurrence, int]:
     )
 
 
-def authorize(occurrence: Occurrence, *, units: Units = 1, owner: str, using: str | None = None) -> str:
+def authorize(occurrence: Occurrence, *, units: Units = 1, owner: str, using: str | None = None) -> Verdict:
     """Authorize a claimed occurrence before its handler runs (``docs/design.md``, "Authority checks").
 
-    Returns ``"reserved"`` (budget charged), ``"reused"`` (a retry keeps its reservation),
+    Returns a :class:`Verdict`: ``"reserved"`` (budget charged), ``"reused"`` (a retry keeps its reservation),
     ``"denied"`` (dead-lettered without retry: ``policy_required``, ``policy_unbound``,
     ``policy_stale``, ``permission_denied``, ``budget_state_invalid``) or ``"deferred"``
     (budget exhausted: queued again until the window ends, no attempt used). Only in the
@@ -468,7 +483,9 @@ def authorize(occurrence: Occurrence, *, units: Units = 1, owner: str, using: st
     return verdict.verdict
 
 
-def authorize_many(items: list[tuple[Occurrence, int]], *, owner: str, using: str | None = None) -> list[str]:
+def authorize_many(
+    items: list[tuple[Occurrence, int]], *, owner: str, using: str | None = None
+) -> list[Verdict]:
     """:func:`authorize` for a claimed batch in one transaction: ``items`` are
     ``(occurrence, units)`` pairs; returns a verdict per item, in order, where an
     occurrence whose lease is no longer held gets ``"lease_lost"`` (and nothing written)."""
