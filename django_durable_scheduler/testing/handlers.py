@@ -17,7 +17,7 @@ from typing import Any, cast
 from .. import conf
 from ..exceptions import InvalidArgument
 from ..handlers import registry
-from ..rules.authority import default_authority, normalize_authority
+from ..rules.authority import Envelope, default_authority, normalize_authority
 from ..rules.causes import BatchSummary, Cause, Predecessor
 from ..rules.identity import normalize_json
 from ..rules.outcomes import MAX_RESULT_BYTES, storable_result
@@ -78,7 +78,7 @@ def run_handler(
     *,
     attempt: int = 1,
     max_attempts: int = 3,
-    authority: dict[str, Any] | None = None,
+    authority: Envelope | dict[str, Any] | None = None,
     job_id: str = "testing-job",
     scheduled_for: datetime | None = None,
     fence: int = 1,

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from ..exceptions import OccurrenceCancelled
+from ..rules.authority import Envelope
 from ..rules.causes import BatchSummary, Cause, Predecessor
 
 
@@ -24,7 +25,7 @@ class ExecutionContext:
     fence: int
     scheduled_for: datetime
     payload: Any
-    authority: dict[str, Any]
+    authority: Envelope
     owner: str = ""
     using: str | None = None
     # When the occurrence was written and when this attempt claimed it (None where the

@@ -49,7 +49,14 @@ from ...exceptions import (
     SchedulerError,
 )
 from ...models import AuthorityPolicy, AuthorityReservation, Occurrence, OccurrenceStatus
-from ...rules.authority import MAX_BUDGET, Principal, bound_revision, missing_capabilities, policy_ref
+from ...rules.authority import (
+    MAX_BUDGET,
+    Envelope,
+    Principal,
+    bound_revision,
+    missing_capabilities,
+    policy_ref,
+)
 from ...rules.validation import column_max, normalize_identifier, normalize_int, preview, to_ms
 from .. import settling
 from . import budgets
@@ -132,7 +139,7 @@ def _not_granted(denied: list[str]) -> str:
     return f"; it does not grant {', '.join(denied)}" if denied else ""
 
 
-def _check_revision(policy: AuthorityPolicy, expected: int, authority: dict[str, Any]) -> None:
+def _check_revision(policy: AuthorityPolicy, expected: int, authority: Envelope) -> None:
     # A stale binding is the reason; what the current revision lacks is named too, so the
     # operator sees what to grant (or what a change took away).
     if policy.revision != expected:
@@ -150,7 +157,7 @@ def _check_revision(policy: AuthorityPolicy, expected: int, authority: dict[str,
         )
 
 
-def _check_capabilities(policy: AuthorityPolicy, authority: dict[str, Any]) -> None:
+def _check_capabilities(policy: AuthorityPolicy, authority: Envelope) -> None:
     denied = missing_capabilities(policy.capabilities, authority)
     if denied:
         principal = Principal.of(authority)
