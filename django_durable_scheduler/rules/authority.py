@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, NamedTuple, NotRequired, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
 from ..exceptions import InvalidArgument
 from .identity import canonical_json
@@ -55,16 +55,23 @@ class EnvelopePrincipal(TypedDict):
     id: str
 
 
-class AuthorizationRefs(TypedDict):
-    """An envelope's ``authorizationRefs``: the caller's references, and the policy revision
-    the scheduler bound it to (``scheduler-authority:<N>``; absent while unbound)."""
-
+class _CallerRefs(TypedDict):
     decisionId: str | None
     policyRevision: str | None
-    schedulerPolicyRevision: NotRequired[str]
     grantIds: list[str]
     approvalIds: list[str]
     delegationIds: list[str]
+
+
+# Its optional key in a class of its own (total=False) rather than as NotRequired[...]: under
+# postponed annotations Python 3.11 cannot see NotRequired, and would call it required.
+class AuthorizationRefs(_CallerRefs, total=False):
+    """An envelope's ``authorizationRefs``: the caller's references (``decisionId``,
+    ``policyRevision``, ``grantIds``, ``approvalIds``, ``delegationIds``), and the policy
+    revision the scheduler bound it to (``schedulerPolicyRevision``,
+    ``scheduler-authority:<N>``; absent while unbound)."""
+
+    schedulerPolicyRevision: str
 
 
 class Envelope(TypedDict):

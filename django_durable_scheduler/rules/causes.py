@@ -7,20 +7,25 @@ kernel that writes them and the handlers that read them.
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict, final
+from typing import Any, TypedDict, final
 
 
-@final  # no other keys: a key of one tells the two apart
-class Predecessor(TypedDict):
-    """The occurrence a follow-up (``then`` / ``on_dead_letter``) follows: its ``status``
-    (``succeeded`` or ``dead_letter``), with its ``result`` after a success and its
-    ``error`` after a dead letter."""
-
+class _Followed(TypedDict):
     occurrence_id: str
     job_id: str
     status: str
-    result: NotRequired[Any]
-    error: NotRequired[Any]
+
+
+# The optional keys in a class of their own (total=False) rather than as NotRequired[...]:
+# under postponed annotations Python 3.11 cannot see NotRequired, and would call them required.
+@final  # no other keys: a key of one tells the two apart
+class Predecessor(_Followed, total=False):
+    """The occurrence a follow-up (``then`` / ``on_dead_letter``) follows: its
+    ``occurrence_id``, ``job_id`` and ``status`` (``succeeded`` or ``dead_letter``), with its
+    ``result`` after a success and its ``error`` after a dead letter."""
+
+    result: Any
+    error: Any
 
 
 @final
