@@ -48,6 +48,15 @@ _EXPORTS = {
     "pause": "kernel",
     "resume": "kernel",
     "paused_kinds": "kernel",
+    # the values that cross the API
+    "Enqueued": "kernel",
+    "OutcomeStatus": "kernel",
+    "Verdict": "kernel.authority.reservations",
+    "Envelope": "rules.authority",
+    "EnvelopePrincipal": "rules.authority",
+    "AuthorizationRefs": "rules.authority",
+    "Predecessor": "rules.causes",
+    "BatchSummary": "rules.causes",
     # authority policies and reservations
     "set_policy": "kernel.authority.policies",
     "change_policy": "kernel.authority.policies",

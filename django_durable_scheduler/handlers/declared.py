@@ -32,7 +32,7 @@ from django.apps import apps
 
 from .. import conf
 from ..exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
-from ..rules.authority import default_authority, normalize_authority
+from ..rules.authority import Envelope, default_authority, normalize_authority
 from ..rules.chains import EDGES, jobs_named, normalize_specs
 from ..rules.identity import canonical_json, normalize_json
 from ..rules.throttles import stored_throttle
@@ -83,7 +83,7 @@ class DeclaredJob:
 
     job_id: str
     kind: str
-    authority: dict[str, Any] | None  # None: the app's default principal (create_job's default)
+    authority: Envelope | None  # None: the app's default principal (create_job's default)
     trigger: dict[str, Any]
     payload: Any
     enabled: bool
@@ -162,7 +162,7 @@ def declare_job(
     job_id: str,
     kind: str,
     *,
-    authority: dict[str, Any] | None = None,
+    authority: Envelope | dict[str, Any] | None = None,
     trigger: dict[str, Any] | None = None,
     payload: Any = None,
     enabled: bool = True,
@@ -243,18 +243,19 @@ def _canonical_or_none(normalize: Callable[[Any], Any], value: Any) -> str | Non
         return None
 
 
-def _authority_for(declaration: DeclaredJob, stored: Any) -> dict[str, Any]:
+def _authority_for(declaration: DeclaredJob, stored: Any) -> Envelope:
     """The declared envelope (or the default one), keeping the stored policy binding when it
     names none."""
     declared = declaration.authority
     if declared is None:
         declared = default_authority(declaration.kind, conf.settings.DEFAULT_PRINCIPAL)
-    refs = declared["authorizationRefs"]
     stored_refs = stored.get("authorizationRefs") if isinstance(stored, dict) else None
     bound = stored_refs.get("schedulerPolicyRevision") if isinstance(stored_refs, dict) else None
-    if "schedulerPolicyRevision" in refs or bound is None:
+    if "schedulerPolicyRevision" in declared["authorizationRefs"] or bound is None:
         return declared
-    return normalize_authority({**declared, "authorizationRefs": {**refs, "schedulerPolicyRevision": bound}})
+    # The stored binding, as it is: checked again with the declared envelope.
+    refs = {**declared["authorizationRefs"], "schedulerPolicyRevision": bound}
+    return normalize_authority({**declared, "authorizationRefs": refs})
 
 
 def changes_for(declaration: DeclaredJob, job: Job) -> dict[str, Any]:

@@ -31,7 +31,14 @@ exist exactly when the caller commits.
 
 from __future__ import annotations
 
-from ..rules.outcomes import Outcome, backoff_delay_ms, check_result, storable_error, storable_result
+from ..rules.outcomes import (
+    Outcome,
+    OutcomeStatus,
+    backoff_delay_ms,
+    check_result,
+    storable_error,
+    storable_result,
+)
 from ..rules.validation import MAX_ATTEMPTS_LIMIT
 from .batches import close_batch, get_batch, open_batch
 from .batches import complete_due as complete_due_batches
@@ -48,7 +55,7 @@ from .enqueuing import (
     run_now,
 )
 from .events import history
-from .inserting import JOB_PAYLOAD
+from .inserting import JOB_PAYLOAD, Enqueued
 from .jobs import (
     create_job,
     declared_jobs_of,
@@ -67,7 +74,9 @@ from .settling import defer, deny, release, settle, settle_many
 __all__ = [
     "JOB_PAYLOAD",
     "MAX_ATTEMPTS_LIMIT",
+    "Enqueued",
     "Outcome",
+    "OutcomeStatus",
     "Renewals",
     "abandon",
     "backoff_delay_ms",

@@ -27,6 +27,7 @@ from .. import conf
 from ..db.dialect import alias_for, write_transaction
 from ..exceptions import Conflict, InvalidArgument, InvalidState, NotFound
 from ..models import ACTIVE_STATUSES, Batch, BatchStatus, Job, Occurrence, OccurrenceStatus
+from ..rules.causes import BatchSummary
 from ..rules.events import BATCH_CLOSED, BATCH_COMPLETED, BATCH_OPENED
 from ..rules.identity import canonical_json, normalize_json
 from ..rules.validation import normalize_identifier, normalize_int, to_ms
@@ -278,7 +279,7 @@ def _complete(batch_id: str, alias: str) -> bool:
         ):
             counts[status] = n
         counted = {str(status): n for status, n in counts.items()}
-        cause = {
+        cause: BatchSummary = {
             "batch_id": batch_id,
             "description": batch.description,
             "size": batch.size,

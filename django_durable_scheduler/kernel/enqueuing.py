@@ -32,7 +32,7 @@ from . import batches
 from .cancelling import cancel_reason
 from .chaining import check_jobs_exist
 from .events import new_event
-from .inserting import JOB_PAYLOAD, Builder, found, insert_occurrence, payload_mismatch
+from .inserting import JOB_PAYLOAD, Builder, Enqueued, found, insert_occurrence, payload_mismatch
 from .jobs import get_job
 from .transitions import writes
 from .unique import UniqueRequest, answered, find_live, lock_job, payload_digest, record, unique_request
@@ -117,12 +117,13 @@ def enqueue(
     on_dead_letter: Any = None,
     batch: str | None = None,
     using: str | None = None,
-) -> tuple[Occurrence, bool]:
+) -> Enqueued:
     """Insert an occurrence, or return the existing one with the same identity.
 
-    Returns ``(occurrence, deduplicated)``. The identity is derived from the job's
-    current revision, ``scheduled_for`` and ``trigger_key``; reusing it with another
-    payload raises ``SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH``. ``priority`` (-100..100):
+    Returns an :class:`Enqueued`, the named tuple ``(occurrence, deduplicated)``. The
+    identity is derived from the job's current revision, ``scheduled_for`` and
+    ``trigger_key``; reusing it with another payload raises
+    ``SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH``. ``priority`` (-100..100):
     higher first among its principal's due occurrences (not part of the identity).
 
     ``unique_key`` (per job): if an occurrence of the job with that key is waiting (queued
@@ -194,7 +195,7 @@ def _follow_ups(then: Any, on_dead_letter: Any) -> dict[str, Any] | None:
 
 def _enqueue_linked(
     job_id: str, follow_ups: dict[str, Any] | None, batch_id: str | None, args: dict[str, Any]
-) -> tuple[Occurrence, bool]:
+) -> Enqueued:
     """``enqueue`` with follow-ups or into a batch: the jobs the chain names checked, the
     batch locked open while the member joins it."""
     alias = args["alias"]
@@ -209,10 +210,10 @@ def _enqueue_linked(
                 batches.not_a_member_elsewhere(occurrence, joined)
             else:
                 batches.grew(joined, 1, alias)
-        return occurrence, deduplicated
+        return Enqueued(occurrence, deduplicated)
 
 
-def _enqueue_unique(job_id: str, unique: UniqueRequest, args: dict[str, Any]) -> tuple[Occurrence, bool]:
+def _enqueue_unique(job_id: str, unique: UniqueRequest, args: dict[str, Any]) -> Enqueued:
     """``enqueue`` with a unique key, under the job's unique lock: every unique or debounced
     enqueue of the job waits for the one before it to commit, so the one that looks for its own
     record or a live occurrence of its key sees every other's (the only writers of both)."""
@@ -237,7 +238,7 @@ def _enqueue_unique(job_id: str, unique: UniqueRequest, args: dict[str, Any]) ->
         digest = payload_digest(wanted.payload)
         earlier = answered(job, wanted, digest, alias)
         if earlier is not None:
-            return earlier, True
+            return Enqueued(earlier, True)
         # Then the slot's identity, as without a key: a slot a plain enqueue stored.
         if Occurrence.objects.using(alias).filter(idempotency_key=wanted.idempotency_key).exists():
             return found(job, wanted, alias)
@@ -249,7 +250,7 @@ def _enqueue_unique(job_id: str, unique: UniqueRequest, args: dict[str, Any]) ->
                 debounce_waiting(live, unique, wanted.payload, wanted.trigger_key, now, alias)
             occurrence, deduplicated = live, True
         record(wanted, occurrence, digest, now, alias)
-        return occurrence, deduplicated
+        return Enqueued(occurrence, deduplicated)
 
 
 def enqueue_many(
@@ -260,7 +261,7 @@ def enqueue_many(
     on_dead_letter: Any = None,
     batch: str | None = None,
     using: str | None = None,
-) -> list[tuple[Occurrence, bool]]:
+) -> list[Enqueued]:
     """Enqueue many occurrences of one job in one transaction (bulk insert).
 
     Each item is a dict with ``scheduled_for``, ``trigger_key`` and optionally
@@ -353,17 +354,17 @@ def _split_fresh(job: Job, rows: list[Occurrence]) -> tuple[dict[str, Occurrence
 
 def _judge_present(
     job: Job, rows: list[Occurrence], firsts: list[Occurrence], present: dict[str, Occurrence]
-) -> list[tuple[Occurrence, bool]]:
-    results: list[tuple[Occurrence, bool]] = []
+) -> list[Enqueued]:
+    results: list[Enqueued] = []
     seen: set[str] = set()
     for row, first in zip(rows, firsts, strict=True):
         prior = present.get(row.occurrence_id)
         if prior is not None and canonical_json(prior.payload) != canonical_json(row.payload):
             raise payload_mismatch(job, row.trigger_key)
         if prior is not None:
-            results.append((prior, True))
+            results.append(Enqueued(prior, True))
         else:
-            results.append((first, first.occurrence_id in seen))
+            results.append(Enqueued(first, first.occurrence_id in seen))
             seen.add(first.occurrence_id)
     return results
 
@@ -385,7 +386,7 @@ def enqueue_once_per_trigger(
     available_at: datetime | int | None = None,
     payload: Any = JOB_PAYLOAD,
     using: str | None = None,
-) -> tuple[Occurrence, bool]:
+) -> Enqueued:
     """Like :func:`enqueue`, but dedupes on (job, trigger_key) across job revisions."""
     job_id, scheduled_ms, key, available_ms = _enqueue_args(job_id, scheduled_for, trigger_key, available_at)
     if payload is not JOB_PAYLOAD:
@@ -406,7 +407,7 @@ def enqueue_once_per_trigger(
                 "several occurrences exist for a once-per-trigger key", {"job_id": job_id, "trigger_key": key}
             )
         if prior:
-            return prior[0], True
+            return Enqueued(prior[0], True)
         return insert_occurrence(
             job,
             scheduled_ms=scheduled_ms,
@@ -458,7 +459,7 @@ def _locked(action: Action, occurrence_id: str, alias: str) -> Occurrence:
     return occurrence
 
 
-def retry_dead_letter(occurrence_id: str, *, using: str | None = None) -> tuple[Occurrence, bool]:
+def retry_dead_letter(occurrence_id: str, *, using: str | None = None) -> Enqueued:
     """Enqueue a new occurrence of a dead letter's job with its payload and slot, due now,
     under trigger key ``retry:<occurrence_id>``; the dead letter stays as history. Returns
     ``(occurrence, deduplicated)``: retrying the same dead letter again, before its job's
@@ -488,7 +489,7 @@ def retry_dead_letter(occurrence_id: str, *, using: str | None = None) -> tuple[
         )
 
 
-def _members_again(job_id: str, items: Any, batch: Batch, alias: str) -> list[tuple[Occurrence, bool]]:
+def _members_again(job_id: str, items: Any, batch: Batch, alias: str) -> list[Enqueued]:
     """The members a repeated ``enqueue_batch`` names, all found in its closed batch, or
     ``InvalidState``: a closed batch takes no new member."""
     job = get_job(job_id, using=alias)
@@ -517,7 +518,7 @@ def enqueue_batch(
     then: Any = None,
     on_dead_letter: Any = None,
     using: str | None = None,
-) -> tuple[Batch, list[tuple[Occurrence, bool]]]:
+) -> tuple[Batch, list[Enqueued]]:
     """Open a batch, enqueue ``items`` (as :func:`enqueue_many`) as its members and close
     it, in one transaction: its ``callback`` job gets one occurrence once every member is
     terminal (see ``batches.open_batch`` for the batch's arguments). The same call again

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
 
 from ..models import Job, Occurrence, OccurrenceStatus
+from ..rules.causes import Predecessor
 from ..rules.chains import EDGE_OF_STATUS, EDGES
 from ..rules.events import FOLLOW_UP_SKIPPED
 from ..rules.validation import to_ms
@@ -45,9 +45,9 @@ def reached_terminal(rows: Iterable[Occurrence], now: datetime, alias: str) -> N
         batches.look_after_commit(members, alias)
 
 
-def _cause(row: Occurrence) -> dict[str, Any]:
+def _cause(row: Occurrence) -> Predecessor:
     """What a follow-up's handler sees of its predecessor (``ctx.predecessor``)."""
-    cause: dict[str, Any] = {"occurrence_id": row.pk, "job_id": row.job_id, "status": str(row.status)}
+    cause: Predecessor = {"occurrence_id": row.pk, "job_id": row.job_id, "status": str(row.status)}
     if row.status == OccurrenceStatus.SUCCEEDED:
         cause["result"] = row.result
     else:

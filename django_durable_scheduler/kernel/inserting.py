@@ -10,7 +10,7 @@ from __future__ import annotations
 import pickle
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import IntegrityError, transaction
 
@@ -37,6 +37,15 @@ from .events import new_event
 
 # The caller gave no payload: the occurrence takes its job's.
 JOB_PAYLOAD: Any = object()
+
+
+class Enqueued(NamedTuple):
+    """What an enqueue returns: the occurrence, and whether it was already stored (found by
+    its identity or unique key, nothing written) rather than inserted. A tuple, so
+    ``occurrence, deduplicated = scheduler.enqueue(...)`` unpacks it."""
+
+    occurrence: Occurrence
+    deduplicated: bool
 
 
 class Builder:
@@ -137,7 +146,7 @@ def payload_mismatch(job: Job, trigger_key: str) -> IdempotencyPayloadMismatch:
     )
 
 
-def found(job: Job, occurrence: Occurrence, alias: str) -> tuple[Occurrence, bool]:
+def found(job: Job, occurrence: Occurrence, alias: str) -> Enqueued:
     """The stored occurrence with ``occurrence``'s identity (not inserted: it was there)."""
     existing = Occurrence.objects.using(alias).filter(idempotency_key=occurrence.idempotency_key).first()
     if existing is None:
@@ -146,7 +155,7 @@ def found(job: Job, occurrence: Occurrence, alias: str) -> tuple[Occurrence, boo
         raise DataCorrupt("occurrence idempotency identity does not match stored data")
     if canonical_json(existing.payload) != canonical_json(occurrence.payload, "payload"):
         raise payload_mismatch(job, occurrence.trigger_key)
-    return existing, True
+    return Enqueued(existing, True)
 
 
 def insert_occurrence(
@@ -167,7 +176,7 @@ def insert_occurrence(
     chain_as_stored: bool = False,
     links: dict[str, Any] | None = None,
     disabled_waits: bool = False,
-) -> tuple[Occurrence, bool]:
+) -> Enqueued:
     """Insert a queued occurrence of ``job`` with its event and wake workers, or find the one
     with its identity: ``(occurrence, deduplicated)``. Inside the caller's write
     transaction, except with ``guard`` on PostgreSQL (one statement, see
@@ -220,4 +229,4 @@ def insert_occurrence(
     if not created:
         return found(job, occurrence, alias)
     count_enqueued(job.kind, job.authority)
-    return occurrence, False
+    return Enqueued(occurrence, False)

@@ -16,7 +16,7 @@ from .. import conf
 from ..db.dialect import alias_for, column_max, write_transaction
 from ..exceptions import Conflict, InvalidArgument, NotFound, RevisionConflict
 from ..models import PENDING_STATUSES, Job, Occurrence
-from ..rules.authority import Principal, default_authority, normalize_authority
+from ..rules.authority import Envelope, Principal, default_authority, normalize_authority
 from ..rules.chains import EDGES, normalize_specs
 from ..rules.events import JOB_CREATED, JOB_UPDATED, SLOT_SKIPPED
 from ..rules.identity import canonical_json, normalize_json
@@ -85,7 +85,7 @@ def _job_fields(changes: dict[str, Any], *, creating: bool) -> dict[str, Any]:
     return out
 
 
-def _default_authority(job_id: str, kind: str, alias: str) -> dict[str, Any]:
+def _default_authority(job_id: str, kind: str, alias: str) -> Envelope:
     """The envelope of a job given none, its capability granted to the default principal."""
     grant_default(kind, job_id=job_id, using=alias)
     return default_authority(kind, conf.settings.DEFAULT_PRINCIPAL)
@@ -100,7 +100,7 @@ def _has_default_authority(job: Job) -> bool:
     )
 
 
-def _warn_without_policy(job_id: str, authority: dict[str, Any], alias: str) -> None:
+def _warn_without_policy(job_id: str, authority: Envelope, alias: str) -> None:
     """Log that an explicit envelope's principal has no policy: every run would be denied."""
     principal = Principal.of(authority)
     if get_policy(*principal, using=alias) is None:
@@ -112,10 +112,10 @@ def _warn_without_policy(job_id: str, authority: dict[str, Any], alias: str) -> 
         )
 
 
-def _bind_current(authority: dict[str, Any], alias: str) -> dict[str, Any]:
+def _bind_current(authority: Envelope, alias: str) -> Envelope:
     """An envelope that names no policy revision is bound to its principal's current policy,
     covered or not, so that the worker names what is missing (``permission_denied``)."""
-    if (authority.get("authorizationRefs") or {}).get("schedulerPolicyRevision") is not None:
+    if "schedulerPolicyRevision" in authority["authorizationRefs"]:
         return authority
     return bind_to_current_policy(authority, using=alias)
 
@@ -155,7 +155,7 @@ def create_job(
     job_id: str,
     kind: str,
     *,
-    authority: dict[str, Any] | None = None,
+    authority: Envelope | dict[str, Any] | None = None,
     trigger: dict[str, Any] | None = None,
     payload: Any = None,
     enabled: bool = True,

@@ -31,6 +31,7 @@ from ..rules.outcomes import (
     MAX_RESULT_BYTES,
     SUCCEEDED,
     Outcome,
+    OutcomeStatus,
     backoff_delay_ms,
     check_result,
     normalize_error,
@@ -105,13 +106,12 @@ def _settle_args(
     datetime, to the millisecond, as it is stored)."""
     occurrence_id = normalize_identifier(occurrence_id, f"{prefix}occurrence_id")
     fence = normalize_int(fence, f"{prefix}fence", minimum=1, maximum=MAX_FENCE)
-    if outcome not in (SUCCEEDED, FAILED):
-        raise InvalidArgument(f"{prefix}outcome", "must be 'succeeded' or 'failed'")
+    status = OutcomeStatus.parse(outcome, f"{prefix}outcome")
     result_value = check_result(result, f"{prefix}result")
     return Outcome(
         occurrence_id,
         fence,
-        outcome,
+        status,
         result_value,
         normalize_error(error, f"{prefix}error"),
         normalize_bool(retryable, f"{prefix}retryable"),
@@ -156,7 +156,7 @@ def settle(
     *,
     owner: str,
     fence: int,
-    outcome: str,
+    outcome: OutcomeStatus | str,
     result: Any = None,
     error: Any = None,
     retryable: bool = True,
@@ -165,8 +165,9 @@ def settle(
 ) -> Occurrence:
     """Record the outcome of a held occurrence.
 
-    ``succeeded`` stores ``result``. ``failed`` goes to retry_wait (at ``retry_at`` or the
-    job's backoff) when ``retryable`` and attempts remain, else to dead_letter.
+    ``outcome``: an :class:`OutcomeStatus` or its string. ``succeeded`` stores ``result``.
+    ``failed`` goes to retry_wait (at ``retry_at`` or the job's backoff) when ``retryable``
+    and attempts remain, else to dead_letter.
     ``SCHEDULER_LEASE_LOST`` unless the caller holds an unexpired lease with this fence.
     Returns the settled occurrence; its fields other than state, lease, attempts and the
     written outcome (``payload``, ``authority`` ...) are loaded on first access.

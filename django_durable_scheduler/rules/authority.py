@@ -1,14 +1,17 @@
 """Authority envelopes: who a job runs as and what it asks to do.
 
 An envelope is stored normalized: unknown keys refused at every level, lists
-deduplicated and sorted, absent optional values written as explicit nulls.
+deduplicated and sorted, absent optional values written as explicit nulls. The normalized
+form is an :class:`Envelope`: a dict (it is stored as JSON, and handlers read it as
+``ctx.authority``) whose keys and value types are named once, here. A dict given at the API's
+edge becomes one through :func:`normalize_authority`, and only that function makes one.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 from ..exceptions import InvalidArgument
 from .identity import canonical_json
@@ -44,6 +47,45 @@ _REF_KEYS = {
     "delegationIds",
 }
 _REF_LISTS = ("approvalIds", "delegationIds", "grantIds")
+
+
+class EnvelopePrincipal(TypedDict):
+    """An envelope's ``principal``: what :class:`Principal` is as stored."""
+
+    type: str
+    id: str
+
+
+class _CallerRefs(TypedDict):
+    decisionId: str | None
+    policyRevision: str | None
+    grantIds: list[str]
+    approvalIds: list[str]
+    delegationIds: list[str]
+
+
+# Its optional key in a class of its own (total=False) rather than as NotRequired[...]: under
+# postponed annotations Python 3.11 cannot see NotRequired, and would call it required.
+class AuthorizationRefs(_CallerRefs, total=False):
+    """An envelope's ``authorizationRefs``: the caller's references (``decisionId``,
+    ``policyRevision``, ``grantIds``, ``approvalIds``, ``delegationIds``), and the policy
+    revision the scheduler bound it to (``schedulerPolicyRevision``,
+    ``scheduler-authority:<N>``; absent while unbound)."""
+
+    schedulerPolicyRevision: str
+
+
+class Envelope(TypedDict):
+    """A normalized authority envelope (``Job.authority``, ``Occurrence.authority``,
+    ``ctx.authority``): who runs (``principal``) and what it asks to do
+    (``requestedCapabilities``), lists sorted and deduplicated, absent values null."""
+
+    schemaVersion: int
+    principal: EnvelopePrincipal
+    tenantId: str | None
+    workspaceId: str | None
+    requestedCapabilities: list[str]
+    authorizationRefs: AuthorizationRefs
 
 
 def _refuse_unknown(value: dict[str, Any], allowed: set[str], field: str) -> None:
@@ -145,7 +187,7 @@ class Principal(NamedTuple):
         return principal
 
     @classmethod
-    def of(cls, authority: dict[str, Any]) -> Principal:
+    def of(cls, authority: Envelope) -> Principal:
         """The principal of a normalized (stored) envelope, unchecked. Once per row on the
         claim, so built as the generated constructor would, without its extra call."""
         principal = authority["principal"]
@@ -189,7 +231,7 @@ class Principal(NamedTuple):
     def label(self) -> str:
         return f"{self.type}:{self.id}"
 
-    def as_dict(self) -> dict[str, str]:
+    def as_dict(self) -> EnvelopePrincipal:
         return {"type": self.type, "id": self.id}
 
     def details(self) -> dict[str, Any]:
@@ -201,7 +243,7 @@ class Principal(NamedTuple):
         return {"principal_type": self.type, "principal_id": self.id}
 
 
-def normalize_principal(value: Any, field: str = "authority.principal") -> dict[str, str]:
+def normalize_principal(value: Any, field: str = "authority.principal") -> EnvelopePrincipal:
     """An envelope's principal, validated (:meth:`Principal.parse_dict`), as it is stored."""
     return Principal.parse_dict(value, field).as_dict()
 
@@ -211,8 +253,9 @@ def normalize_principal(value: Any, field: str = "authority.principal") -> dict[
 PRINCIPAL_KEY_LENGTH = 400
 
 
-def normalize_authority(value: Any, field: str = "authority") -> dict[str, Any]:
-    """Validate and normalize an authority envelope."""
+def normalize_authority(value: Any, field: str = "authority") -> Envelope:
+    """Validate and normalize an authority envelope (a dict, or an :class:`Envelope`):
+    ``InvalidArgument`` naming the first bad field."""
     if not isinstance(value, dict):
         raise InvalidArgument(field, "must be an object (the authority envelope)")
     _refuse_unknown(value, _ENVELOPE_KEYS, field)
@@ -225,19 +268,23 @@ def normalize_authority(value: Any, field: str = "authority") -> dict[str, Any]:
     if not isinstance(refs_in, dict):
         raise InvalidArgument(f"{field}.authorizationRefs", "must be an object")
     _refuse_unknown(refs_in, _REF_KEYS, f"{field}.authorizationRefs")
-    refs: dict[str, Any] = {
+    lists = {
+        name: normalize_identifier_list(
+            [] if refs_in.get(name) is None else refs_in[name], f"{field}.authorizationRefs.{name}"
+        )
+        for name in _REF_LISTS
+    }
+    refs: AuthorizationRefs = {
         "decisionId": _optional_identifier(
             refs_in.get("decisionId"), f"{field}.authorizationRefs.decisionId"
         ),
         "policyRevision": _optional_identifier(
             refs_in.get("policyRevision"), f"{field}.authorizationRefs.policyRevision"
         ),
+        "approvalIds": lists["approvalIds"],
+        "delegationIds": lists["delegationIds"],
+        "grantIds": lists["grantIds"],
     }
-    for name in _REF_LISTS:
-        listed = refs_in.get(name)
-        refs[name] = normalize_identifier_list(
-            [] if listed is None else listed, f"{field}.authorizationRefs.{name}"
-        )
     if refs_in.get("schedulerPolicyRevision") is not None:
         ref = normalize_identifier(
             refs_in["schedulerPolicyRevision"], f"{field}.authorizationRefs.schedulerPolicyRevision"
@@ -248,7 +295,7 @@ def normalize_authority(value: Any, field: str = "authority") -> dict[str, Any]:
                 "must look like 'scheduler-authority:<N>'",
             )
         refs["schedulerPolicyRevision"] = ref
-    envelope = {
+    envelope: Envelope = {
         "schemaVersion": SCHEMA_VERSION,
         "principal": normalize_principal(value.get("principal"), f"{field}.principal"),
         "tenantId": _optional_identifier(value.get("tenantId"), f"{field}.tenantId"),
@@ -264,7 +311,7 @@ def normalize_authority(value: Any, field: str = "authority") -> dict[str, Any]:
     return envelope
 
 
-def default_authority(kind: str, principal: Any) -> dict[str, Any]:
+def default_authority(kind: str, principal: Any) -> Envelope:
     """The envelope of a job created without one: the app's default principal
     (``DURABLE_SCHEDULER_DEFAULT_PRINCIPAL``), requesting the job's kind as its capability."""
     return normalize_authority(
@@ -275,7 +322,7 @@ def default_authority(kind: str, principal: Any) -> dict[str, Any]:
     )
 
 
-def missing_capabilities(capabilities: list[str], authority: dict[str, Any]) -> list[str]:
+def missing_capabilities(capabilities: list[str], authority: Envelope) -> list[str]:
     """The capabilities ``authority`` requests that ``capabilities`` (a policy's) do not grant."""
     granted = set(capabilities)
     return [c for c in authority.get("requestedCapabilities") or [] if c not in granted]
@@ -285,14 +332,19 @@ def policy_ref(revision: int) -> str:
     return f"{POLICY_REF_PREFIX}{revision}"
 
 
-def bound_revision(authority: dict[str, Any]) -> int | None:
+def bound_revision(authority: Envelope) -> int | None:
     """The policy revision an envelope is bound to, or None when unbound."""
-    ref = (authority.get("authorizationRefs") or {}).get("schedulerPolicyRevision")
+    # Read as a stored row may hold it: a row written outside the kernel reads as unbound.
+    refs = authority.get("authorizationRefs") or {}
+    ref = refs.get("schedulerPolicyRevision")
     match = _POLICY_REF.match(ref) if isinstance(ref, str) else None
     return int(match.group(1)) if match else None
 
 
-def bind(authority: dict[str, Any], revision: int) -> dict[str, Any]:
-    refs = dict(authority.get("authorizationRefs") or {})
-    refs["schedulerPolicyRevision"] = policy_ref(revision)
+def bind(authority: Envelope, revision: int) -> Envelope:
+    """``authority`` bound to policy revision ``revision`` (a new envelope)."""
+    refs: AuthorizationRefs = {
+        **authority["authorizationRefs"],
+        "schedulerPolicyRevision": policy_ref(revision),
+    }
     return {**authority, "authorizationRefs": refs}

@@ -8,13 +8,32 @@ import math
 import random
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from ..exceptions import InvalidArgument, SchedulerError
 from .identity import normalize_json
 
-SUCCEEDED = "succeeded"
-FAILED = "failed"
+
+class OutcomeStatus(StrEnum):
+    """How a run ended: what ``settle(outcome=...)`` takes (its strings, or these) and what
+    :attr:`Outcome.status` holds."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+    @classmethod
+    def parse(cls, value: object, field: str = "outcome") -> OutcomeStatus:
+        """``value`` (a member or its string) as a member; else ``InvalidArgument``."""
+        status = _OUTCOME_STATUSES.get(value) if isinstance(value, str) else None
+        if status is not None:
+            return status
+        raise InvalidArgument(field, "must be 'succeeded' or 'failed'")
+
+
+_OUTCOME_STATUSES = {str(status): status for status in OutcomeStatus}
+SUCCEEDED = OutcomeStatus.SUCCEEDED
+FAILED = OutcomeStatus.FAILED
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +47,7 @@ class Outcome:
 
     occurrence_id: str
     fence: int
-    status: str
+    status: OutcomeStatus
     result: Any = None
     error: Any = None
     retryable: bool = True

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from .. import conf, kernel
 from ..exceptions import NotFound
-from ..models import Occurrence
 from ..rules.validation import normalize_identifier, to_ms
 from .jobs import ensure_job, forget_job, job_id_for
 from .options import (
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
 
 def enqueue(
     task: AnyTask, args: Any, kwargs: Any, *, backend_alias: str, defaults: TaskOptions, using: str
-) -> tuple[Occurrence, bool]:
+) -> kernel.Enqueued:
     """The task's occurrence (its arguments already JSON), and whether it was found instead:
     the waiting (or running) task of the same unique key, no task enqueued."""
     payload: dict[str, Any] = {
@@ -63,7 +62,7 @@ def _enqueue(
     backend_alias: str,
     defaults: TaskOptions,
     using: str,
-) -> tuple[Occurrence, bool]:
+) -> kernel.Enqueued:
     job_id = ensure_job(task, backend_alias, defaults, using)
     return kernel.enqueue(
         job_id,

@@ -16,7 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from ..exceptions import InvalidArgument
 from ..kernel.concurrency import render_key
 from ..kernel.unique import MAX_DEBOUNCE_MS, UNIQUE_WHILE, max_wait
-from ..rules.authority import normalize_principal
+from ..rules.authority import EnvelopePrincipal, normalize_principal
 from ..rules.identity import canonical_json
 from ..rules.throttles import render_key as throttle_key
 from ..rules.throttles import stored_throttle
@@ -69,7 +69,7 @@ class TaskOptions:
     max_attempts: int | None = None
     retry_base_delay_ms: int | None = None
     retry_max_delay_ms: int | None = None
-    principal: dict[str, Any] | None = None
+    principal: EnvelopePrincipal | None = None
     timeout_ms: int | None = None
     concurrency: int | None = None
     concurrency_key: str | Callable[..., Any] | None = None

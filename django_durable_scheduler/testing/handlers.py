@@ -13,12 +13,13 @@ import inspect
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from .. import conf
 from ..exceptions import InvalidArgument
 from ..handlers import registry
-from ..rules.authority import default_authority, normalize_authority
+from ..rules.authority import Envelope, default_authority, normalize_authority
+from ..rules.causes import BatchSummary, Cause, Predecessor
 from ..rules.identity import normalize_json
 from ..rules.outcomes import MAX_RESULT_BYTES, storable_result
 from ..rules.progress import Progress
@@ -59,16 +60,24 @@ class HandlerCall:
     context: HandlerContext
 
 
-def _cause(predecessor: Any, batch: Any) -> dict[str, Any] | None:
+def _cause(predecessor: Any, batch: Any) -> Cause | None:
+    """What ``ctx.predecessor`` / ``ctx.batch`` hold: the test's keys over neutral defaults
+    (a test names the keys its handler reads, and the handler may read any of them)."""
     if predecessor is not None and batch is not None:
         raise InvalidArgument("batch", "an occurrence follows a predecessor or completes a batch, not both")
     for name, value in (("predecessor", predecessor), ("batch", batch)):
         if value is not None and not isinstance(value, dict):
             raise InvalidArgument(name, f"must be a dict (what ctx.{name} holds) or None")
     if predecessor is not None:
-        return {"occurrence_id": "", "job_id": "", "status": "succeeded", "result": None, **predecessor}
+        return cast(
+            Predecessor,
+            {"occurrence_id": "", "job_id": "", "status": "succeeded", "result": None, **predecessor},
+        )
     if batch is not None:
-        return {"batch_id": "", "description": "", "size": 0, "counts": {}, "cancelled": False, **batch}
+        return cast(
+            BatchSummary,
+            {"batch_id": "", "description": "", "size": 0, "counts": {}, "cancelled": False, **batch},
+        )
     return None
 
 
@@ -78,7 +87,7 @@ def run_handler(
     *,
     attempt: int = 1,
     max_attempts: int = 3,
-    authority: dict[str, Any] | None = None,
+    authority: Envelope | dict[str, Any] | None = None,
     job_id: str = "testing-job",
     scheduled_for: datetime | None = None,
     fence: int = 1,

@@ -11,6 +11,8 @@ from datetime import datetime
 from typing import Any
 
 from ..exceptions import LeaseLost, OccurrenceCancelled
+from ..rules.authority import Envelope
+from ..rules.causes import BatchSummary, Cause, Predecessor
 from ..rules.progress import Progress, normalize_progress
 from .progress import ProgressThrottle
 
@@ -28,7 +30,7 @@ class ExecutionContext:
     fence: int
     scheduled_for: datetime
     payload: Any
-    authority: dict[str, Any]
+    authority: Envelope
     owner: str = ""
     using: str | None = None
     # When the occurrence was written and when this attempt claimed it (None where the
@@ -38,7 +40,7 @@ class ExecutionContext:
     claimed_at: datetime | None = None
     priority: int = 0
     # Why the occurrence exists when a chain or a batch made it (``Occurrence.cause``).
-    cause: dict[str, Any] | None = None
+    cause: Cause | None = None
     # Flags, not Events: nobody waits on them, and every run would pay for an Event's lock
     # and condition. _lease_lost is set once, by any thread; _cancelled under _async_lock.
     _lease_lost: bool = field(default=False, repr=False)
@@ -52,19 +54,22 @@ class ExecutionContext:
     progress_throttle: ProgressThrottle | None = field(default=None, repr=False)
 
     @property
-    def predecessor(self) -> dict[str, Any] | None:
-        """For a follow-up (``then`` / ``on_dead_letter``): the occurrence it follows, as
-        ``{"occurrence_id", "job_id", "status", "result"}`` (``"error"`` instead of
-        ``"result"`` after a dead letter); None for any other occurrence."""
-        return self.cause if self.cause is not None and "occurrence_id" in self.cause else None
+    def predecessor(self) -> Predecessor | None:
+        """For a follow-up (``then`` / ``on_dead_letter``): the occurrence it follows, a
+        :class:`Predecessor` ``{"occurrence_id", "job_id", "status", "result"}``
+        (``"error"`` instead of ``"result"`` after a dead letter); None for any other
+        occurrence."""
+        cause = self.cause
+        return cause if cause is not None and "occurrence_id" in cause else None
 
     @property
-    def batch(self) -> dict[str, Any] | None:
-        """For a batch's callback: ``{"batch_id", "description", "size", "counts",
-        "cancelled"}``, ``counts`` being its members by final status (``succeeded``,
-        ``dead_letter``, ``cancelled``); the members' ids: ``scheduler.batch_members``.
-        None for any other occurrence."""
-        return self.cause if self.cause is not None and "batch_id" in self.cause else None
+    def batch(self) -> BatchSummary | None:
+        """For a batch's callback: a :class:`BatchSummary` ``{"batch_id", "description",
+        "size", "counts", "cancelled"}``, ``counts`` being its members by final status
+        (``succeeded``, ``dead_letter``, ``cancelled``); the members' ids:
+        ``scheduler.batch_members``. None for any other occurrence."""
+        cause = self.cause
+        return cause if cause is not None and "batch_id" in cause else None
 
     @property
     def cancel_requested(self) -> bool:

@@ -19,7 +19,7 @@ def test_grant_creates_then_widens_a_policy(frozen):
         "billing",
         ["invoices.send"],
     )
-    assert (policy.max_runs, policy.max_units, policy.window_ms) == (100_000, 100_000, 86_400_000)
+    assert (policy.max_runs, policy.max_units, policy.window_ms) == (None, None, 86_400_000)  # no budget
     wider = testing.grant(("team", "billing"), "invoices.void", runs=5, window=timedelta(hours=1))
     assert sorted(wider.capabilities) == ["invoices.send", "invoices.void"]
     assert (wider.max_runs, wider.window_ms, wider.revision) == (5, 3_600_000, 2)

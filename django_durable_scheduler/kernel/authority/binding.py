@@ -15,7 +15,14 @@ from typing import Any
 from ... import conf
 from ...db.dialect import alias_for
 from ...models import PENDING_STATUSES, AuthorityPolicy, Job, Occurrence
-from ...rules.authority import Principal, bind, bound_revision, missing_capabilities, normalize_capabilities
+from ...rules.authority import (
+    Envelope,
+    Principal,
+    bind,
+    bound_revision,
+    missing_capabilities,
+    normalize_capabilities,
+)
 from ...rules.lifecycle import Action, applied
 from ...rules.validation import normalize_bool
 from ..transitions import writes
@@ -25,7 +32,7 @@ from ..writing import writing
 REBIND_BATCH = 500
 
 
-def covers(enabled: bool, capabilities: Iterable[str], authority: dict[str, Any]) -> bool:
+def covers(enabled: bool, capabilities: Iterable[str], authority: Envelope) -> bool:
     """True when an enabled policy with ``capabilities`` grants everything ``authority`` asks for."""
     return enabled and not missing_capabilities(list(capabilities), authority)
 
@@ -75,7 +82,7 @@ def _occurrence_batches(principal: Principal, alias: str, *, lock: bool) -> Iter
         last = rows[-1].occurrence_id
 
 
-def _follows_the_policy(authority: dict[str, Any], before: AuthorityPolicy | None) -> bool:
+def _follows_the_policy(authority: Envelope, before: AuthorityPolicy | None) -> bool:
     """Whether an envelope the new revision does not cover moves to it anyway: one bound to
     no revision, or to the previous revision that did not grant it either, was never
     granted, so it has no grant to lose; bound to the current revision, the worker then

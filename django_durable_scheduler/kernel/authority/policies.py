@@ -37,6 +37,7 @@ from ...rules.authority import (
     MAX_BUDGET,
     MAX_WINDOW_MS,
     MIN_WINDOW_MS,
+    Envelope,
     Principal,
     bind,
     normalize_authority,
@@ -425,7 +426,7 @@ def set_policy(
 
 
 def ensure_policy(
-    authority: dict[str, Any],
+    authority: Envelope | dict[str, Any],
     *,
     window: float | timedelta = timedelta(milliseconds=DEFAULT_WINDOW_MS),
     max_runs: int | None = DEFAULT_MAX_RUNS,
@@ -470,7 +471,7 @@ def ensure_policy(
         return raced
 
 
-def bind_to_current_policy(authority: dict[str, Any], using: str | None = None) -> dict[str, Any]:
+def bind_to_current_policy(authority: Envelope | dict[str, Any], using: str | None = None) -> Envelope:
     """Bind a normalized envelope to its principal's current policy revision whenever the
     principal has a policy, covered or not: then a capability the policy
     lacks is denied ``permission_denied`` with the missing list, and a later change that
@@ -482,11 +483,11 @@ def bind_to_current_policy(authority: dict[str, Any], using: str | None = None) 
     rows, so locking it here, after the job row, could deadlock. A concurrent ``set_policy``
     waits for the job row lock and then rebinds the job itself.
     """
-    authority = normalize_authority(authority, "authority")
-    policy = _policy_of(Principal.of(authority), alias_for(using))
+    envelope = normalize_authority(authority, "authority")
+    policy = _policy_of(Principal.of(envelope), alias_for(using))
     if policy is None:
-        return authority
-    return bind(authority, policy.revision)
+        return envelope
+    return bind(envelope, policy.revision)
 
 
 # Concurrent first uses of the default principal race to create or widen its policy.

@@ -26,6 +26,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from django.db import connections
@@ -48,19 +49,42 @@ from ...exceptions import (
     SchedulerError,
 )
 from ...models import AuthorityPolicy, AuthorityReservation, Occurrence, OccurrenceStatus
-from ...rules.authority import MAX_BUDGET, Principal, bound_revision, missing_capabilities, policy_ref
+from ...rules.authority import (
+    MAX_BUDGET,
+    Envelope,
+    Principal,
+    bound_revision,
+    missing_capabilities,
+    policy_ref,
+)
 from ...rules.validation import normalize_identifier, normalize_int, preview, to_ms
 from .. import settling
 from . import budgets
 from .policies import lock_policy
 
-RESERVED = "reserved"
-REUSED = "reused"
-# Passed the checks under a policy with no budget: nothing charged, no reservation written.
-AUTHORIZED = "authorized"
-DENIED = "denied"
-DEFERRED = "deferred"
-LEASE_LOST = "lease_lost"
+
+class Verdict(StrEnum):
+    """What the authority check made of a claimed occurrence: its handler may run when the
+    budget was charged (``reserved``), a retry keeps its reservation (``reused``) or its policy
+    has no budget (``authorized``); else it
+    was ``denied`` (dead-lettered), ``deferred`` (waits for the next window), or its lease
+    was lost meanwhile (``lease_lost``, nothing written)."""
+
+    RESERVED = "reserved"
+    REUSED = "reused"
+    # Passed the checks under a policy with no budget: nothing charged, no reservation written.
+    AUTHORIZED = "authorized"
+    DENIED = "denied"
+    DEFERRED = "deferred"
+    LEASE_LOST = "lease_lost"
+
+
+RESERVED = Verdict.RESERVED
+REUSED = Verdict.REUSED
+AUTHORIZED = Verdict.AUTHORIZED
+DENIED = Verdict.DENIED
+DEFERRED = Verdict.DEFERRED
+LEASE_LOST = Verdict.LEASE_LOST
 
 # Denial reasons (stored on the occurrence and in the ``authority_denied`` event).
 REASONS: dict[type[SchedulerError], str] = {
@@ -87,7 +111,7 @@ class Authorization:
     (``reason``, ``code``, ``details``, ``message``); for ``"deferred"``, why it waits
     (``reason``, ``message``, ``details`` with ``windowEndsAt``), for the log."""
 
-    verdict: str
+    verdict: Verdict
     error: dict[str, Any] | None = None
 
 
@@ -121,7 +145,7 @@ def _not_granted(denied: list[str]) -> str:
     return f"; it does not grant {', '.join(denied)}" if denied else ""
 
 
-def _check_revision(policy: AuthorityPolicy, expected: int, authority: dict[str, Any]) -> None:
+def _check_revision(policy: AuthorityPolicy, expected: int, authority: Envelope) -> None:
     # A stale binding is the reason; what the current revision lacks is named too, so the
     # operator sees what to grant (or what a change took away).
     if policy.revision != expected:
@@ -139,7 +163,7 @@ def _check_revision(policy: AuthorityPolicy, expected: int, authority: dict[str,
         )
 
 
-def _check_capabilities(policy: AuthorityPolicy, authority: dict[str, Any]) -> None:
+def _check_capabilities(policy: AuthorityPolicy, authority: Envelope) -> None:
     denied = missing_capabilities(policy.capabilities, authority)
     if denied:
         principal = Principal.of(authority)
@@ -452,10 +476,10 @@ def _claimed(occurrence: Any, field: str) -> tuple[Occurrence, int]:
     )
 
 
-def authorize(occurrence: Occurrence, *, units: Units = 1, owner: str, using: str | None = None) -> str:
+def authorize(occurrence: Occurrence, *, units: Units = 1, owner: str, using: str | None = None) -> Verdict:
     """Authorize a claimed occurrence before its handler runs (``docs/design.md``, "Authority checks").
 
-    Returns ``"reserved"`` (budget charged), ``"reused"`` (a retry keeps its reservation),
+    Returns a :class:`Verdict`: ``"reserved"`` (budget charged), ``"reused"`` (a retry keeps its reservation),
     ``"authorized"`` (the policy has no budget: nothing charged, no reservation),
     ``"denied"`` (dead-lettered without retry: ``policy_required``, ``policy_unbound``,
     ``policy_stale``, ``permission_denied``, ``budget_state_invalid``) or ``"deferred"``
@@ -476,7 +500,9 @@ def authorize(occurrence: Occurrence, *, units: Units = 1, owner: str, using: st
     return verdict.verdict
 
 
-def authorize_many(items: list[tuple[Occurrence, int]], *, owner: str, using: str | None = None) -> list[str]:
+def authorize_many(
+    items: list[tuple[Occurrence, int]], *, owner: str, using: str | None = None
+) -> list[Verdict]:
     """:func:`authorize` for a claimed batch in one transaction: ``items`` are
     ``(occurrence, units)`` pairs; returns a verdict per item, in order, where an
     occurrence whose lease is no longer held gets ``"lease_lost"`` (and nothing written)."""
