@@ -176,8 +176,8 @@ def check_policies_backfilled(new):
             1,
             True,
             86_400_000,
-            100_000,
-            100_000,
+            None,  # 0003's 100,000 runs and units, which nobody configured, lifted by 0009
+            None,
         )
     return policies
 

@@ -4,7 +4,8 @@ limit), and a policy with neither charges nothing and writes no reservation.
 The default principal's policy stops holding work back: where every revision of a policy was
 written by a default grant (a job created without an authority envelope) and its budget is
 still the old default of 100,000 runs and units per window, nobody configured that budget, so
-it is lifted, on the policy row and in its current revision's recorded content (the revision
+it is lifted (and so is that of a policy migration 0003 backfilled, which has no revision),
+on the policy row and in its current revision's recorded content (the revision
 number stays, so the jobs and occurrences bound to it stay bound). Backward: NULL limits go
 back to 100,000, the old default.
 """
@@ -17,6 +18,7 @@ from django.db import migrations, models
 
 OLD_DEFAULT = 100_000
 GRANT_NOTE = "durable_scheduler: job "  # policies.grant_default's changed_by
+BACKFILL_WINDOW_MS = 24 * 60 * 60 * 1000  # migration 0003's policies
 
 
 def _set_budget(apps: Any, schema_editor: Any, old: int | None, new: int | None, granted_only: bool) -> None:
@@ -32,8 +34,13 @@ def _set_budget(apps: Any, schema_editor: Any, old: int | None, new: int | None,
     )
     for policy in policies.filter(at_old):
         revisions = history.filter(principal_type=policy.principal_type, principal_id=policy.principal_id)
-        if granted_only and (
-            not revisions.exists() or revisions.exclude(changed_by__startswith=GRANT_NOTE).exists()
+        # A policy with no revision at the backfill's window is migration 0003's, written
+        # before revisions were kept: nobody configured its budget either.
+        backfilled = not revisions.exists() and policy.window_ms == BACKFILL_WINDOW_MS
+        if (
+            granted_only
+            and not backfilled
+            and (not revisions.exists() or revisions.exclude(changed_by__startswith=GRANT_NOTE).exists())
         ):
             continue
         for name in ("max_runs", "max_units"):
