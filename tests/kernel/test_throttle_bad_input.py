@@ -190,7 +190,12 @@ def test_good_throttles_are_stored_as_normalized(clock):
         authority=AUTHORITY,
         throttle={"limit": 1_000_000, "period": timedelta(days=31), "burst": 1_000_000, "key": "{a}"},
     )
-    assert job.throttle == {"limit": 1_000_000, "period_ms": 31 * 86_400_000, "burst": 1_000_000, "key": "{a}"}
+    assert job.throttle == {
+        "limit": 1_000_000,
+        "period_ms": 31 * 86_400_000,
+        "burst": 1_000_000,
+        "key": "{a}",
+    }
     job = scheduler.update_job("thr-ok", expected_revision=1, throttle={"limit": 1, "period": 0.001})
     assert job.throttle == {"limit": 1, "period_ms": 1, "burst": 0, "key": None}
     # A stored throttle read back and saved again is taken as it is.
