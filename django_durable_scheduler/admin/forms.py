@@ -28,6 +28,7 @@ from ..exceptions import (
 from ..kernel.authority import policies
 from ..models import AuthorityPolicy, Job, TaskSchedule
 from ..rules.authority import MAX_BUDGET, MAX_CAPABILITIES, MAX_WINDOW_MS, MIN_WINDOW_MS
+from ..rules.throttles import stored_throttle
 from ..rules.validation import MAX_CONCURRENCY, MAX_IDENTIFIER_LENGTH, normalize_identifier
 
 WINDOW_UNITS: dict[str, int] = {"minutes": 60, "hours": 3600, "days": 86_400}
@@ -184,6 +185,62 @@ class _ApiForm(forms.ModelForm):  # type: ignore[type-arg]
         everything when it writes; its errors come back as field errors."""
 
 
+class _JsonField(forms.JSONField):
+    """JSON as text. Empty means the API's default (``{}`` trigger, null payload)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("widget", forms.Textarea(attrs={"rows": 6, "cols": 80, "spellcheck": "false"}))
+        super().__init__(**kwargs)
+
+    def prepare_value(self, value: Any) -> Any:
+        # Indented, so that an authority envelope is readable in the textarea.
+        if isinstance(value, forms.fields.InvalidJSONInput):
+            return value
+        return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, cls=self.encoder)
+
+
+class ThrottleField(_JsonField):
+    """A throttle as JSON text, ``{"limit": 100, "period": 5, "burst": 20, "key": "{account}"}``
+    (empty: none), checked by the API's own normalizer so the form refuses what the API would,
+    naming the setting (``throttle.limit``). Shown with ``period`` in seconds."""
+
+    def __init__(self, *, keyed: bool = True, **kwargs: Any) -> None:
+        kwargs.setdefault("widget", forms.Textarea(attrs={"rows": 2, "cols": 80, "spellcheck": "false"}))
+        kwargs.setdefault("required", False)
+        super().__init__(**kwargs)
+        self.keyed = keyed
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, dict) and "period_ms" in value:
+            value = shown_throttle(value)
+        return super().prepare_value(value)
+
+    def clean(self, value: Any) -> Any:
+        raw = super().clean(value)
+        try:
+            return stored_throttle(raw, "throttle", keyed=self.keyed)
+        except InvalidArgument as exc:
+            raise ValidationError(str(exc), code="invalid") from None
+
+    def has_changed(self, initial: Any, data: Any) -> bool:
+        try:
+            return bool(stored_throttle(initial, keyed=self.keyed) != self.clean(data))
+        except (ValidationError, InvalidArgument):
+            return True
+
+
+def shown_throttle(stored: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A stored throttle as a person writes one: ``period`` in seconds, no empty key or burst."""
+    if stored is None:
+        return None
+    shown: dict[str, Any] = {"limit": stored["limit"], "period": stored["period_ms"] / 1000}
+    if stored.get("burst"):
+        shown["burst"] = stored["burst"]
+    if stored.get("key") is not None:
+        shown["key"] = stored["key"]
+    return shown
+
+
 # --------------------------------------------------------------------------- policies
 
 
@@ -224,6 +281,12 @@ class AuthorityPolicyForm(_ApiForm):
         max_value=MAX_CONCURRENCY,
         help_text="How many of the principal's occurrences may run at once on all workers (empty: no cap).",
     )
+    throttle = ThrottleField(
+        label="Throttle",
+        keyed=False,
+        help_text='How fast the principal\'s occurrences may start on all workers: {"limit": 100, '
+        '"period": 5, "burst": 20} (period in seconds; no key; empty: none). Work over the rate waits.',
+    )
 
     class Meta:
         model = AuthorityPolicy
@@ -240,7 +303,10 @@ class AuthorityPolicyForm(_ApiForm):
                 assert isinstance(unit_field, forms.ChoiceField)
                 unit_field.choices = [_SECONDS_UNIT, *((u, u) for u in WINDOW_UNITS)]
             self.initial.update(
-                capabilities=list(instance.capabilities), window_value=amount, window_unit=unit
+                capabilities=list(instance.capabilities),
+                window_value=amount,
+                window_unit=unit,
+                throttle=instance.throttle,
             )
         else:
             self.initial.setdefault("window_value", 24)
@@ -277,6 +343,7 @@ class AuthorityPolicyForm(_ApiForm):
             max_runs=data.get("max_runs"),
             max_units=data.get("max_units"),
             max_running=data.get("max_running"),
+            throttle=data.get("throttle"),
             enabled=data["enabled"],
             expected_revision=data["loaded_revision"],
             changed_by=self.changed_by,
@@ -313,20 +380,6 @@ class AuthorityPolicyForm(_ApiForm):
 
 
 # --------------------------------------------------------------------------- jobs
-
-
-class _JsonField(forms.JSONField):
-    """JSON as text. Empty means the API's default (``{}`` trigger, null payload)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("widget", forms.Textarea(attrs={"rows": 6, "cols": 80, "spellcheck": "false"}))
-        super().__init__(**kwargs)
-
-    def prepare_value(self, value: Any) -> Any:
-        # Indented, so that an authority envelope is readable in the textarea.
-        if isinstance(value, forms.fields.InvalidJSONInput):
-            return value
-        return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, cls=self.encoder)
 
 
 class JobForm(_ApiForm):
@@ -379,6 +432,12 @@ class JobForm(_ApiForm):
         required=False,
         help_text="Counts the limit per key: a template on the payload such as {customer} (empty: none).",
     )
+    throttle = ThrottleField(
+        label="Throttle",
+        help_text='How fast its occurrences may start on all workers: {"limit": 100, "period": 5, '
+        '"burst": 20, "key": "{account}"} (period in seconds; burst and key optional; empty: none). '
+        "Work over the rate waits in the queue.",
+    )
 
     class Meta:
         model = Job
@@ -398,6 +457,7 @@ class JobForm(_ApiForm):
         "timeout": "timeout",
         "concurrency": "concurrency",
         "concurrency_key": "concurrency_key",
+        "throttle": "throttle",
     }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -415,6 +475,7 @@ class JobForm(_ApiForm):
                 timeout=None if instance.timeout_ms is None else instance.timeout_ms / 1000,
                 concurrency=instance.concurrency,
                 concurrency_key=instance.concurrency_key,
+                throttle=instance.throttle,
             )
         else:
             self.initial.setdefault("trigger", {})
