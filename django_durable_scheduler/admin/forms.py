@@ -9,7 +9,6 @@ the whole request in a transaction, so an error raised later still rolls the wri
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from typing import Any, ClassVar
 
@@ -28,8 +27,8 @@ from ..exceptions import (
 from ..kernel.authority import policies
 from ..models import AuthorityPolicy, Job, TaskSchedule
 from ..rules.authority import MAX_BUDGET, MAX_CAPABILITIES, MAX_WINDOW_MS, MIN_WINDOW_MS
-from ..rules.throttles import stored_throttle
 from ..rules.validation import MAX_CONCURRENCY, MAX_IDENTIFIER_LENGTH, normalize_identifier
+from .fields import JsonTextField, ThrottleField
 
 WINDOW_UNITS: dict[str, int] = {"minutes": 60, "hours": 3600, "days": 86_400}
 _SECONDS_UNIT = ("seconds", "seconds")
@@ -185,62 +184,6 @@ class _ApiForm(forms.ModelForm):  # type: ignore[type-arg]
         everything when it writes; its errors come back as field errors."""
 
 
-class _JsonField(forms.JSONField):
-    """JSON as text. Empty means the API's default (``{}`` trigger, null payload)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("widget", forms.Textarea(attrs={"rows": 6, "cols": 80, "spellcheck": "false"}))
-        super().__init__(**kwargs)
-
-    def prepare_value(self, value: Any) -> Any:
-        # Indented, so that an authority envelope is readable in the textarea.
-        if isinstance(value, forms.fields.InvalidJSONInput):
-            return value
-        return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, cls=self.encoder)
-
-
-class ThrottleField(_JsonField):
-    """A throttle as JSON text, ``{"limit": 100, "period": 5, "burst": 20, "key": "{account}"}``
-    (empty: none), checked by the API's own normalizer so the form refuses what the API would,
-    naming the setting (``throttle.limit``). Shown with ``period`` in seconds."""
-
-    def __init__(self, *, keyed: bool = True, **kwargs: Any) -> None:
-        kwargs.setdefault("widget", forms.Textarea(attrs={"rows": 2, "cols": 80, "spellcheck": "false"}))
-        kwargs.setdefault("required", False)
-        super().__init__(**kwargs)
-        self.keyed = keyed
-
-    def prepare_value(self, value: Any) -> Any:
-        if isinstance(value, dict) and "period_ms" in value:
-            value = shown_throttle(value)
-        return super().prepare_value(value)
-
-    def clean(self, value: Any) -> Any:
-        raw = super().clean(value)
-        try:
-            return stored_throttle(raw, "throttle", keyed=self.keyed)
-        except InvalidArgument as exc:
-            raise ValidationError(str(exc), code="invalid") from None
-
-    def has_changed(self, initial: Any, data: Any) -> bool:
-        try:
-            return bool(stored_throttle(initial, keyed=self.keyed) != self.clean(data))
-        except (ValidationError, InvalidArgument):
-            return True
-
-
-def shown_throttle(stored: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A stored throttle as a person writes one: ``period`` in seconds, no empty key or burst."""
-    if stored is None:
-        return None
-    shown: dict[str, Any] = {"limit": stored["limit"], "period": stored["period_ms"] / 1000}
-    if stored.get("burst"):
-        shown["burst"] = stored["burst"]
-    if stored.get("key") is not None:
-        shown["key"] = stored["key"]
-    return shown
-
-
 # --------------------------------------------------------------------------- policies
 
 
@@ -386,26 +329,26 @@ class JobForm(_ApiForm):
     """A job's editable attributes; trigger, payload and authority as JSON text. Saved with
     ``kernel.update_job`` against the loaded revision (``kernel.create_job`` when adding)."""
 
-    trigger = _JsonField(
+    trigger = JsonTextField(
         label="Trigger",
         required=False,
         help_text='{} (enqueue only), {"cron": "0 9 * * 1-5", "timezone": "Europe/Berlin"}, '
         '{"every": 300} or {"at": "2026-12-01T09:00:00+00:00"}.',
     )
-    payload = _JsonField(
+    payload = JsonTextField(
         label="Payload", required=False, help_text="Any JSON value, given to the handler (null: none)."
     )
-    authority = _JsonField(
+    authority = JsonTextField(
         label="Authority",
         help_text='{"principal": {"type": ..., "id": ...}, "requestedCapabilities": [...], ...}',
     )
-    then = _JsonField(
+    then = JsonTextField(
         label="Then",
         required=False,
         help_text="The jobs whose occurrence follows each of this job's that succeeds: a list of job ids "
         'or {"job_id": ..., "payload": ...} (null: none).',
     )
-    on_dead_letter = _JsonField(
+    on_dead_letter = JsonTextField(
         label="On dead letter",
         required=False,
         help_text="The same, for each occurrence that is dead-lettered (null: none).",
@@ -561,13 +504,13 @@ class TaskScheduleForm(_ApiForm):
         max_length=MAX_IDENTIFIER_LENGTH,
         help_text="The task's import path, e.g. myapp.tasks.send_report (a @task on a DurableBackend).",
     )
-    trigger = _JsonField(
+    trigger = JsonTextField(
         label="Trigger",
         help_text='{"cron": "0 9 * * 1-5", "timezone": "Europe/Berlin"}, {"every": 300} or '
         '{"at": "2026-12-01T09:00:00+00:00"}, with misfire, catchup_window, overlap, start_at, end_at.',
     )
-    args = _JsonField(label="Args", required=False, help_text="A JSON list given to each run.")
-    kwargs = _JsonField(label="Kwargs", required=False, help_text="A JSON object given to each run.")
+    args = JsonTextField(label="Args", required=False, help_text="A JSON list given to each run.")
+    kwargs = JsonTextField(label="Kwargs", required=False, help_text="A JSON object given to each run.")
 
     class Meta:
         model = Job

@@ -16,7 +16,8 @@ from ..exceptions import SchedulerError
 from ..kernel.authority import binding, budgets, policies
 from ..models import AuthorityPolicy, AuthorityPolicyRevision
 from .base import ApiFormAdmin, ReadOnlyAdmin
-from .forms import AuthorityPolicyForm, describe_window, shown_throttle
+from .fields import shown_throttle
+from .forms import AuthorityPolicyForm, describe_window
 
 
 @admin.register(AuthorityPolicy)
