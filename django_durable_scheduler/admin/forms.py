@@ -9,7 +9,6 @@ the whole request in a transaction, so an error raised later still rolls the wri
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from typing import Any, ClassVar
 
@@ -29,6 +28,7 @@ from ..kernel.authority import policies
 from ..models import AuthorityPolicy, Job, TaskSchedule
 from ..rules.authority import MAX_BUDGET, MAX_CAPABILITIES, MAX_WINDOW_MS, MIN_WINDOW_MS
 from ..rules.validation import MAX_CONCURRENCY, MAX_IDENTIFIER_LENGTH, normalize_identifier
+from .fields import JsonTextField, ThrottleField
 
 WINDOW_UNITS: dict[str, int] = {"minutes": 60, "hours": 3600, "days": 86_400}
 _SECONDS_UNIT = ("seconds", "seconds")
@@ -224,6 +224,12 @@ class AuthorityPolicyForm(_ApiForm):
         max_value=MAX_CONCURRENCY,
         help_text="How many of the principal's occurrences may run at once on all workers (empty: no cap).",
     )
+    throttle = ThrottleField(
+        label="Throttle",
+        keyed=False,
+        help_text='How fast the principal\'s occurrences may start on all workers: {"limit": 100, '
+        '"period": 5, "burst": 20} (period in seconds; no key; empty: none). Work over the rate waits.',
+    )
 
     class Meta:
         model = AuthorityPolicy
@@ -240,7 +246,10 @@ class AuthorityPolicyForm(_ApiForm):
                 assert isinstance(unit_field, forms.ChoiceField)
                 unit_field.choices = [_SECONDS_UNIT, *((u, u) for u in WINDOW_UNITS)]
             self.initial.update(
-                capabilities=list(instance.capabilities), window_value=amount, window_unit=unit
+                capabilities=list(instance.capabilities),
+                window_value=amount,
+                window_unit=unit,
+                throttle=instance.throttle,
             )
         else:
             self.initial.setdefault("window_value", 24)
@@ -277,6 +286,7 @@ class AuthorityPolicyForm(_ApiForm):
             max_runs=data.get("max_runs"),
             max_units=data.get("max_units"),
             max_running=data.get("max_running"),
+            throttle=data.get("throttle"),
             enabled=data["enabled"],
             expected_revision=data["loaded_revision"],
             changed_by=self.changed_by,
@@ -315,44 +325,30 @@ class AuthorityPolicyForm(_ApiForm):
 # --------------------------------------------------------------------------- jobs
 
 
-class _JsonField(forms.JSONField):
-    """JSON as text. Empty means the API's default (``{}`` trigger, null payload)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("widget", forms.Textarea(attrs={"rows": 6, "cols": 80, "spellcheck": "false"}))
-        super().__init__(**kwargs)
-
-    def prepare_value(self, value: Any) -> Any:
-        # Indented, so that an authority envelope is readable in the textarea.
-        if isinstance(value, forms.fields.InvalidJSONInput):
-            return value
-        return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, cls=self.encoder)
-
-
 class JobForm(_ApiForm):
     """A job's editable attributes; trigger, payload and authority as JSON text. Saved with
     ``kernel.update_job`` against the loaded revision (``kernel.create_job`` when adding)."""
 
-    trigger = _JsonField(
+    trigger = JsonTextField(
         label="Trigger",
         required=False,
         help_text='{} (enqueue only), {"cron": "0 9 * * 1-5", "timezone": "Europe/Berlin"}, '
         '{"every": 300} or {"at": "2026-12-01T09:00:00+00:00"}.',
     )
-    payload = _JsonField(
+    payload = JsonTextField(
         label="Payload", required=False, help_text="Any JSON value, given to the handler (null: none)."
     )
-    authority = _JsonField(
+    authority = JsonTextField(
         label="Authority",
         help_text='{"principal": {"type": ..., "id": ...}, "requestedCapabilities": [...], ...}',
     )
-    then = _JsonField(
+    then = JsonTextField(
         label="Then",
         required=False,
         help_text="The jobs whose occurrence follows each of this job's that succeeds: a list of job ids "
         'or {"job_id": ..., "payload": ...} (null: none).',
     )
-    on_dead_letter = _JsonField(
+    on_dead_letter = JsonTextField(
         label="On dead letter",
         required=False,
         help_text="The same, for each occurrence that is dead-lettered (null: none).",
@@ -379,6 +375,12 @@ class JobForm(_ApiForm):
         required=False,
         help_text="Counts the limit per key: a template on the payload such as {customer} (empty: none).",
     )
+    throttle = ThrottleField(
+        label="Throttle",
+        help_text='How fast its occurrences may start on all workers: {"limit": 100, "period": 5, '
+        '"burst": 20, "key": "{account}"} (period in seconds; burst and key optional; empty: none). '
+        "Work over the rate waits in the queue.",
+    )
 
     class Meta:
         model = Job
@@ -398,6 +400,7 @@ class JobForm(_ApiForm):
         "timeout": "timeout",
         "concurrency": "concurrency",
         "concurrency_key": "concurrency_key",
+        "throttle": "throttle",
     }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -415,6 +418,7 @@ class JobForm(_ApiForm):
                 timeout=None if instance.timeout_ms is None else instance.timeout_ms / 1000,
                 concurrency=instance.concurrency,
                 concurrency_key=instance.concurrency_key,
+                throttle=instance.throttle,
             )
         else:
             self.initial.setdefault("trigger", {})
@@ -500,13 +504,13 @@ class TaskScheduleForm(_ApiForm):
         max_length=MAX_IDENTIFIER_LENGTH,
         help_text="The task's import path, e.g. myapp.tasks.send_report (a @task on a DurableBackend).",
     )
-    trigger = _JsonField(
+    trigger = JsonTextField(
         label="Trigger",
         help_text='{"cron": "0 9 * * 1-5", "timezone": "Europe/Berlin"}, {"every": 300} or '
         '{"at": "2026-12-01T09:00:00+00:00"}, with misfire, catchup_window, overlap, start_at, end_at.',
     )
-    args = _JsonField(label="Args", required=False, help_text="A JSON list given to each run.")
-    kwargs = _JsonField(label="Kwargs", required=False, help_text="A JSON object given to each run.")
+    args = JsonTextField(label="Args", required=False, help_text="A JSON list given to each run.")
+    kwargs = JsonTextField(label="Kwargs", required=False, help_text="A JSON object given to each run.")
 
     class Meta:
         model = Job

@@ -54,6 +54,7 @@ class JobAdmin(ApiFormAdmin):
         ("retry_base_delay", "retry_max_delay"),
         "timeout",
         ("concurrency", "concurrency_key"),
+        "throttle",
         "loaded_revision",
     ]
     _INFO = [
@@ -87,6 +88,7 @@ class JobAdmin(ApiFormAdmin):
                 "timeout_ms",
                 "concurrency",
                 "concurrency_key",
+                "throttle",
             ]
             return [(None, {"fields": ["job_id", *view]}), ("Schedule", {"fields": self._INFO}), recent]
         return [(None, {"fields": ["job_id", *self._EDIT]}), ("Schedule", {"fields": self._INFO}), recent]

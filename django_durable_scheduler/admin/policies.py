@@ -4,6 +4,7 @@ and the read-only list of policy revisions."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib import admin
@@ -15,6 +16,7 @@ from ..exceptions import SchedulerError
 from ..kernel.authority import binding, budgets, policies
 from ..models import AuthorityPolicy, AuthorityPolicyRevision
 from .base import ApiFormAdmin, ReadOnlyAdmin
+from .fields import shown_throttle
 from .forms import AuthorityPolicyForm, describe_window
 
 
@@ -44,6 +46,7 @@ class AuthorityPolicyAdmin(ApiFormAdmin):
         "max_runs",
         "max_units",
         "max_running",
+        "throttle",
         "enabled",
     )
     _DISPLAY = ("capability_lines", "window_display")
@@ -58,7 +61,19 @@ class AuthorityPolicyAdmin(ApiFormAdmin):
         if not self.has_change_permission(request, obj):
             return [
                 principal,
-                ("Policy", {"fields": [*self._DISPLAY, "max_runs", "max_units", "max_running", "enabled"]}),
+                (
+                    "Policy",
+                    {
+                        "fields": [
+                            *self._DISPLAY,
+                            "max_runs",
+                            "max_units",
+                            "max_running",
+                            "throttle",
+                            "enabled",
+                        ]
+                    },
+                ),
             ]
         return [principal, ("Policy", {"fields": [*self._EDIT, "loaded_revision"]})]
 
@@ -151,6 +166,7 @@ _CONTENT_LABELS = {
     "max_runs": "max runs",
     "max_units": "max units",
     "max_running": "max running",
+    "throttle": "throttle",
 }
 
 
@@ -159,6 +175,8 @@ def _content_value(key: str, value: Any) -> str:
         return describe_window(value)
     if isinstance(value, bool):
         return "yes" if value else "no"
+    if key == "throttle" and isinstance(value, dict):
+        return json.dumps(shown_throttle(value), sort_keys=True)
     return str(value)
 
 

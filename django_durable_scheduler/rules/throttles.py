@@ -72,7 +72,10 @@ def normalize_throttle(value: Any, field: str = "throttle", *, keyed: bool = Tru
         )
     value = dict(value)
     if "period_ms" in value and "period" not in value:  # as stored: read back, edited, saved
-        value["period"] = timedelta(milliseconds=normalize_int(value.pop("period_ms"), f"{field}.period_ms"))
+        period_ms = value.pop("period_ms")
+        value["period"] = timedelta(
+            milliseconds=normalize_int(period_ms, f"{field}.period_ms", minimum=1, maximum=MAX_PERIOD_MS)
+        )
     unknown = sorted(str(name) for name in value if name not in _KEYS)
     if unknown:
         raise InvalidArgument(
@@ -86,9 +89,14 @@ def normalize_throttle(value: Any, field: str = "throttle", *, keyed: bool = Tru
     return Throttle(
         limit=normalize_int(value["limit"], f"{field}.limit", minimum=1, maximum=MAX_LIMIT),
         period_ms=to_duration_ms(value["period"], f"{field}.period", minimum_ms=1, maximum_ms=MAX_PERIOD_MS),
-        burst=normalize_int(value.get("burst") or 0, f"{field}.burst", minimum=0, maximum=MAX_BURST),
+        burst=normalize_int(_or_zero(value.get("burst")), f"{field}.burst", minimum=0, maximum=MAX_BURST),
         key=normalize_template(value.get("key"), f"{field}.key"),
     )
+
+
+def _or_zero(burst: Any) -> Any:
+    """An omitted burst (absent or None) is none; any other value is checked as given."""
+    return 0 if burst is None else burst
 
 
 def stored_throttle(value: Any, field: str = "throttle", *, keyed: bool = True) -> dict[str, Any] | None:

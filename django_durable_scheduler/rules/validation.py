@@ -250,6 +250,7 @@ def normalize_template(value: Any, field: str) -> str | None:
         raise InvalidArgument(field, f"must be a non-empty template of at most {MAX_KEY_LENGTH} characters")
     if "\x00" in value:
         raise InvalidArgument(field, "must not contain NUL (U+0000)")
+    check_unicode(value, field)
     try:
         parts = list(string.Formatter().parse(value))
     except ValueError as exc:

@@ -51,7 +51,10 @@ class DurableBackend(BaseTaskBackend):
     (seconds; default the app's settings), ``timeout`` (seconds; default the app's
     ``HANDLER_TIMEOUT``), ``principal`` (``{"type", "id"}``; default the app's default
     principal), ``concurrency`` and ``concurrency_key`` (how many runs of a task at once, per
-    key; default no cap) for every task of this backend, ``@durable`` overriding them per task;
+    key; default no cap) and ``throttle`` (how fast they may start, ``{"limit": 100, "period":
+    5, "burst": 20, "key": "{account}"}``, the key naming keyword arguments; work over the rate
+    waits in the queue; default none) for every task of this backend, ``@durable`` overriding
+    them per task;
     ``database``: the database alias (default: where the routers write this app's models).
     """
 

@@ -189,3 +189,10 @@ def count_rows(context, rows):
     for n in range(1, rows + 1):
         context.report_progress(n, rows, "rows")
     return rows
+
+
+@task
+@durable(throttle={"limit": 1, "period": 60, "burst": 1, "key": "{account}"})
+def call_api(*, account, path="/"):
+    """Two calls at once, then one a minute, per account (tests/tasks/test_tasks_throttle.py)."""
+    return f"{account}{path}"
