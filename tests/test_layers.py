@@ -11,6 +11,7 @@ it is read by scrolling instead of by its names.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from .test_import_graph import import_graph, modules_of
@@ -114,13 +115,14 @@ PURE_PACKAGE = ("exceptions", "rules")
 PURE_DJANGO = ("django.db.models.enums",)
 
 
-def _runtime_imports(path: Path, module: str) -> list[tuple[int, str]]:
-    """(line, absolute module) of every import in the file but those under ``if TYPE_CHECKING:``."""
+def _runtime_imports(path: Path, module: str, *, typing_too: bool = False) -> list[tuple[int, str]]:
+    """(line, absolute module) of every import in the file but those under ``if TYPE_CHECKING:``
+    (with ``typing_too``, those as well)."""
     tree = ast.parse(path.read_text(), str(path))
     typing_only = {
         id(inner)
         for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        if not typing_too and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
         for stmt in node.body
         for inner in ast.walk(stmt)
     }
@@ -164,6 +166,107 @@ def test_the_rules_touch_no_database():
     ``if TYPE_CHECKING:``) runs nothing and is allowed."""
     found = impure_rules()
     assert not found, "rules that touch the database (move the read to the kernel):\n" + "\n".join(found)
+
+
+def _worker_modules(root: Path) -> list[tuple[Path, str]]:
+    paths = sorted((root / PACKAGE / "worker").rglob("*.py"))
+    return [(p, ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__")) for p in paths]
+
+
+def kernel_internals_used_by_the_worker(root: Path = ROOT) -> list[str]:
+    submodules = {path.stem for path in (root / PACKAGE / "kernel").iterdir() if path.stem != "__init__"}
+    found = []
+    for path, module in _worker_modules(root):
+        for line, target in _runtime_imports(path, module, typing_too=True):
+            inner = target.removeprefix(f"{PACKAGE}.kernel.")
+            if inner != target and inner.split(".", 1)[0] in submodules:
+                found.append(f"{path.relative_to(root).as_posix()}:{line} imports {target}")
+    return found
+
+
+# A queryset's or a manager's writes; ``save`` and ``delete`` are also a row's.
+ROW_WRITES = {"update", "create", "get_or_create", "update_or_create", "bulk_create", "bulk_update", "delete"}
+SQL_WRITE = re.compile(r"\b(INSERT\s+INTO|UPDATE\s+\S+\s+SET|DELETE\s+FROM)\b")
+
+
+def _from_objects(node: ast.AST, querysets: set[str]) -> bool:
+    """Whether an expression is a chain that starts at a manager (``Model.objects...``) or at
+    a name bound to one."""
+    while isinstance(node, ast.Call | ast.Attribute | ast.Subscript):
+        if isinstance(node, ast.Attribute) and node.attr == "objects":
+            return True
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return isinstance(node, ast.Name) and node.id in querysets
+
+
+def model_writes_in_the_worker(root: Path = ROOT) -> list[str]:
+    found: list[tuple[str, int, str]] = []
+    for path, _ in _worker_modules(root):
+        tree = ast.parse(path.read_text(), str(path))
+        querysets = {  # names bound to a manager or queryset (``rows = Model.objects.using(x)``)
+            target.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) and _from_objects(node.value, set())
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                method, receiver = node.func.attr, node.func.value
+                write = method == "save" or (method in ROW_WRITES and _from_objects(receiver, querysets))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                write = SQL_WRITE.search(node.value) is not None
+            else:
+                continue
+            if write:
+                found.append((path.relative_to(root).as_posix(), node.lineno, ast.unparse(node)[:80]))
+    return [f"{name}:{line}: {code}" for name, line, code in sorted(found)]
+
+
+def test_the_worker_calls_the_kernel_through_its_facade():
+    """The worker imports the kernel as one module (``from .. import kernel``, whose names are
+    the facade ``kernel/__init__.py`` lists), never one of its submodules: what the loop may
+    do to the database is that list."""
+    found = kernel_internals_used_by_the_worker()
+    assert not found, (
+        "the worker reaches into the kernel (export the name from kernel/__init__.py):\n" + "\n".join(found)
+    )
+
+
+def test_the_worker_writes_no_table():
+    """No worker module writes a row itself (a queryset's or manager's update, create, delete,
+    bulk_create, or a row's save()): every write is the kernel's. Reads (what the worker
+    learns at its start, in ``recent``) are allowed."""
+    found = model_writes_in_the_worker()
+    assert not found, "the worker writes a table (move the write to the kernel):\n" + "\n".join(found)
+
+
+def test_the_worker_checks_see_a_reach_and_a_write(tmp_path):
+    """Both checks find what the worker once did: a claim through ``kernel.claiming``, and the
+    heartbeat's own upsert and update of the workers table (through a name bound to the
+    manager, inside a lambda), and a row saved or a table written in SQL."""
+    (tmp_path / PACKAGE / "kernel" / "authority").mkdir(parents=True)
+    (tmp_path / PACKAGE / "kernel" / "claiming.py").touch()
+    worker = tmp_path / PACKAGE / "worker"
+    worker.mkdir()
+    (worker / "beat.py").write_text(
+        "from ..kernel import claiming, claim\n"
+        "from ..kernel.authority import reservations\n"
+        "def beat(self, values, until):\n"
+        "    rows = WorkerHeartbeat.objects.using(self.using)\n"
+        "    self._in_turn(lambda: rows.update_or_create(worker_id=self.worker_id, defaults=values), until)\n"
+        "    self._in_turn(lambda: rows.filter(worker_id=self.worker_id).update(**values), until)\n"
+        "    WorkerHeartbeat.objects.using(alias).filter(worker_id=self.worker_id).update(last_seen_at=now)\n"
+        "    row.save(update_fields=['pid'])\n"
+        "    cursor.execute('DELETE FROM durable_scheduler_workers WHERE worker_id = %s', [self.worker_id])\n"
+        "    values.update(pid=1)  # a dict: no write\n"
+        "    WorkerHeartbeat.objects.filter(stopped_at=None).count()  # a read\n"
+    )
+    assert [line.split(" imports ")[1] for line in kernel_internals_used_by_the_worker(tmp_path)] == [
+        f"{PACKAGE}.kernel.claiming",
+        f"{PACKAGE}.kernel.authority.reservations",
+    ]
+    assert [int(line.split(":")[1]) for line in model_writes_in_the_worker(tmp_path)] == [5, 6, 7, 8, 9]
 
 
 def test_the_top_level_modules_are_the_conventional_ones():

@@ -17,6 +17,7 @@ It is a few modules, one per concept, gathered here under one name:
   ``authority/`` gate what it takes (limits; policies, binding, budgets and reservations);
 - ``leases``: renew held leases (one, or all a worker holds at once), record what a
   handler did, and the expiry sweep; ``progress``: a running handler's progress report;
+  ``workers``: the workers table (a worker's row, written whole, then beaten);
 - ``settling``: settle, release, and the authority verdicts (``deny``, ``defer``) that end
   a claim; ``cancelling``: the cancel, of one occurrence or a batch's waiting members.
 
@@ -27,6 +28,10 @@ of ``rules.lifecycle.TRANSITIONS``, written as ``transitions.writes`` says. Ever
 operation is one short transaction that also appends the event recording it. They
 may run inside a caller's ``transaction.atomic()``: then they join it, and their effects
 exist exactly when the caller commits.
+
+This module is the kernel's one facade: the worker (and the testing toolkit that drives its
+parts) imports these names and no submodule, so what the loop may do to the database is this
+list (``tests/test_layers.py`` holds it to that).
 """
 
 from __future__ import annotations
@@ -40,12 +45,13 @@ from ..rules.outcomes import (
     storable_result,
 )
 from ..rules.validation import MAX_ATTEMPTS_LIMIT
+from .authority.reservations import DEFERRED, DENIED, LEASE_LOST, Authorization, AuthorizedClaim, Units
 from .batches import close_batch, get_batch, open_batch
 from .batches import complete_due as complete_due_batches
 from .batches import members as batch_members
 from .batches import progress as batch_progress
 from .cancelling import cancel, cancel_batch
-from .claiming import claim, claim_batch, has_due
+from .claiming import claim, claim_authorized, claim_batch, has_due
 from .enqueuing import (
     enqueue,
     enqueue_batch,
@@ -70,22 +76,32 @@ from .materialize import materialize_due, next_due_at
 from .pausing import pause, paused_kinds, resume
 from .progress import record_progress
 from .settling import defer, deny, release, settle, settle_many
+from .workers import WorkerRecord, beat_worker, record_worker, renew_and_beat
 
 __all__ = [
+    "DEFERRED",
+    "DENIED",
     "JOB_PAYLOAD",
+    "LEASE_LOST",
     "MAX_ATTEMPTS_LIMIT",
+    "Authorization",
+    "AuthorizedClaim",
     "Enqueued",
     "Outcome",
     "OutcomeStatus",
     "Renewals",
+    "Units",
+    "WorkerRecord",
     "abandon",
     "backoff_delay_ms",
     "batch_members",
     "batch_progress",
+    "beat_worker",
     "cancel",
     "cancel_batch",
     "check_result",
     "claim",
+    "claim_authorized",
     "claim_batch",
     "close_batch",
     "complete_due_batches",
@@ -110,8 +126,10 @@ __all__ = [
     "paused_kinds",
     "record_execution",
     "record_progress",
+    "record_worker",
     "release",
     "renew",
+    "renew_and_beat",
     "renew_many",
     "resume",
     "retry_dead_letter",

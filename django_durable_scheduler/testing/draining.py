@@ -26,7 +26,6 @@ from .. import conf, kernel
 from ..db.dialect import alias_for
 from ..exceptions import InvalidArgument
 from ..handlers import registry
-from ..kernel.authority import reservations
 from ..models import Occurrence
 from ..rules.validation import normalize_identifier, normalize_int
 from ..telemetry import metrics
@@ -67,12 +66,12 @@ class DrainedRun:
     @property
     def denied(self) -> bool:
         """Refused by its principal's policy (dead-lettered without running)."""
-        return self.denial is not None and self.denial.get("verdict") == reservations.DENIED
+        return self.denial is not None and self.denial.get("verdict") == kernel.DENIED
 
     @property
     def deferred(self) -> bool:
         """Over its principal's budget: it waits, unrun, for the next window."""
-        return self.denial is not None and self.denial.get("verdict") == reservations.DEFERRED
+        return self.denial is not None and self.denial.get("verdict") == kernel.DEFERRED
 
 
 class _RecordingReporter(OutcomeReporter):
@@ -81,9 +80,9 @@ class _RecordingReporter(OutcomeReporter):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.refusals: list[tuple[Occurrence, reservations.Authorization]] = []
+        self.refusals: list[tuple[Occurrence, kernel.Authorization]] = []
 
-    def refused(self, occurrence: Occurrence, result: reservations.Authorization) -> None:
+    def refused(self, occurrence: Occurrence, result: kernel.Authorization) -> None:
         self.refusals.append((occurrence, result))
         super().refused(occurrence, result)
 
@@ -172,7 +171,7 @@ class Drain:
     def _record(
         occurrence: Occurrence,
         held: dict[str, Run],
-        refused: dict[str, reservations.Authorization],
+        refused: dict[str, kernel.Authorization],
         row: Mapping[str, Any],
     ) -> DrainedRun:
         run = held.get(occurrence.pk)

@@ -9,10 +9,8 @@ import math
 import time
 from datetime import datetime
 
-from .. import conf
+from .. import conf, kernel
 from ..handlers import registry
-from ..kernel import claiming
-from ..kernel.authority import reservations
 from ..models import Occurrence
 from ..rules.outcomes import FAILED, Outcome
 from .outcomes import OutcomeReporter
@@ -20,7 +18,7 @@ from .pool import HandlerPool
 from .runs import Held, Run
 
 
-def _handler_units(occurrence: Occurrence) -> reservations.Units:
+def _handler_units(occurrence: Occurrence) -> kernel.Units:
     """The units of the occurrence's handler registration (1 without a handler)."""
     handler = registry.get_handler(occurrence.claimed_kind or "")
     return handler.units if handler is not None else 1
@@ -56,7 +54,7 @@ class Claimer:
         threads. Denied ones are dead-lettered, deferred ones wait for their window (both
         written in that transaction); a failing units function is the occurrence's durable
         failure. Returns everything claimed, in claim order."""
-        batch = claiming.claim_authorized(
+        batch = kernel.claim_authorized(
             owner=self.worker_id,
             lease=self.lease,
             limit=limit,

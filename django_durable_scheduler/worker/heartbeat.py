@@ -14,11 +14,10 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, OperationalError, close_old_connections, connections, transaction
+from django.db import DatabaseError, OperationalError, close_old_connections, connections
 
 from .. import conf, kernel
 from ..db.dialect import alias_for
-from ..models import WorkerHeartbeat
 from .runs import Held, Run
 
 logger = logging.getLogger("django_durable_scheduler")
@@ -90,30 +89,31 @@ class Heartbeat:
         self.beat(stopped=True)
 
     def beat(self, *, started: bool = False, stopped: bool = False, until: float | None = None) -> None:
-        """Upsert this process's row in the workers table (what the status command lists);
-        on the thread, on SQLite, trying for the write lock until ``until`` (monotonic)."""
+        """Write this process's row in the workers table (what the status command lists): whole
+        at the start and until a write of it succeeded, else only when it was last seen (and
+        stopped); on the thread, on SQLite, trying for the write lock until ``until`` (monotonic)."""
         now = conf.now()
         if started:
             self._started_at = now
-        whole = started or not self._recorded
-        values: dict[str, Any] = {"last_seen_at": now}
-        if stopped or whole:
-            values["stopped_at"] = now if stopped else None
-        if whole:
-            values.update(
-                hostname=socket.gethostname(),
-                pid=os.getpid(),
-                concurrency=self.concurrency,
-                kinds=self.kinds,
-                started_at=self._started_at or now,
-            )
-        rows = WorkerHeartbeat.objects.using(self.using)
         try:
-            if whole:
-                self._in_turn(lambda: rows.update_or_create(worker_id=self.worker_id, defaults=values), until)
+            if started or not self._recorded:
+                record = kernel.WorkerRecord(
+                    worker_id=self.worker_id,
+                    hostname=socket.gethostname(),
+                    pid=os.getpid(),
+                    concurrency=self.concurrency,
+                    kinds=self.kinds,
+                    started_at=self._started_at or now,
+                )
+                self._in_turn(
+                    lambda: kernel.record_worker(record, at=now, stopped=stopped, using=self.using), until
+                )
                 self._recorded = True
             else:
-                self._in_turn(lambda: rows.filter(worker_id=self.worker_id).update(**values), until)
+                self._in_turn(
+                    lambda: kernel.beat_worker(self.worker_id, at=now, stopped=stopped, using=self.using),
+                    until,
+                )
             self._beaten = time.monotonic()
         except DatabaseError:
             logger.warning("could not record the worker heartbeat of %s", self.worker_id)
@@ -173,15 +173,12 @@ class Heartbeat:
                 run.context.mark_lease_lost()
 
     def _renew(self, leases: list[tuple[str, int]]) -> kernel.Renewals:
-        """``kernel.renew_many``; when the worker row is due a beat, it is beaten in the same
-        transaction: one commit, and no write of its own to wait for while leases are held."""
+        """``kernel.renew_many``; when the worker row is due a beat, ``kernel.renew_and_beat``
+        beats it in the same transaction: one commit, and no write of its own to wait for
+        while leases are held."""
         if not self._beat_due:
             return kernel.renew_many(leases, owner=self.worker_id, lease=self.lease, using=self.using)
-        alias = alias_for(self.using)
-        with transaction.atomic(using=alias):
-            renewals = kernel.renew_many(leases, owner=self.worker_id, lease=self.lease, using=alias)
-            rows = WorkerHeartbeat.objects.using(alias).filter(worker_id=self.worker_id)
-            rows.update(last_seen_at=conf.now())
+        renewals = kernel.renew_and_beat(leases, owner=self.worker_id, lease=self.lease, using=self.using)
         self._beaten = time.monotonic()
         return renewals
 

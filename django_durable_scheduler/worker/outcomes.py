@@ -20,7 +20,6 @@ from django.db import DatabaseError, connections
 from .. import conf, kernel, signals
 from ..db.dialect import alias_for
 from ..exceptions import InvalidArgument, LeaseLost, SchedulerError
-from ..kernel.authority import reservations
 from ..models import Occurrence, OccurrenceStatus
 from ..rules.authority import Principal
 from ..rules.outcomes import FAILED, SUCCEEDED, Outcome
@@ -315,20 +314,20 @@ class OutcomeReporter:
             progress = {"done": stored.done, "total": stored.total, "note": stored.note}
             self._send(signals.occurrence_progressed, run.occurrence, ctx.kind, **progress)
 
-    def refused(self, occurrence: Occurrence, result: reservations.Authorization) -> None:
+    def refused(self, occurrence: Occurrence, result: kernel.Authorization) -> None:
         """Log (and signal) an occurrence its authority refused: a denial, dead-lettered,
         at WARNING; a budget deferral, which only waits, at INFO, and its principal's spent
         window once at WARNING (``holds``)."""
         kind = occurrence.claimed_kind or ""
-        if result.verdict == reservations.LEASE_LOST:
+        if result.verdict == kernel.LEASE_LOST:
             logger.warning(
                 "%s: lease lost before authorization", occurrence.pk, extra=log_fields(occurrence, kind)
             )
             return
         error = result.error or {}
         reason = error.get("reason") or result.verdict
-        denied = result.verdict == reservations.DENIED
-        if result.verdict == reservations.DEFERRED:
+        denied = result.verdict == kernel.DENIED
+        if result.verdict == kernel.DEFERRED:
             self.holds.deferred(Principal.label_of(occurrence.authority), error.get("details") or {})
         # The stored message names the reason and what was refused (the missing
         # capabilities, the principal), so the log line alone tells the operator.

@@ -12,7 +12,6 @@ import pytest
 
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel
-from django_durable_scheduler.kernel import claiming
 from django_durable_scheduler.models import Event, Occurrence
 from django_durable_scheduler.rules.outcomes import SUCCEEDED
 from django_durable_scheduler.worker import Worker
@@ -121,14 +120,14 @@ def test_a_claimed_run_knows_when_its_lease_ends(clock, monkeypatch):
     (run,) = held.runs()
     assert before + 29 < run.lease_until <= time.monotonic() + 30
 
-    claim_authorized = claiming.claim_authorized
+    claim_authorized = kernel.claim_authorized
 
     def stalled(**kwargs):
         batch = claim_authorized(**kwargs)
         clock.advance(20)  # stopped for 20 s after the claim's commit
         return batch
 
-    monkeypatch.setattr(claiming, "claim_authorized", stalled)
+    monkeypatch.setattr(kernel, "claim_authorized", stalled)
     before = time.monotonic()
     assert len(claimer.claim(1, ["test.ok"])) == 1
     (late,) = [each for each in held.runs() if each is not run]

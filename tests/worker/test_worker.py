@@ -204,9 +204,9 @@ def test_a_turn_woken_for_new_work_claims_before_it_settles(monkeypatch, woken):
             time.sleep(0.01)  # the handler finishes; its outcome waits for a turn
         scheduler.enqueue("test.ok", scheduled_for=1_700_000_000_999, trigger_key="new")
         order: list[str] = []
-        claim, settle = claims.claiming.claim_authorized, outcomes.kernel.settle_many
+        claim, settle = claims.kernel.claim_authorized, outcomes.kernel.settle_many
         monkeypatch.setattr(
-            claims.claiming, "claim_authorized", lambda **kw: order.append("claim") or claim(**kw)
+            claims.kernel, "claim_authorized", lambda **kw: order.append("claim") or claim(**kw)
         )
         monkeypatch.setattr(
             outcomes.kernel, "settle_many", lambda *a, **kw: order.append("settle") or settle(*a, **kw)
