@@ -120,11 +120,10 @@ def enqueue(
 ) -> Enqueued:
     """Insert an occurrence, or return the existing one with the same identity.
 
-    Returns an :class:`Enqueued`, the named tuple ``(occurrence, deduplicated)``. The
-    identity is derived from the job's current revision, ``scheduled_for`` and
-    ``trigger_key``; reusing it with another payload raises
-    ``SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH``. ``priority`` (-100..100):
-    higher first among its principal's due occurrences (not part of the identity).
+    Returns an :class:`Enqueued`, the named tuple ``(occurrence, deduplicated)``. The identity
+    is derived from the job's current revision, ``scheduled_for`` and ``trigger_key``; reusing
+    it with another payload raises ``SCHEDULER_IDEMPOTENCY_PAYLOAD_MISMATCH``. ``priority``
+    (-100..100): higher first among its principal's due occurrences (not in the identity).
 
     ``unique_key`` (per job): if an occurrence of the job with that key is waiting (queued
     or retry_wait; with ``unique_while="active"`` also running), return it instead of adding

@@ -43,7 +43,7 @@ def test_a_run_is_counted_timed_and_traced(otel):
     reader, exporter = otel
     registry.autodiscover()
     before = points(reader)
-    scheduler.ensure_policy(AUTHORITY)
+    scheduler.ensure_policy(AUTHORITY, max_runs=100, max_units=100)  # a budget, so it is measured
     scheduler.create_job("ok", "test.ok", authority=AUTHORITY)
     scheduler.create_job(
         "flaky",
