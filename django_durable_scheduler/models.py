@@ -10,13 +10,14 @@ state transitions of their own.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from django.db import models
 from django.db.models import F, Q
+from django.db.models.fields.json import KeyTransform
 
 from .constraints import OneOf, SameTruth
-from .rules.authority import PRINCIPAL_KEY_LENGTH
+from .rules.authority import PRINCIPAL_KEY_LENGTH, compact_envelope, expand_envelope
 from .rules.statuses import (
     ACTIVE_STATUSES,
     PENDING_STATUSES,
@@ -43,6 +44,20 @@ UNIQUE_LIVE = Q(unique_key__isnull=False) & (
     | Q(status=OccurrenceStatus.RETRY_WAIT)
     | Q(status=OccurrenceStatus.RUNNING)
 )
+
+
+class EnvelopeField(models.JSONField):  # type: ignore[type-arg]
+    """An occurrence's authority snapshot: stored without the envelope's default members
+    (a copy per occurrence, so they are most of its row) and read back whole, so every
+    reader, the ORM's and the raw claim's alike, sees the normalized envelope."""
+
+    def get_prep_value(self, value: Any) -> Any:
+        return super().get_prep_value(compact_envelope(value))
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
+        value = super().from_db_value(value, expression, connection)
+        # A key of the envelope (``values("authority__principal")``) is read as it is.
+        return value if isinstance(expression, KeyTransform) else expand_envelope(value)
 
 
 class Job(models.Model):
@@ -120,7 +135,7 @@ class Occurrence(models.Model):
     fence = models.PositiveBigIntegerField(default=0)
     lease_owner = models.CharField(max_length=256, null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
-    authority = models.JSONField()
+    authority = EnvelopeField()
     payload = models.JSONField(null=True, blank=True, default=None)
     last_error = models.JSONField(null=True, blank=True, default=None)
     result = models.JSONField(null=True, blank=True, default=None)

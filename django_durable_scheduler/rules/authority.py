@@ -264,6 +264,66 @@ def normalize_authority(value: Any, field: str = "authority") -> dict[str, Any]:
     return envelope
 
 
+def compact_envelope(value: Any) -> Any:
+    """A normalized envelope without its members that hold their default (schema version 1,
+    no tenant or workspace, empty lists, null references): the form an occurrence's snapshot
+    is stored in, since every occurrence copies its job's envelope. :func:`expand_envelope`
+    gives the full one back; anything that is not an object is stored as it is."""
+    if not isinstance(value, dict):
+        return value
+    out = {key: item for key, item in value.items() if not _is_default(_ENVELOPE_DEFAULTS, key, item)}
+    refs = out.pop("authorizationRefs", None)
+    if isinstance(refs, dict):
+        refs = {key: item for key, item in refs.items() if not _is_default(_REF_DEFAULTS, key, item)}
+    if refs:
+        out["authorizationRefs"] = refs
+    return out
+
+
+def expand_envelope(value: Any) -> Any:
+    """The normalized envelope of a stored snapshot (:func:`compact_envelope`). A stored
+    object with a ``schemaVersion`` was stored whole and is read as it is."""
+    if not isinstance(value, dict) or "schemaVersion" in value:
+        return value
+    refs = value.get("authorizationRefs")
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "tenantId": None,
+        "workspaceId": None,
+        "requestedCapabilities": [],
+        **value,
+        "authorizationRefs": {
+            "decisionId": None,
+            "policyRevision": None,
+            "approvalIds": [],
+            "delegationIds": [],
+            "grantIds": [],
+            **(refs or {}),
+        }
+        if refs is None or isinstance(refs, dict)
+        else refs,
+    }
+
+
+# What compact_envelope leaves out: the normalized envelope's defaults, by member.
+_ENVELOPE_DEFAULTS: dict[str, Any] = {
+    "schemaVersion": SCHEMA_VERSION,
+    "tenantId": None,
+    "workspaceId": None,
+    "requestedCapabilities": [],
+}
+_REF_DEFAULTS: dict[str, Any] = {
+    "decisionId": None,
+    "policyRevision": None,
+    **{name: [] for name in _REF_LISTS},
+}
+
+
+def _is_default(defaults: dict[str, Any], key: str, item: Any) -> bool:
+    # The type too: True == 1, but an envelope of schemaVersion true is not one of version 1.
+    return key in defaults and type(item) is type(defaults[key]) and item == defaults[key]
+
+
 def default_authority(kind: str, principal: Any) -> dict[str, Any]:
     """The envelope of a job created without one: the app's default principal
     (``DURABLE_SCHEDULER_DEFAULT_PRINCIPAL``), requesting the job's kind as its capability."""
