@@ -10,14 +10,14 @@ state transitions of their own.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from django.db import models
 from django.db.models import F, Q
-from django.db.models.fields.json import KeyTransform
 
 from .constraints import OneOf, SameTruth
-from .rules.authority import PRINCIPAL_KEY_LENGTH, compact_envelope, expand_envelope
+from .fields import EnvelopeField
+from .rules.authority import PRINCIPAL_KEY_LENGTH
 from .rules.statuses import (
     ACTIVE_STATUSES,
     PENDING_STATUSES,
@@ -44,20 +44,6 @@ UNIQUE_LIVE = Q(unique_key__isnull=False) & (
     | Q(status=OccurrenceStatus.RETRY_WAIT)
     | Q(status=OccurrenceStatus.RUNNING)
 )
-
-
-class EnvelopeField(models.JSONField):  # type: ignore[type-arg]
-    """An occurrence's authority snapshot: stored without the envelope's default members
-    (a copy per occurrence, so they are most of its row) and read back whole, so every
-    reader, the ORM's and the raw claim's alike, sees the normalized envelope."""
-
-    def get_prep_value(self, value: Any) -> Any:
-        return super().get_prep_value(compact_envelope(value))
-
-    def from_db_value(self, value: Any, expression: Any, connection: Any) -> Any:
-        value = super().from_db_value(value, expression, connection)
-        # A key of the envelope (``values("authority__principal")``) is read as it is.
-        return value if isinstance(expression, KeyTransform) else expand_envelope(value)
 
 
 class Job(models.Model):

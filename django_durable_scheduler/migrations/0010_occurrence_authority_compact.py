@@ -1,5 +1,5 @@
 """``Occurrence.authority`` stores its snapshot without the envelope's default members and
-reads it back whole (``models.EnvelopeField``). The column is unchanged; rows stored whole
+reads it back whole (``fields.EnvelopeField``). The column is unchanged; rows stored whole
 before are read as they are, so no row is rewritten.
 """
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.db import migrations
 
-import django_durable_scheduler.models
+import django_durable_scheduler.fields
 
 
 class Migration(migrations.Migration):
@@ -17,6 +17,6 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name="occurrence",
             name="authority",
-            field=django_durable_scheduler.models.EnvelopeField(),
+            field=django_durable_scheduler.fields.EnvelopeField(),
         ),
     ]
