@@ -269,12 +269,20 @@ def compact_envelope(value: Any) -> Any:
     no tenant or workspace, empty lists, null references): the form an occurrence's snapshot
     is stored in, since every occurrence copies its job's envelope. :func:`expand_envelope`
     gives the full one back; anything that is not an object is stored as it is."""
-    if not isinstance(value, dict):
+    if type(value) is not dict:
         return value
-    out = {key: item for key, item in value.items() if not _is_default(_ENVELOPE_DEFAULTS, key, item)}
+    # Written out rather than through a helper: this runs once per occurrence written.
+    # ``is True``: True == 1, but an envelope of schemaVersion true is not one of version 1.
+    out = {
+        key: item
+        for key, item in value.items()
+        if key not in _ENVELOPE_DEFAULTS or item != _ENVELOPE_DEFAULTS[key] or item is True
+    }
     refs = out.pop("authorizationRefs", None)
-    if isinstance(refs, dict):
-        refs = {key: item for key, item in refs.items() if not _is_default(_REF_DEFAULTS, key, item)}
+    if type(refs) is dict:
+        refs = {
+            key: item for key, item in refs.items() if key not in _REF_DEFAULTS or item != _REF_DEFAULTS[key]
+        }
     if refs:
         out["authorizationRefs"] = refs
     return out
@@ -317,11 +325,6 @@ _REF_DEFAULTS: dict[str, Any] = {
     "policyRevision": None,
     **{name: [] for name in _REF_LISTS},
 }
-
-
-def _is_default(defaults: dict[str, Any], key: str, item: Any) -> bool:
-    # The type too: True == 1, but an envelope of schemaVersion true is not one of version 1.
-    return key in defaults and type(item) is type(defaults[key]) and item == defaults[key]
 
 
 def default_authority(kind: str, principal: Any) -> dict[str, Any]:
