@@ -16,6 +16,7 @@ from django.db import models
 from django.db.models import F, Q
 
 from .constraints import OneOf, SameTruth
+from .fields import EnvelopeField
 from .rules.authority import PRINCIPAL_KEY_LENGTH
 from .rules.statuses import (
     ACTIVE_STATUSES,
@@ -120,7 +121,7 @@ class Occurrence(models.Model):
     fence = models.PositiveBigIntegerField(default=0)
     lease_owner = models.CharField(max_length=256, null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
-    authority = models.JSONField()
+    authority = EnvelopeField()
     payload = models.JSONField(null=True, blank=True, default=None)
     last_error = models.JSONField(null=True, blank=True, default=None)
     result = models.JSONField(null=True, blank=True, default=None)

@@ -34,6 +34,8 @@ RANKS: dict[str, float] = {
     # The pure rules: the statuses, lifecycle table, event types, triggers, schedules, chain
     # specs, authority envelopes, outcomes, identity and validation. The models store them.
     "rules": 0.25,
+    # The models' own field types (an authority snapshot stored compact), named by migrations.
+    "fields": 0.4,
     "models": 0.5,
     # Database-specific SQL behind one interface, and the wake-ups.
     "db": 1,
@@ -98,7 +100,8 @@ def wrong_way_imports() -> list[str]:
 
 
 # The modules at the top of the package: the ones Django and its readers look for there, and
-# the check constraints' expressions, which the migrations name by their import path.
+# the check constraints' expressions and the field types, which the migrations name by their
+# import path.
 TOP_LEVEL = {
     "__init__",
     "__main__",
@@ -107,6 +110,7 @@ TOP_LEVEL = {
     "conf",
     "constraints",
     "exceptions",
+    "fields",
     "models",
     "signals",
 }

@@ -27,7 +27,7 @@ MIGRATIONS = Path(migrations_package.__file__).resolve().parent
 PACKAGE = "django_durable_scheduler"
 # Classes that the model state declares checks with: Django writes their import path into a
 # migration, as it does a custom field's, and compares them with the models' own.
-MODEL_STATE_VOCABULARY = {f"{PACKAGE}.constraints"}
+MODEL_STATE_VOCABULARY = {f"{PACKAGE}.constraints", f"{PACKAGE}.fields"}
 
 no_database = pytest.mark.skipif(
     "sqlite" not in django_settings.DATABASES["default"]["ENGINE"],

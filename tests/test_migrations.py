@@ -533,6 +533,11 @@ def test_pattern_twins_of_the_hot_keys_go_and_come_back():
             "durable_scheduler_unique_locks",
             "durable_scheduler_batches",
             "durable_scheduler_unique_calls",
+            # A bucket per throttle key, a place per waiting throttled occurrence and a row per
+            # paused kind: only work that uses those features writes them.
+            "durable_scheduler_throttle_buckets",
+            "durable_scheduler_throttle_places",
+            "durable_scheduler_paused_kinds",
         }
         migrate([(APP, "0003_authority_backfill")])
         assert indexes() == at_0003

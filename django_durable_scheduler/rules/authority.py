@@ -311,6 +311,69 @@ def normalize_authority(value: Any, field: str = "authority") -> Envelope:
     return envelope
 
 
+def compact_envelope(value: Any) -> Any:
+    """A normalized envelope without its members that hold their default (schema version 1,
+    no tenant or workspace, empty lists, null references): the form an occurrence's snapshot
+    is stored in, since every occurrence copies its job's envelope. :func:`expand_envelope`
+    gives the full one back; anything that is not an object is stored as it is."""
+    if type(value) is not dict:
+        return value
+    # Written out rather than through a helper: this runs once per occurrence written.
+    # ``is True``: True == 1, but an envelope of schemaVersion true is not one of version 1.
+    out = {
+        key: item
+        for key, item in value.items()
+        if key not in _ENVELOPE_DEFAULTS or item != _ENVELOPE_DEFAULTS[key] or item is True
+    }
+    refs = out.pop("authorizationRefs", None)
+    if type(refs) is dict:
+        refs = {
+            key: item for key, item in refs.items() if key not in _REF_DEFAULTS or item != _REF_DEFAULTS[key]
+        }
+    if refs:
+        out["authorizationRefs"] = refs
+    return out
+
+
+def expand_envelope(value: Any) -> Any:
+    """The normalized envelope of a stored snapshot (:func:`compact_envelope`). A stored
+    object with a ``schemaVersion`` was stored whole and is read as it is."""
+    if not isinstance(value, dict) or "schemaVersion" in value:
+        return value
+    refs = value.get("authorizationRefs")
+    return {
+        "schemaVersion": SCHEMA_VERSION,
+        "tenantId": None,
+        "workspaceId": None,
+        "requestedCapabilities": [],
+        **value,
+        "authorizationRefs": {
+            "decisionId": None,
+            "policyRevision": None,
+            "approvalIds": [],
+            "delegationIds": [],
+            "grantIds": [],
+            **(refs or {}),
+        }
+        if refs is None or isinstance(refs, dict)
+        else refs,
+    }
+
+
+# What compact_envelope leaves out: the normalized envelope's defaults, by member.
+_ENVELOPE_DEFAULTS: dict[str, Any] = {
+    "schemaVersion": SCHEMA_VERSION,
+    "tenantId": None,
+    "workspaceId": None,
+    "requestedCapabilities": [],
+}
+_REF_DEFAULTS: dict[str, Any] = {
+    "decisionId": None,
+    "policyRevision": None,
+    **{name: [] for name in _REF_LISTS},
+}
+
+
 def default_authority(kind: str, principal: Any) -> Envelope:
     """The envelope of a job created without one: the app's default principal
     (``DURABLE_SCHEDULER_DEFAULT_PRINCIPAL``), requesting the job's kind as its capability."""

@@ -64,7 +64,7 @@ def test_any_other_outcome_is_refused_naming_the_field_and_writes_nothing(job, c
 
 
 def test_authorize_gives_a_verdict_which_is_its_string(job, clock):
-    scheduler.ensure_policy(AUTHORITY)
+    scheduler.ensure_policy(AUTHORITY, max_runs=10, max_units=10)  # a budget: charged, reserved
     for key in ("t1", "t2"):
         scheduler.enqueue("job-a", scheduled_for=clock(), trigger_key=key)
     held = scheduler.claim(owner=OWNER, lease=10)
@@ -72,7 +72,14 @@ def test_authorize_gives_a_verdict_which_is_its_string(job, clock):
     assert verdict is scheduler.Verdict.RESERVED and verdict == "reserved"
     other = scheduler.claim(owner=OWNER, lease=10)
     assert scheduler.authorize_many([(other, 1)], owner=OWNER) == [scheduler.Verdict.RESERVED]
-    assert {str(v) for v in scheduler.Verdict} == {"reserved", "reused", "denied", "deferred", "lease_lost"}
+    assert {str(v) for v in scheduler.Verdict} == {
+        "reserved",
+        "reused",
+        "authorized",
+        "denied",
+        "deferred",
+        "lease_lost",
+    }
 
 
 def test_the_stored_envelope_has_exactly_the_keys_of_its_types(job):
