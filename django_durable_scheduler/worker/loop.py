@@ -318,7 +318,7 @@ class Worker:
         self.retention = RetentionThread(self.worker_id, using) if retention else None
         self._stopping = threading.Event()
         self._signals = StopOnSignal(self.stop, grace)
-        self._kinds: list[str] = []
+        self.claimed_kinds: list[str] = []
         self._any_queue = any_queue()  # a DurableBackend takes any queue: look for new ones
         self._listener: tuple[wakeup.Listener | wakeup.SocketListener, threading.Thread] | None = None
         self._exit_code = 0
@@ -356,7 +356,7 @@ class Worker:
         failures = 0
         while not self._stopping.is_set():
             try:
-                turn = self._turn()
+                turn = self.turn()
                 failures = 0
             except DatabaseError as exc:
                 failures += 1
@@ -364,7 +364,7 @@ class Worker:
                 continue
             finally:  # its row and thread once the first turn is done: that claim waits for neither
                 if not self.heartbeat.started:
-                    self.heartbeat.start(self._kinds)
+                    self.heartbeat.start(self.claimed_kinds)
             if turn is None or self._last(turn):
                 break
             if turn.claimed and turn.claimed >= turn.asked and len(self.held) < self._capacity():
@@ -377,14 +377,14 @@ class Worker:
                 idle = min(idle, self.claimer.throttle_wait(conf.now()) or 0.0)
             self._sleep(self.pacer.wait(idle, held_elsewhere=turn.held_elsewhere))
             self.waker.gather(self.held, self._capacity(), self._stopping)
-        self._shutdown()
+        self.shutdown()
         return self._exit_code
 
     def start(self) -> None:
         """What :meth:`run` does before its first turn: the kinds settled and logged, the
         claim pace seeded (unless a supervisor seeded it), the wake-up listener, the handler
         threads and the retention thread started. The worker row comes after the first turn."""
-        kinds = self._kinds = self.kinds()
+        kinds = self.claimed_kinds = self.kinds()
         logger.info(
             "worker %s: concurrency %d, lease %.1f s, kinds %s",
             self.worker_id,
@@ -403,9 +403,9 @@ class Worker:
         if stays and self.retention is not None:
             self.retention.start()
 
-    def _turn(self) -> Turn | None:
-        """Settle what finished, then claim up to the free capacity; None when every handler
-        thread is stuck (the worker gives up)."""
+    def turn(self) -> Turn | None:
+        """One turn of :meth:`run`'s loop over ``claimed_kinds``: settle and claim (claim first
+        when woken for new work); None when every handler thread is stuck (the worker gives up)."""
         turn = Turn()
         started = time.monotonic()
         lock_waited()  # from now on: what this turn waits for SQLite's write lock
@@ -423,17 +423,17 @@ class Worker:
             self.reporter.flush()
             free = self._free()
             self._maintain()
-        if free > 0 and self._kinds:
+        if free > 0 and self.claimed_kinds:
             turn.asked = self.pacer.batch(free)
             # Cleared before the claim reads: a wake-up from now on gets another turn.
             self.waker.claiming()
-            turn.claimed = len(self.claim(turn.asked, self._kinds))
+            turn.claimed = len(self.claim(turn.asked, self.claimed_kinds))
             if turn.claimed:
                 self.pacer.turn_took(time.monotonic() - started, turn.claimed, lock_waited())
             turn.held = len(self.held)
             if turn.empty:
                 # Empty may mean "locked by another claimer", not "nothing due".
-                turn.drained = not kernel.has_due(kinds=self._kinds, using=self.using)
+                turn.drained = not kernel.has_due(kinds=self.claimed_kinds, using=self.using)
         if woken:
             self.reporter.flush()
             self._maintain()
@@ -464,7 +464,7 @@ class Worker:
             kernel.dead_letter_expired(using=self.using)
             kernel.complete_due_batches(using=self.using)
         if sweep and self._any_queue:
-            self._kinds = self.kinds()
+            self.claimed_kinds = self.kinds()
 
     def _capacity(self) -> int:
         return self.pacer.capacity(self.pool.stuck)
@@ -478,12 +478,13 @@ class Worker:
         self.waker.sleep(
             timeout,
             busy=lambda: bool(self.held.finished) or self._stopping.is_set(),
-            can_claim=lambda: bool(self._kinds) and self._free() > 0,
+            can_claim=lambda: bool(self.claimed_kinds) and self._free() > 0,
             limit=self.pool.sleep_limit,
         )
         self.pool.awake()
 
-    def _shutdown(self) -> None:
+    def shutdown(self) -> None:
+        """After the last turn: finish or give back what is held, stop threads, record the stop."""
         # Stuck: no thread is left to finish anything; settle what has finished, no more.
         drain(self, 0 if self._exit_code == EXIT_STUCK else self.grace)
         self.pool.drop_queued()

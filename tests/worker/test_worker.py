@@ -197,8 +197,8 @@ def test_a_turn_woken_for_new_work_claims_before_it_settles(monkeypatch, woken):
     worker = Worker(worker_id="w-order", concurrency=2, poll_interval=300)
     worker.pool.start()
     try:
-        worker._kinds = worker.kinds()
-        assert len(worker.claim(1, worker._kinds)) == 1
+        worker.claimed_kinds = worker.kinds()
+        assert len(worker.claim(1, worker.claimed_kinds)) == 1
         deadline = time.monotonic() + 30
         while worker.held.counts()[1] < 1 and time.monotonic() < deadline:
             time.sleep(0.01)  # the handler finishes; its outcome waits for a turn
@@ -213,8 +213,8 @@ def test_a_turn_woken_for_new_work_claims_before_it_settles(monkeypatch, woken):
         )
         if woken:
             worker.waker.announce()
-        worker._turn()
+        worker.turn()
         assert order == (["claim", "settle"] if woken else ["settle", "claim"])
     finally:
         worker.stop()
-        worker._shutdown()
+        worker.shutdown()
