@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
-from django.db import connections
+from django.db import IntegrityError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import (
     NOT_PROVIDED,
@@ -156,6 +156,20 @@ def insert_new(alias: str, objs: Sequence[Model]) -> set[Any]:
             inserted.update(row[0] for row in cursor.fetchall())
     _mark_inserted(objs, inserted, alias)
     return inserted
+
+
+def insert_missing(alias: str, objs: Sequence[Model]) -> None:
+    """Insert the rows whose keys no other transaction has inserted meanwhile, and keep theirs:
+    one statement where conflicts can be skipped, else (MySQL/MariaDB) a savepoint per row."""
+    if can_skip_conflicts(alias):
+        insert_new(alias, objs)
+        return
+    for obj in objs:
+        try:
+            with transaction.atomic(using=alias):
+                obj.save(using=alias, force_insert=True)
+        except IntegrityError:
+            pass
 
 
 def _mark_inserted(objs: Sequence[Model], inserted: set[Any], alias: str) -> None:

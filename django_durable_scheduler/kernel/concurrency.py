@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import connections
 from django.db.models import Q
 
 from ..db import dialect, guarded
@@ -168,15 +168,7 @@ class Gate:
             ConcurrencySlot(slot_id=key, scope=self.scopes[key], holders=[], updated_at=self.now)
             for key in missing
         ]
-        if dialect.can_skip_conflicts(self.alias):
-            guarded.insert_new(self.alias, rows)
-            return
-        for row in rows:  # MySQL/MariaDB: one savepoint each, a row another claim made is kept
-            try:
-                with transaction.atomic(using=self.alias):
-                    row.save(using=self.alias, force_insert=True)
-            except IntegrityError:
-                pass
+        guarded.insert_missing(self.alias, rows)
 
     def _state(self, ids: set[str]) -> dict[str, tuple[int, bool]]:
         """Each holder occurrence's fence, and whether it runs on it with an unexpired lease."""

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import connections
 
-from ..db import dialect, guarded
+from ..db import guarded
 from ..exceptions import InvalidArgument
 from ..models import AuthorityPolicy, Occurrence, OccurrenceStatus, ThrottleBucket, ThrottlePlace
 from ..rules import throttles as rule
@@ -193,15 +193,7 @@ class Gate:
             ThrottleBucket(bucket_id=key, scope=scopes[key][0], tat=tat, horizon=horizon, updated_at=self.now)
             for key in missing
         ]
-        if dialect.can_skip_conflicts(self.alias):
-            guarded.insert_new(self.alias, rows)
-            return
-        for row in rows:  # MySQL/MariaDB: one savepoint each, a row another claim made is kept
-            try:
-                with transaction.atomic(using=self.alias):
-                    row.save(using=self.alias, force_insert=True)
-            except IntegrityError:
-                pass
+        guarded.insert_missing(self.alias, rows)
 
     def _of(self, occurrence: Occurrence) -> list[_Bucket] | None:
         """The buckets of ``occurrence`` (None: one is missing, which cannot happen: if it did,
