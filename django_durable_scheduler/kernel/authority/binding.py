@@ -10,7 +10,9 @@ rows, in keyset pages: the lock order of ``policies.py``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
+
+from django.db.models import Model, QuerySet
 
 from ... import conf
 from ...db.dialect import alias_for
@@ -28,6 +30,8 @@ from ...rules.validation import normalize_bool
 from ..transitions import writes
 from ..writing import writing
 
+M = TypeVar("M", bound=Model)
+
 # Rows read (and locked) per batch while rebinding: memory stays bounded by this.
 REBIND_BATCH = 500
 
@@ -35,6 +39,21 @@ REBIND_BATCH = 500
 def covers(enabled: bool, capabilities: Iterable[str], authority: Envelope) -> bool:
     """True when an enabled policy with ``capabilities`` grants everything ``authority`` asks for."""
     return enabled and not missing_capabilities(list(capabilities), authority)
+
+
+def _pages(base: QuerySet[M], key: str, lock: bool) -> Iterator[list[M]]:
+    """``base`` (ordered by ``key``) in keyset pages of ``REBIND_BATCH`` rows, each locked
+    when ``lock``: memory stays bounded whatever the principal holds."""
+    last: Any = None
+    while True:
+        page = base if last is None else base.filter(**{f"{key}__gt": last})
+        if lock:
+            page = page.select_for_update()
+        rows = list(page[:REBIND_BATCH])
+        if not rows:
+            return
+        yield rows
+        last = getattr(rows[-1], key)
 
 
 def _job_batches(principal: Principal, alias: str, *, lock: bool) -> Iterator[list[Job]]:
@@ -46,16 +65,8 @@ def _job_batches(principal: Principal, alias: str, *, lock: bool) -> Iterator[li
         .only("job_id", "authority")
         .order_by("job_id")
     )
-    last: str | None = None
-    while True:
-        page = base if last is None else base.filter(job_id__gt=last)
-        if lock:
-            page = page.select_for_update()
-        rows = list(page[:REBIND_BATCH])
-        if not rows:
-            return
+    for rows in _pages(base, "job_id", lock):
         yield [row for row in rows if Principal.found_in(row.authority) == principal]
-        last = rows[-1].job_id
 
 
 def _occurrence_batches(principal: Principal, alias: str, *, lock: bool) -> Iterator[list[Occurrence]]:
@@ -65,21 +76,13 @@ def _occurrence_batches(principal: Principal, alias: str, *, lock: bool) -> Iter
         .only("occurrence_id", "authority", "status")
         .order_by("occurrence_id")
     )
-    last: str | None = None
-    while True:
-        page = base if last is None else base.filter(occurrence_id__gt=last)
-        if lock:
-            page = page.select_for_update()
-        rows = list(page[:REBIND_BATCH])
-        if not rows:
-            return
+    for rows in _pages(base, "occurrence_id", lock):
         # Re-checked under the lock: a claim may have taken a row since it was listed.
         yield [
             row
             for row in rows
             if row.status in PENDING_STATUSES and Principal.found_in(row.authority) == principal
         ]
-        last = rows[-1].occurrence_id
 
 
 def _follows_the_policy(authority: Envelope, before: AuthorityPolicy | None) -> bool:
