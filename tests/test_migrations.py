@@ -115,6 +115,30 @@ def snapshot(apps):
     }
 
 
+def test_the_squash_stands_for_the_five_migrations_it_replaces():
+    """0006 replaces the five migrations that came after the events' partitions while the app
+    was unreleased: applying it records their names too, so a database that applied the five
+    one by one (their names recorded, not the squash's) needs nothing more."""
+    from django.db.migrations.recorder import MigrationRecorder
+
+    from django_durable_scheduler.checks import unapplied_migrations
+
+    executor = MigrationExecutor(connection)
+    (squash,) = [key for key in plan() if executor.loader.get_migration(*key).replaces]
+    replaced = [tuple(key) for key in executor.loader.get_migration(*squash).replaces]
+    assert squash[1].startswith("0006_") and len(replaced) == 5
+    assert [name[:4] for _, name in replaced] == ["0006", "0007", "0008", "0009", "0010"]
+    recorder = MigrationRecorder(connection)
+    assert set(replaced) <= set(recorder.applied_migrations())
+    recorder.record_unapplied(*squash)  # the history of a database migrated file by file
+    try:
+        assert squash not in recorder.applied_migrations()
+        assert MigrationExecutor(connection).migration_plan(latest()) == []
+        assert unapplied_migrations(connection) == []
+    finally:
+        recorder.record_applied(*squash)
+
+
 def test_v1_to_latest_and_back(v1_apps):
     seed_v1(v1_apps)
     before = snapshot(v1_apps)
