@@ -26,7 +26,7 @@ from .notices import follow_up_enqueued
 
 FOLLOW_UP_PREFIX = "after:"
 # What the kernel reads of each row it ends, for this module (a plain row's are NULL).
-TERMINAL_FIELDS = ("follow_ups", "batch_id", "scheduled_for", "trace_context")
+TERMINAL_FIELDS: tuple[str, ...] = ("follow_ups", "batch_id", "scheduled_for", "trace_context")
 
 
 def reached_terminal(rows: Iterable[Occurrence], now: datetime, alias: str) -> None:

@@ -55,7 +55,7 @@ from .writing import writing
 MAX_FENCE = column_max(Occurrence, "fence")
 # What settling reads of each held row under the lock: its state, lease, attempts and job
 # (the returned occurrences load the rest on first access).
-LEASE_FIELDS = (
+LEASE_FIELDS: tuple[str, ...] = (
     "occurrence_id",
     "job_id",
     "status",
