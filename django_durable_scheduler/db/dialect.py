@@ -91,6 +91,22 @@ def planner_row_estimate(queryset: QuerySet[Any]) -> int | None:
     return int(plan["Plan"]["Plan Rows"])
 
 
+@contextmanager
+def without_jit(alias: str) -> Iterator[None]:
+    """PostgreSQL's JIT compiler off for the statements inside (``SET LOCAL`` in a transaction
+    of their own, or the caller's); elsewhere nothing. For aggregates over many rows with a
+    subquery per row: their estimated cost passes the JIT thresholds, and compiling them took
+    longer than running them (the history bench: 4.8 s against 1.1 s)."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        yield
+        return
+    with transaction.atomic(using=alias):
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL jit = off")
+        yield
+
+
 # Per thread: the seconds its write transactions waited for SQLite's write lock (lock_waited).
 _lock_waits = threading.local()
 

@@ -30,6 +30,7 @@ from django.db.models import (
     ExpressionWrapper,
     F,
     IntegerField,
+    Min,
     OuterRef,
     QuerySet,
     Subquery,
@@ -40,6 +41,7 @@ from django.db.models import (
 from django.db.models.functions import Coalesce, Trunc
 
 from .. import conf
+from ..db.dialect import without_jit
 from ..models import (
     PENDING_STATUSES,
     TERMINAL_STATUSES,
@@ -118,20 +120,23 @@ def _lag_bucket() -> Case:
     return Case(*whens, default=Value(len(LAG_BOUNDS)))
 
 
-def _last_claim(end: datetime, alias: str) -> QuerySet[Event]:
+def _last_claim(since: datetime, end: datetime, alias: str) -> QuerySet[Event]:
     """The claims of the outer settled row since it was last due, newest first (a probe of the
-    events' ``(occurrence, event_id)`` index). The time bounds let PostgreSQL read only the day
-    partitions that can hold them, however many days the table holds: a claim stamps its event
-    with the time it found the row due at, and it comes before the settle (``end``, with a
-    margin for another host's clock)."""
+    events' ``(occurrence, event_id)`` index). A claim stamps its event with the time it found
+    the row due at, and it comes before the settle (``end``, with a margin for another host's
+    clock). ``since``, the earliest due time of the rows counted, says the same as the outer
+    row's own due time but as a constant: PostgreSQL plans only the day partitions from that
+    day on, so the plan (and what JIT would compile of it) does not grow with the days the
+    events table holds."""
     return (
         Event.objects.using(alias)
         .filter(
             occurrence=OuterRef("pk"),
             event_type__in=CLAIMS,
-            occurred_at__gte=OuterRef("available_at"),
+            occurred_at__gte=since,
             occurred_at__lt=end + SETTLE_MARGIN,
         )
+        .filter(occurred_at__gte=OuterRef("available_at"))
         .order_by("-event_id")
     )
 
@@ -141,16 +146,21 @@ def _settled(start: datetime, end: datetime, unit: str, alias: str) -> list[tupl
     bucket (-1: not claimed since it was last due, as one cancelled while it waited): how many,
     their retried attempts and their summed lag. The bucket is worked out inside the subquery
     so that each row's last claim is read twice (bucket and lag), not once per bound; this runs
-    once per hour that is over, and live only for the open ends."""
+    once per hour that is over, and live only for the open ends. PostgreSQL's JIT is off for
+    it: compiling it cost more than it ran."""
+    rows = Occurrence.objects.using(alias).filter(
+        status__in=TERMINAL_STATUSES, settled_at__gte=start, settled_at__lt=end
+    )
+    since = rows.aggregate(since=Min("available_at"))["since"]
+    if since is None:
+        return []
     since_due = ExpressionWrapper(F("occurred_at") - OuterRef("available_at"), output_field=DurationField())
-    claims = _last_claim(end, alias).annotate(lag=since_due)
+    claims = _last_claim(since, end, alias).annotate(lag=since_due)
     bucket = claims.annotate(bucket=_lag_bucket()).values("bucket")[:1]
     lag = claims.values("lag")[:1]
     retried = Case(When(attempt__gt=1, then=F("attempt") - 1), default=Value(0))
-    return list(
-        Occurrence.objects.using(alias)
-        .filter(status__in=TERMINAL_STATUSES, settled_at__gte=start, settled_at__lt=end)
-        .annotate(
+    query = (
+        rows.annotate(
             bucket=Coalesce(Subquery(bucket, output_field=IntegerField()), Value(-1)),
             at=Trunc("settled_at", unit, tzinfo=UTC),
         )
@@ -162,6 +172,8 @@ def _settled(start: datetime, end: datetime, unit: str, alias: str) -> list[tupl
         )
         .order_by()
     )
+    with without_jit(alias):
+        return list(query)
 
 
 def grouped(start: datetime, end: datetime, unit: str, alias: str) -> Counted:
