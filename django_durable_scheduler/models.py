@@ -599,11 +599,11 @@ class WorkerHeartbeat(models.Model):
 class OutcomeCount(models.Model):
     """Settled occurrences per hour, kind and outcome, for hours that are over (rollups.py):
     what the dashboard and the status command read instead of aggregating the occurrences
-    table. Filled on first read of an hour and never changed after, since nothing settles in
-    an hour that is over; a row with an empty kind marks an hour as counted, so that an hour
-    without runs is not counted again. ``status`` is an outcome or one of the other figures
-    an hour holds per kind (rollups.KEYS: retries, pickup lag histogram, follow-ups,
-    batches)."""
+    table. Filled by the workers as an hour closes (or on first read) and never changed after,
+    since nothing settles in an hour that is over; a row with an empty kind marks an hour as
+    counted, so that an hour without runs is not counted again. ``status`` is an outcome or
+    one of the other figures an hour holds per kind (rollups.KEYS: retries, pickup lag
+    histogram, follow-ups, batches)."""
 
     hour = models.DateTimeField()
     kind = models.CharField(max_length=128, blank=True)

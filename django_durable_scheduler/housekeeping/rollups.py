@@ -2,7 +2,8 @@
 occurrences table: hours that are over are counted once into ``OutcomeCount`` and read from
 there; only the open ends of a range (at most an hour at each) are counted from the
 occurrences' ``(status, settled_at)`` index. Nothing is written on the kernel's hot path: an
-hour is counted by the first reader that needs it.
+hour is counted by the workers' housekeeping thread soon after it closes
+(:func:`count_closed_hours`), or by the first reader that needs it before then.
 
 An hour is over ``SETTLE_MARGIN`` after it ends: a worker stamps ``settled_at`` with its own
 clock, which may run a little behind another host's (``DURABLE_SCHEDULER_TIME_SOURCE =
@@ -59,6 +60,8 @@ SETTLE_MARGIN = timedelta(minutes=10)
 # Counted hours older than this are deleted when new ones are counted: the readers look back
 # a week (the dashboard's longest range).
 KEEP = timedelta(days=8)
+# The longest range a reader asks for (the dashboard's week): what the workers keep counted.
+LONGEST_RANGE = timedelta(days=7)
 MARK = ""  # the kind of the row that marks an hour as counted
 COUNTED = "counted"  # and its status
 
@@ -247,6 +250,14 @@ def _counted_span(start: datetime, end: datetime, alias: str) -> tuple[datetime,
     if first < last:
         _count_hours(first, last, alias)
     return first, last
+
+
+def count_closed_hours(now: datetime, *, alias: str) -> None:
+    """Count the hours of the last :data:`LONGEST_RANGE` that are over and not counted yet:
+    the workers' housekeeping thread calls it every few minutes, so that a reader (the
+    dashboard, ``scheduler_status``) finds them counted and counts only the open ends. Each
+    call counts the hour or so that closed since the last; the first after a deploy, a week."""
+    _counted_span(now - LONGEST_RANGE, now, alias)
 
 
 def outcomes_through(start: datetime, now: datetime, *, alias: str) -> Outcomes:

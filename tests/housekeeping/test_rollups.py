@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import re
+import time
 from collections import Counter
 from datetime import timedelta
 
@@ -17,6 +18,8 @@ from django.test.utils import CaptureQueriesContext
 import django_durable_scheduler as scheduler
 from django_durable_scheduler import kernel
 from django_durable_scheduler.housekeeping import partitions, rollups
+from django_durable_scheduler.housekeeping.retention import thread as retention_thread
+from django_durable_scheduler.housekeeping.retention.thread import RetentionThread
 from django_durable_scheduler.models import TERMINAL_STATUSES, Event, Occurrence, OutcomeCount
 
 from .test_partitions import FUTURE, layout  # noqa: F401 (a fixture)
@@ -158,3 +161,30 @@ def test_a_range_with_nothing_settled_runs_no_count(clock):
     with CaptureQueriesContext(connection) as queries:
         rollups.grouped(clock() + timedelta(hours=1), clock() + timedelta(hours=2), "minute", "default")
     assert not [q["sql"] for q in queries if "events" in q["sql"] and "settled_at" in q["sql"]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_workers_housekeeping_thread_counts_the_hours_that_closed(clock, settings, monkeypatch):
+    """Retention on or off, a worker counts the hours that closed, so that the dashboard and
+    ``scheduler_status`` find them counted and read only the open ends live: their first read
+    after a deploy does not count a week of settled rows."""
+    settings.DURABLE_SCHEDULER_RETENTION = None
+    settle_some(clock, random.Random(7), hours=6)
+    closed = rollups._floor(clock() - rollups.SETTLE_MARGIN)
+    wanted = {closed - timedelta(hours=h) for h in range(1, 6)}
+    marks = OutcomeCount.objects.filter(kind=rollups.MARK, status=rollups.COUNTED)
+    monkeypatch.setattr(retention_thread, "CHECK_EVERY", 0.2)  # it counts at its first look
+    thread = RetentionThread("worker-a")
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not wanted <= set(marks.values_list("hour", flat=True)):
+            assert time.monotonic() < deadline, "the worker did not count the hours that closed"
+            time.sleep(0.2)
+    finally:
+        thread.stop()
+    expected = direct(clock() - timedelta(hours=6), clock())
+    with CaptureQueriesContext(connection) as queries:
+        assert rollups.outcomes(clock() - timedelta(hours=6), clock(), alias="default") == expected
+    events = Event._meta.db_table
+    assert not [q["sql"] for q in queries if events in q["sql"]]  # no hour counted by the reader

@@ -24,7 +24,7 @@ from ... import conf
 from ...db import dialect
 from ...kernel.authority import budgets
 from ...rules.validation import iso_ms
-from .. import archive, maintenance, partitions
+from .. import archive, maintenance, partitions, rollups
 from .plan import Plan, PruneResult, apply
 from .rules import cutoffs
 
@@ -35,6 +35,8 @@ LEASE_NAME = "retention"
 CHECK_EVERY = 60.0
 # How often a worker makes sure the coming days' event partitions exist (partitions.AHEAD ahead).
 AHEAD_EVERY = 3600.0
+# How often a worker counts the hours that closed for the dashboard (rollups.count_closed_hours).
+COUNT_EVERY = 300.0
 
 
 def _one_line(exc: BaseException) -> str:
@@ -120,9 +122,11 @@ def run_once(
 class RetentionThread:
     """The ``dsch-retention`` thread of a worker: looks every ``min(period, CHECK_EVERY)``
     seconds (the first time after a random part of that, so restarted workers spread out)
-    whether a retention run is due, and runs it when this worker gets the lease. Where history
-    is partitioned by time it also makes the coming days' partitions, retention on or off
-    (every worker may: making one that exists is nothing)."""
+    whether a retention run is due, and runs it when this worker gets the lease. Retention on
+    or off, it also makes the coming days' partitions where history is partitioned by time,
+    and counts the hours that closed for the dashboard and ``scheduler_status``, so that their
+    readers do not (every worker may: making a partition or counting an hour that is done
+    already is nothing)."""
 
     def __init__(self, worker_id: str, using: str | None = None) -> None:
         self.worker_id = worker_id
@@ -130,6 +134,7 @@ class RetentionThread:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._ahead_at: float | None = None  # monotonic time of the last partitions.ensure_ahead
+        self._counted_at: float | None = None  # and of the last rollups.count_closed_hours
 
     def start(self) -> None:
         settings = conf.settings.RETENTION
@@ -147,10 +152,13 @@ class RetentionThread:
 
     def _run(self, every: float) -> None:
         self._partitions_ahead()
+        # The hours are counted at the first look, not at start: a week of them after a
+        # deploy takes seconds of the database that the first claims need more.
         wait = every * random.uniform(0.5, 1.0)
         while not self._stopping.wait(wait):
             wait = every
             self._partitions_ahead()
+            self._hours_counted()
             if conf.settings.RETENTION is None:
                 continue
             try:
@@ -180,6 +188,20 @@ class RetentionThread:
         self._ahead_at = time.monotonic()
         if made:
             logger.info("made event partitions %s", ", ".join(made))
+
+    def _hours_counted(self) -> None:
+        """Count the hours that closed, at most once per ``COUNT_EVERY``; a failure is logged
+        and tried again at the next look (a reader counts what is missing meanwhile)."""
+        if self._counted_at is not None and time.monotonic() - self._counted_at < COUNT_EVERY:
+            return
+        try:
+            rollups.count_closed_hours(conf.now(), alias=dialect.alias_for(self.using))
+        except Exception as exc:
+            logger.warning("could not count the hours that closed: %s; trying again", _one_line(exc))
+            return
+        finally:
+            connections.close_all()
+        self._counted_at = time.monotonic()
 
 
 @dataclass
