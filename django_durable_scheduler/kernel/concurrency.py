@@ -11,8 +11,6 @@ limited candidates sends nothing more.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -24,6 +22,7 @@ from ..db import dialect, guarded
 from ..exceptions import InvalidArgument
 from ..models import AuthorityPolicy, ConcurrencySlot, Occurrence, OccurrenceStatus
 from ..rules.authority import Principal
+from ..rules.identity import scope_digest as slot_id
 from ..rules.validation import MAX_KEY_LENGTH, normalize_template
 
 # The key of a limit: a function of the payload, or a template naming payload fields.
@@ -100,10 +99,6 @@ def kind_limit(kind: str) -> int | None:
 def key_spec_of(job_key: str | None, kind: str) -> KeySpec | None:
     """The key an occurrence is given: its job's template, else its handler's."""
     return job_key if job_key is not None else _by_kind.get(kind, (None, None))[1]
-
-
-def slot_id(scope: list[str]) -> str:
-    return hashlib.sha256(json.dumps(scope, separators=(",", ":")).encode()).hexdigest()
 
 
 def scopes_of(

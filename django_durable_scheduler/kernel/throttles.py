@@ -13,7 +13,6 @@ nothing more.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from ..exceptions import InvalidArgument
 from ..models import AuthorityPolicy, Occurrence, OccurrenceStatus, ThrottleBucket, ThrottlePlace
 from ..rules import throttles as rule
 from ..rules.authority import Principal
+from ..rules.identity import scope_digest as bucket_id
 from ..rules.lifecycle import Action
 from ..rules.throttles import Throttle
 from .transitions import writes
@@ -73,10 +73,6 @@ def stored(value: Any) -> dict[str, Any] | None:
         return value
     loaded: dict[str, Any] | None = json.loads(value)
     return loaded
-
-
-def bucket_id(scope: list[str]) -> str:
-    return hashlib.sha256(json.dumps(scope, separators=(",", ":")).encode()).hexdigest()
 
 
 def scopes_of(

@@ -224,3 +224,9 @@ def derive_occurrence_identity(
 ) -> OccurrenceIdentity:
     """The portable occurrence identity of a job revision, slot and trigger key."""
     return identity_deriver(job_id, job_revision)(scheduled_for_ms, trigger_key)
+
+
+def scope_digest(scope: list[str]) -> str:
+    """The key of a limit's scope (a concurrency slot, a throttle bucket): the SHA-256 of its
+    compact JSON, a fixed-length primary key whatever the scope's parts."""
+    return hashlib.sha256(json.dumps(scope, separators=(",", ":")).encode()).hexdigest()
